@@ -1,0 +1,1 @@
+"""Engines over real inference libraries.  Each imports its library lazily."""

@@ -1,0 +1,1 @@
+"""specview's Qt-free core: engines, the two arms, drafters, traces, comparison."""

@@ -1,0 +1,245 @@
+"""The engine interface every algorithm in specview is written against.
+
+An engine is one evaluation context on one loaded model: llama.cpp, MLX, or a
+test double.  The algorithms (vanilla greedy, speculative verify, drafters,
+teacher-forced replay) only ever call the methods below, so a backend is a thin
+layer and a fault-injecting engine in the tests is a few lines.
+
+The contract, in short:
+
+* ``eval(tokens, rows)`` appends ``tokens`` to the KV state at positions
+  ``n_past .. n_past + len(tokens) - 1`` in ONE forward pass and returns a
+  ``(len(rows), n_vocab)`` float32 array with the logits of just those rows.
+  Memory is O(n_vocab x batch), never O(n_ctx x n_vocab).
+* ``truncate(n)`` drops every KV entry at position >= n, exactly.
+* Everything is single-threaded: an engine belongs to the thread that made it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = [
+    "Engine",
+    "EngineSettings",
+    "VocabInfo",
+    "SpecviewError",
+    "ModelFileError",
+    "BackendUnavailable",
+    "IncompatibleVocab",
+    "ContextOverflow",
+    "EvalError",
+    "check_draft_compatible",
+]
+
+
+class SpecviewError(Exception):
+    """Base of every error specview reports to a user (CLI exit status 2)."""
+
+
+class ModelFileError(SpecviewError):
+    """A model file is missing, unreadable, or not a model llama.cpp/MLX can load."""
+
+
+class BackendUnavailable(SpecviewError):
+    """The engine's library is not installed or cannot run on this platform."""
+
+
+class IncompatibleVocab(SpecviewError):
+    """A draft model's vocabulary cannot be used to draft for the target."""
+
+
+class ContextOverflow(SpecviewError):
+    """The prompt plus the tokens to generate do not fit in the context."""
+
+
+class EvalError(SpecviewError):
+    """A forward pass failed inside the backend."""
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Context settings, named after llama.cpp's flags.
+
+    ``n_ctx = 0`` lets the runner size the context to what a run needs.
+    ``flash_attn`` is ``"auto"``, ``"on"`` or ``"off"``.  ``kv_type`` is a
+    ggml type name for both K and V caches (``f16``, ``q8_0``, ...).
+    """
+
+    n_ctx: int = 0
+    n_batch: int = 512
+    n_ubatch: int = 512
+    flash_attn: str = "auto"
+    gpu_layers: int = -1
+    threads: int = 0
+    kv_type: str = "f16"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "n_ctx": self.n_ctx,
+            "n_batch": self.n_batch,
+            "n_ubatch": self.n_ubatch,
+            "flash_attn": self.flash_attn,
+            "gpu_layers": self.gpu_layers,
+            "threads": self.threads,
+            "kv_type": self.kv_type,
+        }
+
+
+# llama.cpp's common/speculative.cpp: SPEC_VOCAB_MAX_SIZE_DIFFERENCE and
+# SPEC_VOCAB_CHECK_START_TOKEN_ID.
+VOCAB_MAX_SIZE_DIFFERENCE = 128
+VOCAB_CHECK_START_TOKEN_ID = 5
+
+
+@dataclass(frozen=True)
+class VocabInfo:
+    """Vocabulary facts used for drafting checks and for stopping."""
+
+    n_vocab: int
+    vocab_type: str  # "spm", "bpe", ... as llama.cpp names them; "hf" for MLX tokenizers
+    bos: int | None
+    eos: int | None
+    add_bos: bool
+    add_eos: bool
+    eog: frozenset[int] = field(default_factory=frozenset)
+    texts: tuple[str, ...] = field(default=(), repr=False, compare=False)
+
+    def fingerprint(self) -> str:
+        """A short hash of the token texts, recorded in traces."""
+        h = hashlib.sha256()
+        for t in self.texts:
+            h.update(t.encode("utf-8", "surrogatepass"))
+            h.update(b"\0")
+        return h.hexdigest()[:16]
+
+
+def check_draft_compatible(target: VocabInfo, draft: VocabInfo, *, draft_name: str = "draft") -> None:
+    """Refuse a draft whose vocabulary cannot draft for the target.
+
+    The rules are llama.cpp's ``common_speculative_are_compatible``: same vocab
+    type, same add-BOS/add-EOS and the same BOS/EOS ids where they are added,
+    sizes within 128 of each other, identical token texts from id 5 on.
+    Raises :class:`IncompatibleVocab` saying exactly what differs.
+    """
+    problems: list[str] = []
+    if target.vocab_type != draft.vocab_type:
+        problems.append(f"vocabulary type differs: target {target.vocab_type}, draft {draft.vocab_type}")
+    if target.add_bos != draft.add_bos or (target.add_bos and target.bos != draft.bos):
+        problems.append(
+            f"BOS differs: target add_bos={target.add_bos} id={target.bos}, "
+            f"draft add_bos={draft.add_bos} id={draft.bos}"
+        )
+    if target.add_eos != draft.add_eos or (target.add_eos and target.eos != draft.eos):
+        problems.append(
+            f"EOS differs: target add_eos={target.add_eos} id={target.eos}, "
+            f"draft add_eos={draft.add_eos} id={draft.eos}"
+        )
+    diff = abs(target.n_vocab - draft.n_vocab)
+    if diff > VOCAB_MAX_SIZE_DIFFERENCE:
+        problems.append(
+            f"vocabulary sizes differ by {diff} (target {target.n_vocab}, draft {draft.n_vocab}; "
+            f"at most {VOCAB_MAX_SIZE_DIFFERENCE} allowed)"
+        )
+    elif target.texts and draft.texts:
+        n = min(len(target.texts), len(draft.texts))
+        for i in range(VOCAB_CHECK_START_TOKEN_ID, n):
+            if target.texts[i] != draft.texts[i]:
+                problems.append(
+                    f"token {i} differs: target {target.texts[i]!r}, draft {draft.texts[i]!r}"
+                )
+                break
+    if problems:
+        raise IncompatibleVocab(
+            f"the {draft_name} cannot draft for this target: "
+            + "; ".join(problems)
+            + ". Use a draft model from the same family (same tokenizer), or --spec-type ngram-simple."
+        )
+
+
+class Engine(ABC):
+    """One evaluation context on one loaded model."""
+
+    #: short backend name recorded in traces, e.g. "llama.cpp" or "mlx"
+    backend: str = "abstract"
+
+    def __init__(self) -> None:
+        self.n_past = 0
+        #: seconds spent inside forward passes (for the throughput benchmarks)
+        self.eval_seconds = 0.0
+        #: number of forward passes run
+        self.n_evals = 0
+
+    # -- facts ---------------------------------------------------------------
+    @property
+    @abstractmethod
+    def vocab(self) -> VocabInfo: ...
+
+    @property
+    def n_vocab(self) -> int:
+        return self.vocab.n_vocab
+
+    @property
+    @abstractmethod
+    def n_ctx(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def n_batch(self) -> int: ...
+
+    @abstractmethod
+    def model_facts(self) -> dict[str, Any]:
+        """path, file size, architecture, quantization, vocabulary size, ..."""
+
+    def environment(self) -> dict[str, Any]:
+        """Backend versions and devices, merged into the trace's environment."""
+        return {}
+
+    # -- text ----------------------------------------------------------------
+    @abstractmethod
+    def tokenize(self, text: str, *, chat: bool = False) -> list[int]:
+        """Tokenize a prompt; ``chat`` wraps it as one user turn with the model's chat template."""
+
+    @abstractmethod
+    def piece(self, token: int) -> str:
+        """The text of one token as it appears in output (special tokens rendered)."""
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return "".join(self.piece(t) for t in tokens)
+
+    def is_eog(self, token: int) -> bool:
+        return token in self.vocab.eog
+
+    # -- evaluation ------------------------------------------------------------
+    @abstractmethod
+    def eval(self, tokens: Sequence[int], rows: Sequence[int]) -> np.ndarray:
+        """Run one forward pass over ``tokens`` at positions ``n_past...``.
+
+        Returns float32 logits of shape ``(len(rows), n_vocab)``; ``rows``
+        index into ``tokens`` (negative indices allowed).  Advances ``n_past``.
+        """
+
+    @abstractmethod
+    def truncate(self, n: int) -> None:
+        """Drop every KV entry at position >= n; afterwards ``n_past == n``."""
+
+    def reset(self) -> None:
+        self.truncate(0)
+
+    def sibling(self) -> "Engine":
+        """A fresh context on the same loaded weights (weights are never loaded twice)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot open a second context")
+
+    def close(self) -> None:
+        """Free the context (never the shared weights)."""
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,286 @@
+"""The two arms, written once over the :class:`~specview.core.engine.Engine` interface.
+
+Both are generators in the style of mlx-lm's ``generate_step``: they yield one
+small dataclass per event (:class:`~specview.core.trace.Step` for every emitted
+token, :class:`~specview.core.trace.Round` for every speculative round) and
+return the finished :class:`~specview.core.trace.ArmResult`.  Each yield is a
+cancel point; ``cancel`` is checked between forward passes.
+
+Shapes are the point of specview, so they are exact and recorded:
+
+* vanilla: the prompt is prefilled in ``n_batch`` chunks; the last chunk's last
+  row gives token 0; then exactly one token per forward pass (T = 1).
+* speculative (llama-server's loop): the same prefill gives token 0 (round 0);
+  then each round drafts, verifies ``[id_last] + draft`` in ONE forward pass
+  (T = 1 + len(draft)), accepts the longest prefix of the draft equal to the
+  target's argmax plus one target token, and truncates the KV cache to exactly
+  the accepted tokens.  So ``len(tokens) == n_accepted + n_rounds``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Generator, Sequence, Union
+
+import numpy as np
+
+from .drafters import Drafter
+from .engine import ContextOverflow, Engine
+from .topk import topk
+from .trace import ArmResult, Round, Step
+
+Event = Union[Step, Round]
+CancelCheck = Callable[[], bool]
+
+DEFAULT_TOP_K = 8
+
+
+@dataclass(frozen=True)
+class GenOptions:
+    max_tokens: int = 256
+    ignore_eos: bool = False
+    n_batch: int = 512  # prefill chunk size
+    top_k: int = DEFAULT_TOP_K
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.n_batch < 1:
+            raise ValueError(f"n_batch must be >= 1, got {self.n_batch}")
+        if self.top_k < 2:
+            raise ValueError(f"top_k must be >= 2 to have a margin, got {self.top_k}")
+
+
+def _never() -> bool:
+    return False
+
+
+def context_needed(n_prompt: int, max_tokens: int, n_max: int = 0) -> int:
+    """KV positions a run can touch: prompt, generated tokens, and one verify batch of drafts."""
+    return n_prompt + max_tokens + n_max + 1
+
+
+def check_fits(engine: Engine, n_prompt: int, max_tokens: int, n_max: int = 0) -> None:
+    need = context_needed(n_prompt, max_tokens, n_max)
+    if n_prompt == 0:
+        raise ContextOverflow("the prompt is empty: give a prompt or at least one token id")
+    if need > engine.n_ctx:
+        raise ContextOverflow(
+            f"the prompt is {n_prompt} tokens and the run generates up to {max_tokens} "
+            f"(plus {n_max} draft tokens per verify), which needs a context of {need}, "
+            f"but the context is {engine.n_ctx}. Raise --n-ctx to at least {need}, "
+            "or lower --max-tokens, or shorten the prompt."
+        )
+
+
+def make_step(
+    row: np.ndarray,
+    token: int,
+    *,
+    index: int,
+    pos: int,
+    piece: str,
+    k: int,
+    round: int = 0,
+    from_draft: bool = False,
+    batch_size: int = 1,
+    batch_index: int = 0,
+) -> Step:
+    ids, vals = topk(row, k)
+    return Step(
+        index=index,
+        token=int(token),
+        piece=piece,
+        pos=pos,
+        top_ids=ids.tolist(),
+        top_logits=vals.tolist(),
+        margin=float(vals[0] - vals[1]) if len(vals) > 1 else float("inf"),
+        round=round,
+        from_draft=from_draft,
+        batch_size=batch_size,
+        batch_index=batch_index,
+    )
+
+
+def prefill(engine: Engine, prompt: Sequence[int], n_batch: int, cancel: CancelCheck = _never):
+    """Feed the prompt in ``n_batch`` chunks; return (last row logits, last chunk size), or None if cancelled."""
+    engine.reset()
+    row = None
+    size = 0
+    for start in range(0, len(prompt), n_batch):
+        if cancel():
+            return None
+        chunk = prompt[start:start + n_batch]
+        row = engine.eval(chunk, rows=[-1])[0]
+        size = len(chunk)
+    return row, size
+
+
+def vanilla_greedy(
+    engine: Engine,
+    prompt: Sequence[int],
+    opts: GenOptions,
+    *,
+    cancel: CancelCheck = _never,
+) -> Generator[Step, None, ArmResult]:
+    """Plain greedy decoding: prefill in chunks, then one token per forward pass."""
+    prompt = list(prompt)
+    check_fits(engine, len(prompt), opts.max_tokens)
+    arm = ArmResult(name="vanilla")
+    eval0 = engine.eval_seconds
+    t0 = time.perf_counter()
+    pre = prefill(engine, prompt, opts.n_batch, cancel)
+    t1 = time.perf_counter()
+    arm.prompt_ms = (t1 - t0) * 1000.0
+    if pre is None:
+        arm.stop_reason = "cancelled"
+        return arm
+    row, size = pre
+    n_prompt = len(prompt)
+    batch_size, batch_index = size, size - 1
+    tokens = arm.tokens
+    while True:
+        tok = int(np.argmax(row))
+        step = make_step(
+            row, tok, index=len(tokens), pos=n_prompt + len(tokens), piece=engine.piece(tok),
+            k=opts.top_k, batch_size=batch_size, batch_index=batch_index,
+        )
+        tokens.append(tok)
+        arm.steps.append(step)
+        yield step
+        if not opts.ignore_eos and engine.is_eog(tok):
+            arm.stop_reason = "eos"
+            break
+        if len(tokens) >= opts.max_tokens:
+            arm.stop_reason = "max_tokens"
+            break
+        if cancel():
+            arm.stop_reason = "cancelled"
+            break
+        row = engine.eval([tok], rows=[0])[0]
+        batch_size, batch_index = 1, 0
+    arm.gen_ms = (time.perf_counter() - t1) * 1000.0
+    arm.eval_ms = (engine.eval_seconds - eval0) * 1000.0
+    arm.text = "".join(s.piece for s in arm.steps)
+    return arm
+
+
+def speculative_greedy(
+    engine: Engine,
+    drafter: Drafter,
+    prompt: Sequence[int],
+    opts: GenOptions,
+    *,
+    n_max_hint: int = 16,
+    cancel: CancelCheck = _never,
+) -> Generator[Event, None, ArmResult]:
+    """Greedy speculative decoding with llama.cpp's draft-simple semantics.
+
+    ``n_max_hint`` is only used for the up-front context check (the most
+    tokens a verify batch can carry beyond the generated ones).
+    """
+    prompt = list(prompt)
+    check_fits(engine, len(prompt), opts.max_tokens, n_max_hint)
+    arm = ArmResult(name="speculative", drafter=drafter.spec_type)
+    eval0 = engine.eval_seconds
+    deval0 = drafter.eval_seconds
+    t0 = time.perf_counter()
+    pre = prefill(engine, prompt, opts.n_batch, cancel)
+    drafter.begin(prompt)
+    t1 = time.perf_counter()
+    arm.prompt_ms = (t1 - t0) * 1000.0
+    if pre is None:
+        arm.stop_reason = "cancelled"
+        return arm
+    row, size = pre
+    n_prompt = len(prompt)
+    tokens = arm.tokens
+    k = opts.top_k
+
+    # round 0: the prefill's own token, exactly as vanilla gets it
+    tok = int(np.argmax(row))
+    step = make_step(row, tok, index=0, pos=n_prompt, piece=engine.piece(tok), k=k,
+                     round=0, batch_size=size, batch_index=size - 1)
+    tokens.append(tok)
+    arm.steps.append(step)
+    rnd = Round(index=0, drafted=0, accepted=0, draft_ms=0.0, verify_ms=arm.prompt_ms,
+                batch_size=size, first_step=0)
+    arm.rounds.append(rnd)
+    yield step
+    yield rnd
+
+    history = list(prompt)  # tokens in the target's KV cache, in order; only ever appended to
+    stop = ""
+    if not opts.ignore_eos and engine.is_eog(tok):
+        stop = "eos"
+    elif len(tokens) >= opts.max_tokens:
+        stop = "max_tokens"
+    r = 0
+    while not stop:
+        if cancel():
+            stop = "cancelled"
+            break
+        r += 1
+        id_last = tokens[-1]
+        budget = opts.max_tokens - len(tokens) - 1  # leave room for the target's own token
+        td0 = time.perf_counter()
+        draft = drafter.draft(history, id_last, budget) if budget > 0 else []
+        td1 = time.perf_counter()
+        if cancel():
+            stop = "cancelled"
+            break
+        batch = [id_last, *draft]
+        T = len(batch)
+        n_past = engine.n_past
+        logits = engine.eval(batch, rows=range(T))
+        td2 = time.perf_counter()
+        argmax = np.argmax(logits, axis=1)
+        n_acc = 0
+        while n_acc < len(draft) and int(argmax[n_acc]) == draft[n_acc]:
+            n_acc += 1
+        emitted = [*draft[:n_acc], int(argmax[n_acc])]
+        rnd = Round(index=r, drafted=len(draft), accepted=n_acc,
+                    draft_ms=(td1 - td0) * 1000.0, verify_ms=(td2 - td1) * 1000.0,
+                    batch_size=T, first_step=len(tokens), draft_tokens=list(draft))
+        # keep [id_last] + accepted drafts; drop the rejected tail exactly
+        engine.truncate(n_past + n_acc + 1)
+        history.extend(batch[: n_acc + 1])
+        new_steps = []
+        for j, t in enumerate(emitted):
+            step = make_step(
+                logits[j], t, index=len(tokens), pos=n_prompt + len(tokens), piece=engine.piece(t), k=k,
+                round=r, from_draft=j < n_acc, batch_size=T, batch_index=j,
+            )
+            tokens.append(t)
+            arm.steps.append(step)
+            new_steps.append(step)
+            if not opts.ignore_eos and engine.is_eog(t):
+                stop = "eos"
+                break
+            if len(tokens) >= opts.max_tokens:
+                stop = "max_tokens"
+                break
+        if stop == "eos" and len(new_steps) < len(emitted):
+            # an accepted draft token was EOS: the run ends there, like vanilla's
+            rnd.accepted = sum(1 for s in new_steps if s.from_draft)
+        arm.rounds.append(rnd)
+        for s in new_steps:
+            yield s
+        yield rnd
+    arm.stop_reason = stop
+    arm.gen_ms = (time.perf_counter() - t1) * 1000.0
+    arm.eval_ms = (engine.eval_seconds - eval0 + drafter.eval_seconds - deval0) * 1000.0
+    arm.text = "".join(s.piece for s in arm.steps)
+    return arm
+
+
+def run_to_end(gen: Generator[Event, None, ArmResult], on_event: Callable[[Event], None] | None = None) -> ArmResult:
+    """Drain an arm generator and return its result."""
+    while True:
+        try:
+            ev = next(gen)
+        except StopIteration as stop:
+            return stop.value
+        if on_event is not None:
+            on_event(ev)

@@ -1,0 +1,253 @@
+"""A session: loaded models, cached arms, and whole runs -- what the CLI and the GUI drive.
+
+One session belongs to one thread (the CLI's main thread, or the GUI's model
+worker thread): llama.cpp contexts and MLX streams must not cross threads.
+
+* Models are loaded once per (backend, file, GPU layers) and shared by every
+  arm, drafter and replay; ``loads`` counts real loads.
+* The vanilla arm is cached per target, prompt tokens and settings, so
+  changing n_max, p_min or the drafter re-runs only the speculative arm.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Callable
+
+from .. import __version__
+from .compare import compare_arms
+from .drafters import SPEC_TYPES, Drafter, ModelDrafter, NgramDrafter, NoDrafter
+from .engine import Engine, EngineSettings, SpecviewError, check_draft_compatible
+from .generate import Event, GenOptions, context_needed, run_to_end, speculative_greedy, vanilla_greedy
+from .registry import LoadedModel, get_backend
+from .trace import ArmResult, Trace
+
+ProgressFn = Callable[[str], None]
+EventFn = Callable[[str, Event], None]  # (arm name, event)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that defines a run.  Names follow llama.cpp's flags."""
+
+    target: str = "demo:Q8_0"
+    draft: str | None = "demo:Q4_0"
+    spec_type: str = "draft-simple"
+    n_max: int = 3
+    n_min: int = 0
+    p_min: float = 0.0
+    ngram_size_n: int = 12
+    ngram_size_m: int = 48
+    max_tokens: int = 256
+    prompt: str | None = None
+    prompt_tokens: tuple[int, ...] | None = None
+    chat: bool = True
+    ignore_eos: bool = False
+    top_k: int = 8
+    backend: str = "llama.cpp"
+    engine: EngineSettings = field(default_factory=EngineSettings)
+
+    def __post_init__(self) -> None:
+        if self.spec_type not in SPEC_TYPES:
+            raise SpecviewError(f"--spec-type must be one of {', '.join(SPEC_TYPES)} (got {self.spec_type!r})")
+        if self.spec_type == "draft-simple" and not self.draft:
+            raise SpecviewError("--spec-type draft-simple needs a draft model: give --draft FILE (or demo:Q4_0)")
+        if self.n_max < 0 or self.n_min < 0:
+            raise SpecviewError(f"--n-max and --n-min must be >= 0 (got {self.n_max}, {self.n_min})")
+        if not 0.0 <= self.p_min <= 1.0:
+            raise SpecviewError(f"--p-min must be between 0 and 1 (got {self.p_min})")
+        if self.max_tokens < 1:
+            raise SpecviewError(f"--max-tokens must be >= 1 (got {self.max_tokens})")
+        if self.prompt is None and not self.prompt_tokens:
+            raise SpecviewError("no prompt: give --prompt, --prompt-file or --tokens")
+
+    @property
+    def uses_draft_model(self) -> bool:
+        return self.spec_type == "draft-simple"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["engine"] = self.engine.to_dict()
+        d["prompt_tokens"] = list(self.prompt_tokens) if self.prompt_tokens else None
+        if not self.uses_draft_model:
+            d["draft"] = None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
+        d = dict(d)
+        eng = d.pop("engine", {}) or {}
+        toks = d.pop("prompt_tokens", None)
+        known = {f for f in cls.__dataclass_fields__}
+        kw = {k: v for k, v in d.items() if k in known}
+        return cls(engine=EngineSettings(**eng), prompt_tokens=tuple(toks) if toks else None, **kw)
+
+    def spec_cache_key(self) -> tuple:
+        return (self.spec_type, self.draft if self.uses_draft_model else None, self.n_max, self.n_min,
+                self.p_min, self.ngram_size_n, self.ngram_size_m)
+
+
+def round_up(n: int, to: int = 256) -> int:
+    return ((n + to - 1) // to) * to
+
+
+class Session:
+    """Loaded models and cached arms for one owner thread."""
+
+    def __init__(self, progress: ProgressFn | None = None):
+        self.progress = progress or (lambda msg: None)
+        self._models: dict[tuple, LoadedModel] = {}
+        self._engines: dict[tuple, Engine] = {}
+        self._vanilla: dict[tuple, tuple[ArmResult, int]] = {}
+        self.loads = 0
+        self.vanilla_runs = 0
+        self.speculative_runs = 0
+
+    # -- models ----------------------------------------------------------------
+    def model(self, backend: str, name: str, settings: EngineSettings) -> LoadedModel:
+        be = get_backend(backend)
+        resolved = be.resolve(name, progress=self.progress)
+        key = (backend, *be.model_key(resolved, settings))
+        m = self._models.get(key)
+        if m is None:
+            self.progress(f"loading {resolved}")
+            m = be.load(resolved, settings)
+            self._models[key] = m
+            self.loads += 1
+        return m
+
+    def engine(self, role: str, model: LoadedModel, settings: EngineSettings, n_ctx: int) -> Engine:
+        """A context for ``role`` ("vanilla", "speculative", "draft", ...) on ``model``, reused when it fits."""
+        key = (role, id(model), replace(settings, n_ctx=0))
+        e = self._engines.get(key)
+        if e is not None and e.n_ctx >= n_ctx:
+            return e
+        if e is not None:
+            e.close()
+        e = model.new_engine(settings, n_ctx)
+        self._engines[key] = e
+        return e
+
+    def close(self) -> None:
+        for e in self._engines.values():
+            e.close()
+        self._engines.clear()
+        for m in self._models.values():
+            m.close()
+        self._models.clear()
+        self._vanilla.clear()
+
+    # -- a run ---------------------------------------------------------------------
+    def prompt_tokens(self, cfg: RunConfig, target: LoadedModel) -> list[int]:
+        if cfg.prompt_tokens:
+            n = target.vocab.n_vocab
+            bad = [t for t in cfg.prompt_tokens if not 0 <= int(t) < n]
+            if bad:
+                raise SpecviewError(f"--tokens: id {bad[0]} is outside the target's vocabulary (0..{n - 1})")
+            return [int(t) for t in cfg.prompt_tokens]
+        return target.tokenize(cfg.prompt or "", chat=cfg.chat)
+
+    def context_size(self, cfg: RunConfig, n_prompt: int, target: LoadedModel) -> int:
+        n_max = cfg.n_max if cfg.uses_draft_model else (cfg.ngram_size_m if cfg.spec_type == "ngram-simple" else 0)
+        need = context_needed(n_prompt, cfg.max_tokens, n_max)
+        if cfg.engine.n_ctx:
+            return cfg.engine.n_ctx
+        return round_up(need)
+
+    def make_drafter(self, cfg: RunConfig, target: LoadedModel, n_ctx: int) -> tuple[Drafter, LoadedModel | None]:
+        if cfg.spec_type == "none":
+            return NoDrafter(), None
+        if cfg.spec_type == "ngram-simple":
+            return NgramDrafter(size_n=cfg.ngram_size_n, size_m=cfg.ngram_size_m), None
+        dmodel = self.model(cfg.backend, cfg.draft or "", cfg.engine)
+        check_draft_compatible(target.vocab, dmodel.vocab, draft_name=f"draft {dmodel.path}")
+        deng = self.engine("draft", dmodel, cfg.engine, n_ctx)
+        return ModelDrafter(deng, n_max=cfg.n_max, n_min=cfg.n_min, p_min=cfg.p_min, n_batch=cfg.engine.n_batch), dmodel
+
+    def run(
+        self,
+        cfg: RunConfig,
+        *,
+        on_event: EventFn | None = None,
+        cancel: Callable[[], bool] | None = None,
+        reuse_vanilla: bool = True,
+    ) -> Trace:
+        """Run (or reuse) the vanilla arm and run the speculative arm; return the trace."""
+        cancel = cancel or (lambda: False)
+        target = self.model(cfg.backend, cfg.target, cfg.engine)
+        tokens = self.prompt_tokens(cfg, target)
+        n_ctx = self.context_size(cfg, len(tokens), target)
+        opts = GenOptions(max_tokens=cfg.max_tokens, ignore_eos=cfg.ignore_eos, n_batch=cfg.engine.n_batch,
+                          top_k=cfg.top_k)
+        drafter, dmodel = self.make_drafter(cfg, target, n_ctx)
+
+        vkey = (cfg.backend, target.path, tuple(tokens), cfg.max_tokens, cfg.ignore_eos, cfg.top_k,
+                replace(cfg.engine, n_ctx=0))
+        cached = self._vanilla.get(vkey) if reuse_vanilla else None
+        if cached is not None:
+            vanilla, _ = cached
+            if on_event:
+                for s in vanilla.steps:
+                    on_event("vanilla", s)
+        else:
+            veng = self.engine("vanilla", target, cfg.engine, n_ctx)
+            vanilla = run_to_end(vanilla_greedy(veng, tokens, opts, cancel=cancel),
+                                 (lambda ev: on_event("vanilla", ev)) if on_event else None)
+            self.vanilla_runs += 1
+            if vanilla.stop_reason != "cancelled":
+                self._vanilla[vkey] = (vanilla, n_ctx)
+        if vanilla.stop_reason == "cancelled":
+            speculative = ArmResult(name="speculative", drafter=drafter.spec_type, stop_reason="cancelled")
+        else:
+            seng = self.engine("speculative", target, cfg.engine, n_ctx)
+            n_max_hint = cfg.n_max if cfg.uses_draft_model else cfg.ngram_size_m
+            speculative = run_to_end(
+                speculative_greedy(seng, drafter, tokens, opts, n_max_hint=n_max_hint, cancel=cancel),
+                (lambda ev: on_event("speculative", ev)) if on_event else None,
+            )
+            self.speculative_runs += 1
+        return self.build_trace(cfg, target, dmodel, tokens, n_ctx, vanilla, speculative)
+
+    def build_trace(self, cfg: RunConfig, target: LoadedModel, dmodel: LoadedModel | None, tokens: list[int],
+                    n_ctx: int, vanilla: ArmResult, speculative: ArmResult) -> Trace:
+        be = get_backend(cfg.backend)
+        config = cfg.to_dict()
+        config["n_ctx_used"] = n_ctx
+        env = {
+            "specview": __version__,
+            "backend": cfg.backend,
+            **be.environment(),
+            "os": f"{platform.system()} {platform.release()}",
+            "platform": platform.platform(),
+            "machine": platform.machine(),
+            "cpu": _cpu_name(),
+            "python": platform.python_version(),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        return Trace(
+            config=config,
+            environment=env,
+            models={"target": target.facts(), "draft": dmodel.facts() if dmodel is not None else None},
+            prompt={
+                "text": cfg.prompt if not cfg.prompt_tokens else None,
+                "chat": cfg.chat if not cfg.prompt_tokens else False,
+                "raw_tokens": bool(cfg.prompt_tokens),
+                "tokens": list(tokens),
+            },
+            vanilla=vanilla,
+            speculative=speculative,
+            comparison=compare_arms(vanilla, speculative),
+        )
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
