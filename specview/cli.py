@@ -1,0 +1,85 @@
+"""``specview``: the command-line dispatcher.
+
+Subcommands live in :mod:`specview.commands`, one module each, imported only
+when chosen.  Exit status: 0 the arms are identical (or the command
+succeeded), 1 the arms diverged, 2 an error (a bad file, a bad value, a
+missing backend), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from . import __version__
+
+COMMANDS = {
+    "run": ("specview.commands.run", "run both arms on a target and compare them (the main job)"),
+    "models": ("specview.commands.models", "list the demo model's quantizations and where they are"),
+    "matrix": ("specview.commands.matrix", "run a reproducer matrix over quantizations, drafters and settings"),
+    "report": ("specview.commands.report", "write an HTML and Markdown bug report from a trace or matrix"),
+    "compare": ("specview.commands.compare", "compare two saved traces (e.g. from two machines)"),
+    "gui": ("specview.commands.gui", "open the desktop app"),
+}
+
+EXIT_IDENTICAL = 0
+EXIT_DIVERGED = 1
+EXIT_ERROR = 2
+
+
+def _load(name: str):
+    return importlib.import_module(COMMANDS[name][0])
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="specview",
+        description="Does greedy speculative decoding give exactly the text plain greedy decoding gives? "
+        "specview runs both on your model, shows where they fork, and says whether it is a near-tie or a bug.",
+        epilog="Exit status: 0 identical / success, 1 the arms diverged, 2 error. "
+        "Run `specview COMMAND --help` for a command's flags.",
+    )
+    parser.add_argument("--version", action="version", version=f"specview {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_text) in COMMANDS.items():
+        if only is None or name == only:
+            try:
+                _load(name).add_parser(sub)
+            except ModuleNotFoundError as exc:
+                if not exc.name or not exc.name.startswith("specview"):
+                    raise
+                continue
+        else:
+            sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        argv = ["gui"]
+    cmd = argv[0] if argv and argv[0] in COMMANDS else None
+    parser = build_parser(only=cmd)
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return EXIT_ERROR
+    from .core.engine import SpecviewError
+
+    try:
+        return int(args.func(args) or 0)
+    except SpecviewError as exc:
+        print(f"specview: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("specview: interrupted", file=sys.stderr)
+        return 130
+
+
+def gui_main() -> int:
+    return main(["gui", *sys.argv[1:]])
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
