@@ -326,7 +326,7 @@ class LlamaEngine(Engine):
         cp.n_batch = settings.n_batch
         cp.n_ubatch = min(settings.n_ubatch, settings.n_batch)
         cp.n_seq_max = 1
-        threads = settings.threads or max(1, os.cpu_count() or 1)
+        threads = settings.threads or default_threads()
         cp.n_threads = threads
         cp.n_threads_batch = threads
         cp.flash_attn_type = _FLASH[settings.flash_attn]
@@ -448,6 +448,19 @@ class LlamaEngine(Engine):
 
 
 _ENV: dict[str, Any] | None = None
+
+
+def default_threads() -> int:
+    """Threads when --threads is 0: $SPECVIEW_THREADS if set, else every core.
+
+    llama.cpp's worker threads spin at barriers, so on a busy machine fewer
+    threads than cores can be much faster; the variable lets a user (or a
+    shared build machine) say so once.
+    """
+    env = os.environ.get("SPECVIEW_THREADS", "").strip()
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return max(1, os.cpu_count() or 1)
 
 
 def ggml_devices() -> list[dict[str, str]]:

