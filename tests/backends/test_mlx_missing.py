@@ -1,0 +1,68 @@
+"""Without MLX, or on a platform MLX does not support, the MLX engine says why.
+
+These tests need no MLX: they hide it (or fake the platform) and check that
+importing the backend module still works and that constructing the backend
+raises BackendUnavailable with the reason a user can act on.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import pytest
+
+from specview.core import registry
+from specview.core.engine import BackendUnavailable
+
+
+@pytest.fixture
+def fresh_mlx_module(monkeypatch):
+    """specview.backends.mlx imported anew, so no state from earlier imports helps it."""
+    monkeypatch.delitem(sys.modules, "specview.backends.mlx", raising=False)
+    return lambda: importlib.import_module("specview.backends.mlx")
+
+
+def hide(monkeypatch, *names):
+    for name in names:
+        for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            monkeypatch.delitem(sys.modules, mod)
+        monkeypatch.setitem(sys.modules, name, None)  # makes `import name` raise ImportError
+
+
+def test_mlx_not_installed(monkeypatch, fresh_mlx_module):
+    hide(monkeypatch, "mlx", "mlx_lm")
+    monkeypatch.setattr(sys, "platform", "linux")
+    mod = fresh_mlx_module()  # importing the module never needs mlx
+    with pytest.raises(BackendUnavailable) as err:
+        mod.MLXBackend()
+    msg = str(err.value)
+    assert "MLX is not usable here" in msg and "pip install 'specview[mlx]'" in msg
+
+
+def test_mlx_lm_not_installed(monkeypatch, fresh_mlx_module):
+    pytest.importorskip("mlx.core")
+    hide(monkeypatch, "mlx_lm")
+    mod = fresh_mlx_module()
+    with pytest.raises(BackendUnavailable, match=r"mlx-lm is not usable here.*pip install 'specview\[mlx\]'"):
+        mod.MLXBackend()
+
+
+def test_through_the_registry(monkeypatch, fresh_mlx_module):
+    hide(monkeypatch, "mlx", "mlx_lm")
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(registry, "_INSTANCES", {})
+    with pytest.raises(BackendUnavailable, match="specview\\[mlx\\]"):
+        registry.get_backend("mlx")
+
+
+@pytest.mark.parametrize("plat, machine, why", [
+    ("win32", "AMD64", "does not run on Windows"),
+    ("darwin", "x86_64", "only on Apple silicon"),
+])
+def test_unsupported_platform(monkeypatch, fresh_mlx_module, plat, machine, why):
+    mod = fresh_mlx_module()
+    monkeypatch.setattr(sys, "platform", plat)
+    monkeypatch.setattr(mod.platform, "machine", lambda: machine)
+    with pytest.raises(BackendUnavailable, match=why):
+        mod.MLXBackend()
