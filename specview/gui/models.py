@@ -1,0 +1,110 @@
+"""Model choices for the pickers: demo names, GGUF quantizations of one model in a folder,
+and which missing quantizations can be derived from a higher-precision file there.
+
+Plain file-system logic with no Qt, so it is easy to test.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core import demo
+
+# higher precision first; a file can be derived from any file ranked above it
+PRECISION_ORDER = ("F32", "BF16", "F16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_1", "Q5_0", "Q4_K_M",
+                   "Q4_K_S", "Q4_1", "Q4_0", "IQ4_XS", "IQ4_NL", "Q3_K_L", "Q3_K_M", "Q3_K_S", "Q2_K")
+SOURCE_QUANTS = ("F32", "BF16", "F16", "Q8_0")
+DERIVABLE = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0")
+DEMO_CHOICES = tuple(f"demo:{q}" for q in ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_1", "Q4_0", "BF16", "F32"))
+
+_KNOWN = sorted(set(PRECISION_ORDER) | {"Q2_K_S", "IQ2_XXS", "IQ2_XS", "IQ3_XS", "IQ3_XXS", "IQ1_S", "IQ3_S",
+                                        "IQ3_M", "IQ2_S", "IQ2_M", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4_MOE"},
+                key=len, reverse=True)
+_QUANT_RE = re.compile(r"(?i)(?<![A-Za-z0-9])(" + "|".join(_KNOWN) + r")(?![A-Za-z0-9])")
+
+
+def quant_of(path: str | os.PathLike[str]) -> str | None:
+    """The quantization named in a GGUF file name (``Model.Q4_K_M.gguf`` -> ``Q4_K_M``), or None."""
+    hits = _QUANT_RE.findall(Path(path).name)
+    return hits[-1].upper() if hits else None
+
+
+def family_of(path: str | os.PathLike[str]) -> str:
+    """The file name with its quantization and extension removed, normalised: one model's files share it."""
+    stem = Path(path).name
+    if stem.lower().endswith(".gguf"):
+        stem = stem[:-5]
+    stem = _QUANT_RE.sub("", stem)
+    return re.sub(r"[-_. ]+", "-", stem).strip("-").lower()
+
+
+def rank(quant: str | None) -> int:
+    try:
+        return PRECISION_ORDER.index(quant or "")
+    except ValueError:
+        return len(PRECISION_ORDER)
+
+
+@dataclass(frozen=True)
+class QuantChoice:
+    quant: str
+    path: str  # existing file, or where a derived file will be written
+    exists: bool
+    source: str | None = None  # for a file to derive: the file it is derived from
+
+    @property
+    def label(self) -> str:
+        if self.exists:
+            return f"{self.quant}  ({Path(self.path).name})"
+        return f"{self.quant}  (derive from {quant_of(self.source or '') or Path(self.source or '').name})"
+
+
+def siblings(path: str | os.PathLike[str]) -> list[QuantChoice]:
+    """Every quantization of the model at ``path`` (a .gguf file or a folder), plus derivable ones.
+
+    For a folder, the model family with the most files is chosen.  Existing
+    files come first in precision order, then the quantizations that can be
+    derived from the highest-precision file present (F32, BF16, F16 or Q8_0).
+    """
+    p = Path(path).expanduser()
+    folder = p if p.is_dir() else p.parent
+    if not folder.is_dir():
+        return []
+    try:
+        files = sorted(f for f in folder.iterdir() if f.is_file() and f.name.lower().endswith(".gguf"))
+    except OSError:
+        return []
+    groups: dict[str, list[Path]] = {}
+    for f in files:
+        groups.setdefault(family_of(f), []).append(f)
+    if not groups:
+        return []
+    fam = family_of(p) if p.is_file() else max(groups, key=lambda k: len(groups[k]))
+    members = groups.get(fam, [])
+    out = [QuantChoice(quant_of(f) or f.stem, str(f), True) for f in members]
+    out.sort(key=lambda c: (rank(c.quant), c.path))
+    have = {c.quant for c in out}
+    sources = [c for c in out if c.quant in SOURCE_QUANTS]
+    if sources:
+        src = sources[0]
+        for q in DERIVABLE:
+            if q not in have and rank(q) > rank(src.quant):
+                out.append(QuantChoice(q, str(derived_path(Path(src.path), q)), False, src.path))
+    return out
+
+
+def derived_path(src: Path, quant: str) -> Path:
+    """Where a quantization derived from ``src`` goes: next to it if that folder is writable, else the cache."""
+    q = quant_of(src)
+    name = src.name
+    if q:
+        idx = name.upper().rfind(q)
+        name = name[:idx] + quant + name[idx + len(q):]
+    else:
+        name = f"{src.stem}.{quant}.gguf"
+    if os.access(src.parent, os.W_OK):
+        return src.parent / name
+    return demo.cache_dir() / "derived" / name

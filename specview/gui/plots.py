@@ -1,0 +1,354 @@
+"""The two pyqtgraph plots: draft acceptance per round, and the top-1/top-2 margin per step.
+
+Both are created once and updated with ``setData``; the window throttles the
+updates while a run streams.  Clicking a point emits the token index it stands
+for; :meth:`mark_token` draws the selection.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QColor, QPalette
+
+from ..core.trace import Round, Step
+from .panes import DRAFT_HUE, MISMATCH_HUE, blend, is_dark
+
+VANILLA_HUE = QColor(40, 110, 220)
+SPEC_HUE = QColor(235, 120, 20)
+ENVELOPE_HUE = QColor(150, 90, 210)
+
+
+def _finite(x: Any) -> float:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return math.nan
+    return v if math.isfinite(v) else math.nan
+
+
+def style_plot(w: pg.PlotWidget, palette: QPalette) -> None:
+    """Background and axes from the palette, so light and dark themes both read well."""
+    base = palette.color(QPalette.ColorRole.Base)
+    text = palette.color(QPalette.ColorRole.Text)
+    w.setBackground(base)
+    for name in ("left", "bottom"):
+        ax = w.getPlotItem().getAxis(name)
+        ax.setPen(pg.mkPen(blend(base, text, 0.6)))
+        ax.setTextPen(pg.mkPen(text))
+    w.getPlotItem().titleLabel.setAttr("color", text.name())
+    w.getPlotItem().titleLabel.setText(w.getPlotItem().titleLabel.text)
+
+
+class AcceptancePlot(pg.PlotWidget):
+    """Drafted vs accepted tokens per speculative round (bars), with the totals in the title."""
+
+    sigIndexClicked = Signal(int)  # first token index of the clicked round
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setObjectName("acceptance_plot")
+        pi = self.getPlotItem()
+        pi.setMenuEnabled(True)
+        pi.setLabel("bottom", "round")
+        pi.setLabel("left", "tokens")
+        pi.showGrid(x=False, y=True, alpha=0.25)
+        pi.setMouseEnabled(x=True, y=False)
+        pi.getViewBox().enableAutoRange(axis="y", enable=False)
+        self.legend = pi.addLegend(offset=(-8, 6), labelTextSize="8pt")
+        self.drafted = pg.PlotDataItem(stepMode="center", fillLevel=0, name="drafted")
+        self.accepted = pg.PlotDataItem(stepMode="center", fillLevel=0, name="accepted")
+        pi.addItem(self.drafted)
+        pi.addItem(self.accepted)
+        self.select_line = pg.InfiniteLine(angle=90, movable=False)
+        self.select_line.setVisible(False)
+        pi.addItem(self.select_line, ignoreBounds=True)
+        self.fork_line = pg.InfiniteLine(angle=90, movable=False)
+        self.fork_line.setVisible(False)
+        pi.addItem(self.fork_line, ignoreBounds=True)
+        self.rounds: list[Round] = []
+        self.summary = ""
+        self.apply_palette(self.palette())
+        self.scene().sigMouseClicked.connect(self._clicked)
+        self.set_rounds([])
+
+    def apply_palette(self, palette: QPalette) -> None:
+        style_plot(self, palette)
+        base = palette.color(QPalette.ColorRole.Base)
+        text = palette.color(QPalette.ColorRole.Text)
+        self.drafted.setPen(pg.mkPen(blend(base, text, 0.55), width=1))
+        self.drafted.setBrush(pg.mkBrush(blend(base, text, 0.18)))
+        self.accepted.setPen(pg.mkPen(DRAFT_HUE.darker(130) if not is_dark(palette) else DRAFT_HUE.lighter(120), width=1))
+        self.accepted.setBrush(pg.mkBrush(blend(base, DRAFT_HUE, 0.75 if is_dark(palette) else 0.6)))
+        self.select_line.setPen(pg.mkPen(palette.color(QPalette.ColorRole.Highlight), width=2))
+        self.fork_line.setPen(pg.mkPen(MISMATCH_HUE, width=2, style=Qt.PenStyle.DashLine))
+        for item in self.legend.items:
+            item[1].setAttr("color", text.name())
+            item[1].setText(item[1].text)
+
+    def set_rounds(self, rounds: Sequence[Round], *, rate: float | None = None, mean: float | None = None) -> None:
+        self.rounds = list(rounds)
+        n = len(self.rounds)
+        if n:
+            x = np.arange(n + 1, dtype=float) - 0.5
+            x += self.rounds[0].index
+            d = np.fromiter((r.drafted for r in self.rounds), float, n)
+            a = np.fromiter((r.accepted for r in self.rounds), float, n)
+            self.drafted.setData(x, d)
+            self.accepted.setData(x, a)
+            top = max(1.0, float(d.max()), float(a.max()))
+            self.getPlotItem().getViewBox().setYRange(0, top * 1.45, padding=0)
+        else:
+            self.drafted.setData([], [])
+            self.accepted.setData([], [])
+        drafted = sum(r.drafted for r in self.rounds)
+        accepted = sum(r.accepted for r in self.rounds)
+        if rate is None and drafted:
+            rate = accepted / drafted
+        if mean is None:
+            rs = [r for r in self.rounds if r.index > 0]
+            mean = sum(r.accepted + 1 for r in rs) / len(rs) if rs else None
+        if n:
+            self.summary = (f"acceptance {rate * 100:.1f}% ({accepted}/{drafted})" if rate is not None
+                            else "nothing drafted")
+            if mean is not None:
+                self.summary += f" · mean length {mean:.2f}"
+            self.summary += f" · {n} rounds"
+        else:
+            self.summary = "draft acceptance per round"
+        self.setTitle(self.summary, size="9pt")
+
+    def round_of_token(self, i: int) -> Round | None:
+        lo = None
+        for r in self.rounds:
+            if r.first_step <= i:
+                lo = r
+            else:
+                break
+        return lo
+
+    def mark_token(self, i: int | None) -> None:
+        r = self.round_of_token(i) if i is not None else None
+        self.select_line.setVisible(r is not None)
+        if r is not None:
+            self.select_line.setValue(r.index)
+
+    def mark_fork(self, i: int | None) -> None:
+        r = self.round_of_token(i) if i is not None else None
+        self.fork_line.setVisible(r is not None)
+        if r is not None:
+            self.fork_line.setValue(r.index)
+
+    def _clicked(self, ev) -> None:
+        if ev.button() != Qt.MouseButton.LeftButton or not self.rounds:
+            return
+        vb = self.getPlotItem().getViewBox()
+        if not vb.sceneBoundingRect().contains(ev.scenePos()):
+            return
+        x = vb.mapSceneToView(ev.scenePos()).x()
+        idx = int(round(x)) - self.rounds[0].index
+        if 0 <= idx < len(self.rounds):
+            self.sigIndexClicked.emit(self.rounds[idx].first_step)
+
+
+class MarginPlot(pg.PlotWidget):
+    """Top-1 minus top-2 logit per generated token, both arms; fork, envelope and at-risk positions."""
+
+    sigIndexClicked = Signal(int)
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setObjectName("margin_plot")
+        pi = self.getPlotItem()
+        pi.setLabel("bottom", "token index")
+        pi.setLabel("left", "margin (logits)")
+        pi.showGrid(x=False, y=True, alpha=0.25)
+        pi.setClipToView(True)
+        pi.setDownsampling(auto=True, mode="peak")
+        self.legend = pi.addLegend(offset=(-8, 6), labelTextSize="8pt")
+        self.envelope_base = pg.PlotDataItem()
+        self.envelope = pg.PlotDataItem(name="replay envelope")
+        self.envelope_fill = pg.FillBetweenItem(self.envelope_base, self.envelope)
+        pi.addItem(self.envelope_base)
+        pi.addItem(self.envelope)
+        pi.addItem(self.envelope_fill)
+        self.envelope_base.setVisible(False)
+        self.vanilla = pg.PlotDataItem(name="vanilla")
+        self.speculative = pg.PlotDataItem(name="speculative")
+        pi.addItem(self.vanilla)
+        pi.addItem(self.speculative)
+        self.at_risk = pg.ScatterPlotItem(name="at risk", symbol="x", size=9)
+        pi.addItem(self.at_risk)
+        self.fork_line = pg.InfiniteLine(angle=90, movable=False, label="fork",
+                                         labelOpts={"position": 0.92, "anchors": [(0, 0), (0, 0)]})
+        self.fork_line.setVisible(False)
+        pi.addItem(self.fork_line, ignoreBounds=True)
+        self.select_line = pg.InfiniteLine(angle=90, movable=False)
+        self.select_line.setVisible(False)
+        pi.addItem(self.select_line, ignoreBounds=True)
+        self.gap_lines: list[pg.InfiniteLine] = []
+        self.n_vanilla = 0
+        self.n_speculative = 0
+        self.diagnosis: dict | None = None
+        self.apply_palette(self.palette())
+        self.scene().sigMouseClicked.connect(self._clicked)
+
+    def apply_palette(self, palette: QPalette) -> None:
+        style_plot(self, palette)
+        base = palette.color(QPalette.ColorRole.Base)
+        text = palette.color(QPalette.ColorRole.Text)
+        dark = is_dark(palette)
+        self.vanilla.setPen(pg.mkPen(VANILLA_HUE.lighter(140) if dark else VANILLA_HUE, width=1.4))
+        self.speculative.setPen(pg.mkPen(SPEC_HUE.lighter(115) if dark else SPEC_HUE, width=1.2))
+        self.envelope.setPen(pg.mkPen(ENVELOPE_HUE, width=1))
+        self.envelope_fill.setBrush(pg.mkBrush(blend(base, ENVELOPE_HUE, 0.35)))
+        self.at_risk.setPen(pg.mkPen(MISMATCH_HUE, width=1.5))
+        self.at_risk.setBrush(pg.mkBrush(MISMATCH_HUE))
+        self.fork_line.setPen(pg.mkPen(MISMATCH_HUE, width=2, style=Qt.PenStyle.DashLine))
+        self.fork_line.label.setColor(MISMATCH_HUE.lighter(130) if dark else MISMATCH_HUE.darker(120))
+        self.select_line.setPen(pg.mkPen(palette.color(QPalette.ColorRole.Highlight), width=2))
+        for ln in self.gap_lines:
+            ln.setPen(pg.mkPen(ENVELOPE_HUE, width=1, style=Qt.PenStyle.DotLine))
+        for item in self.legend.items:
+            item[1].setAttr("color", text.name())
+            item[1].setText(item[1].text)
+
+    @staticmethod
+    def margins(steps: Sequence[Step]) -> np.ndarray:
+        return np.fromiter((_finite(s.margin) for s in steps), float, len(steps))
+
+    def set_steps(self, vanilla: Sequence[Step], speculative: Sequence[Step]) -> None:
+        self.n_vanilla, self.n_speculative = len(vanilla), len(speculative)
+        self.vanilla.setData(np.arange(len(vanilla), dtype=float), self.margins(vanilla))
+        self.speculative.setData(np.arange(len(speculative), dtype=float), self.margins(speculative))
+
+    def set_arrays(self, v: np.ndarray, s: np.ndarray) -> None:
+        """Streaming path: margins already collected as arrays."""
+        self.n_vanilla, self.n_speculative = len(v), len(s)
+        self.vanilla.setData(np.arange(len(v), dtype=float), v)
+        self.speculative.setData(np.arange(len(s), dtype=float), s)
+
+    def mark_fork(self, i: int | None, margin: float | None = None) -> None:
+        self.fork_line.setVisible(i is not None)
+        if i is not None:
+            self.fork_line.setValue(i)
+            self.fork_line.label.setFormat(f"fork @ {i}" + (f" (margin {margin:.4f})" if margin is not None
+                                                            and math.isfinite(margin) else ""))
+
+    def mark_token(self, i: int | None) -> None:
+        self.select_line.setVisible(i is not None)
+        if i is not None:
+            self.select_line.setValue(i)
+
+    def set_diagnosis(self, diagnosis: dict | None, vanilla: Sequence[Step]) -> str:
+        """Draw the replay envelope and at-risk positions; return a short note of what was drawn."""
+        self.diagnosis = diagnosis if isinstance(diagnosis, dict) else None
+        pi = self.getPlotItem()
+        for ln in self.gap_lines:
+            pi.removeItem(ln)
+        self.gap_lines = []
+        self.envelope.setData([], [])
+        self.envelope_base.setData([], [])
+        self.at_risk.setData([], [])
+        if self.diagnosis is None:
+            return ""
+        notes = []
+        x, y = envelope_series(self.diagnosis.get("envelope"))
+        if len(x):
+            self.envelope.setData(x, y)
+            self.envelope_base.setData(x, np.zeros_like(y))
+            notes.append("envelope")
+        env = self.diagnosis.get("envelope")
+        if isinstance(env, dict):
+            for key, where in (("max", 0.03), ("p95", 0.45)):
+                v = _finite(env.get(key)) if not isinstance(env.get(key), (list, dict)) else math.nan
+                if math.isfinite(v):
+                    ln = pg.InfiniteLine(pos=v, angle=0, movable=False, label=f"envelope {key} {v:.3f}",
+                                         labelOpts={"position": where, "anchors": [(0, 1), (0, 1)]})
+                    ln.setPen(pg.mkPen(ENVELOPE_HUE, width=1, style=Qt.PenStyle.DotLine))
+                    ln.label.setColor(ENVELOPE_HUE)
+                    pi.addItem(ln, ignoreBounds=True)
+                    self.gap_lines.append(ln)
+        risk = at_risk_positions(self.diagnosis.get("at_risk"))
+        if risk:
+            m = self.margins(vanilla)
+            xs = [p for p in risk if 0 <= p < len(m)]
+            self.at_risk.setData(np.array(xs, float), np.array([m[p] for p in xs], float))
+            notes.append(f"{len(risk)} at-risk position{'s' if len(risk) != 1 else ''}")
+        return ", ".join(notes)
+
+    def _clicked(self, ev) -> None:
+        if ev.button() != Qt.MouseButton.LeftButton:
+            return
+        vb = self.getPlotItem().getViewBox()
+        if not vb.sceneBoundingRect().contains(ev.scenePos()):
+            return
+        n = max(self.n_vanilla, self.n_speculative)
+        if n == 0:
+            return
+        i = int(round(vb.mapSceneToView(ev.scenePos()).x()))
+        if 0 <= i < n:
+            self.sigIndexClicked.emit(i)
+
+
+def envelope_series(env: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Read a diagnosis envelope's per-position series defensively.
+
+    Accepts ``{"series": [v0, v1, ...]}``, ``{"series": [{"index"|"position": i, "max"|"gap"|"value": v}, ...]}``,
+    ``{"series": {"i": v}}`` or ``{"series": [[i, v], ...]}``; anything else gives empty arrays.
+    """
+    if not isinstance(env, dict):
+        return np.empty(0), np.empty(0)
+    s = env.get("series")
+    xs: list[float] = []
+    ys: list[float] = []
+    if isinstance(s, dict):
+        for k, v in s.items():
+            try:
+                xs.append(float(k))
+            except (TypeError, ValueError):
+                continue
+            ys.append(_value(v))
+    elif isinstance(s, list):
+        for i, v in enumerate(s):
+            if isinstance(v, dict):
+                pos = v.get("index", v.get("position", v.get("pos", i)))
+                xs.append(_finite(pos))
+                ys.append(_value(v))
+            elif isinstance(v, (list, tuple)) and len(v) >= 2:
+                xs.append(_finite(v[0]))
+                ys.append(_finite(v[1]))
+            else:
+                xs.append(float(i))
+                ys.append(_finite(v))
+    x = np.array(xs, float)
+    y = np.array(ys, float)
+    ok = np.isfinite(x) & np.isfinite(y)
+    return x[ok], y[ok]
+
+
+def _value(v: Any) -> float:
+    if isinstance(v, dict):
+        for key in ("max", "gap", "value", "p95", "delta"):
+            if key in v:
+                return _finite(v[key])
+        return math.nan
+    return _finite(v)
+
+
+def at_risk_positions(v: Any) -> list[int]:
+    out: list[int] = []
+    if not isinstance(v, list):
+        return out
+    for item in v:
+        if isinstance(item, dict):
+            item = item.get("index", item.get("position", item.get("pos")))
+        try:
+            out.append(int(item))
+        except (TypeError, ValueError):
+            continue
+    return out
