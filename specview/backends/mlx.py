@@ -6,7 +6,10 @@
 * Weights are loaded once per folder (:class:`MLXModel`); every arm, drafter and
   replay gets its own KV cache (:class:`MLXEngine`) on the same weights.
 * ``eval`` runs ONE forward pass over the new tokens with the engine's prompt
-  cache and converts only the logits rows asked for to float32 numpy.
+  cache and converts only the logits rows asked for to float32 numpy.  Where
+  the model's logits are exactly ``head(inner(x))`` (checked once per model),
+  the output head runs only on those rows, so a prefill chunk does not compute
+  (chunk x n_vocab) logits only to drop them.
   ``truncate`` trims the cache exactly (``trim_prompt_cache``), and refuses,
   clearly, for models whose cache cannot be rolled back (recurrent layers,
   a full rotating window): such a model cannot verify drafts.
@@ -411,7 +414,48 @@ class MLXModel:
         self._pieces = _Pieces(tokenizer, self.kind, self.n_vocab)
         self._vocab: VocabInfo | None = None
         self._facts: dict[str, Any] | None = None
+        self._split: tuple[Any, ...] | None = None
         self.engines = 0
+
+    @property
+    def split_head(self) -> tuple[Any, Any] | None:
+        """(inner model, output head) when logits == head(inner(x)) exactly for this model, else None.
+
+        With it, ``eval`` runs the output head only on the rows asked for, so a
+        prefill chunk never computes (chunk x n_vocab) logits it throws away.  It
+        is checked once, on a short probe, against the model's own ``__call__``:
+        an architecture that does anything more (logit soft-capping, scaling)
+        fails the check and keeps the plain full call.
+        """
+        if self._split is None:
+            self._split = self._find_split_head() or ()
+        return self._split or None
+
+    def _find_split_head(self) -> tuple[Any, Any] | None:
+        mx = _mx()
+        from mlx_lm.models.cache import make_prompt_cache
+
+        m = self.model
+        inner = getattr(m, "model", None)
+        if inner is None or not callable(inner):
+            return None
+        head = getattr(m, "lm_head", None)
+        if head is None:
+            emb = getattr(inner, "embed_tokens", None)
+            head = getattr(emb, "as_linear", None)
+        if head is None:
+            return None
+        try:
+            ids = [i % self.n_vocab for i in (1, 2, 3, 5, 8)]
+            x = mx.array(ids, dtype=mx.uint32)[None]
+            full = m(x, cache=make_prompt_cache(m))
+            split = head(inner(x, cache=make_prompt_cache(m)))
+            mx.eval(full, split)
+            if full.shape == split.shape and bool(mx.array_equal(full, split).item()):
+                return inner, head
+        except Exception:
+            return None
+        return None
 
     def _probe_vocab(self) -> int:
         mx = _mx()
@@ -668,11 +712,13 @@ class MLXEngine(Engine):
         try:
             with mx.stream(self._stream()):
                 x = mx.array(toks, dtype=mx.uint32)[None]
-                logits = self.model.model(x, cache=self.cache)[0]
-                if rows == list(range(rows[0], rows[0] + len(rows))):
-                    sel = logits[rows[0]:rows[0] + len(rows)]
+                split = self.model.split_head if len(rows) < n else None
+                if split is not None:
+                    inner, head = split
+                    hidden = inner(x, cache=self.cache)[0]
+                    sel = head(_take_rows(mx, hidden, rows))
                 else:
-                    sel = mx.take(logits, mx.array(rows, dtype=mx.int32), axis=0)
+                    sel = _take_rows(mx, self.model.model(x, cache=self.cache)[0], rows)
                 sel = sel.astype(mx.float32)
                 mx.eval(sel, [c.state for c in self.cache])
             out = np.array(sel, dtype=np.float32, copy=True)
@@ -723,6 +769,12 @@ class MLXEngine(Engine):
             self._closed = True
             self.cache = []
             self.model.engines -= 1
+
+
+def _take_rows(mx: Any, a: Any, rows: list[int]) -> Any:
+    if rows == list(range(rows[0], rows[0] + len(rows))):
+        return a[rows[0]:rows[0] + len(rows)]
+    return mx.take(a, mx.array(rows, dtype=mx.int32), axis=0)
 
 
 # -- registry glue -----------------------------------------------------------------------
@@ -986,6 +1038,8 @@ def write_random_model(
     kv_heads: int = 2,
     corpus: Sequence[str] | None = None,
     dtype: str = "float32",
+    pad_vocab_to: int | None = None,
+    tie_embeddings: bool = False,
 ) -> Path:
     """Write a llama-architecture MLX model folder with fixed-seed random weights.
 
@@ -993,7 +1047,9 @@ def write_random_model(
     tokens, with ``<s>`` (BOS, added to plain prompts), ``</s>`` (EOS), ``<pad>``
     and a one-turn chat template.  Two calls with the same corpus give the same
     tokenizer; a different corpus gives a different vocabulary.  Nothing is
-    downloaded.
+    downloaded.  ``pad_vocab_to`` makes the embedding and output head larger than
+    the tokenizer (as many real models do), e.g. 49152 rows for a realistic
+    output-layer cost in benchmarks.
     """
     mx = _mx()
     import mlx.nn as nn  # noqa: F401
@@ -1022,11 +1078,12 @@ def write_random_model(
     fast.chat_template = ("{% for m in messages %}<|user|>{{ m['content'] }}\n{% endfor %}"
                           "{% if add_generation_prompt %}<|assistant|>{% endif %}")
     fast.save_pretrained(str(out))
-    n_vocab = len(fast)
+    n_vocab = max(len(fast), pad_vocab_to or 0)
 
     args = ModelArgs(model_type="llama", hidden_size=hidden_size, num_hidden_layers=num_layers,
                      intermediate_size=intermediate_size, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                     rms_norm_eps=1e-5, vocab_size=n_vocab, tie_word_embeddings=False, max_position_embeddings=4096)
+                     rms_norm_eps=1e-5, vocab_size=n_vocab, tie_word_embeddings=tie_embeddings,
+                     max_position_embeddings=4096)
     mx.random.seed(seed)
     model = Model(args)
     # default init has a tiny output spread; scale so greedy choices are not all near-ties

@@ -186,6 +186,35 @@ def test_eval_rows_and_truncate_rolls_back(target, prompt):
         eng.eval([5] * 64, rows=[0])
 
 
+def test_output_head_only_on_the_rows_asked_for(target, prompt):
+    """A prefill row computed through the split head equals the same row of a full call."""
+    assert target.split_head is not None
+    eng = MLXEngine(target, n_ctx=64)
+    last = eng.eval(prompt, rows=[-1])
+    full = MLXEngine(target, n_ctx=64).eval(prompt, rows=range(len(prompt)))  # all rows: the model's own call
+    np.testing.assert_allclose(last[0], full[-1], rtol=0, atol=1e-5)
+    some = MLXEngine(target, n_ctx=64).eval(prompt, rows=[1, 3])
+    np.testing.assert_allclose(some, full[[1, 3]], rtol=0, atol=1e-5)
+
+
+def test_a_model_whose_logits_are_more_than_the_head_keeps_the_full_call(models, target, prompt):
+    base, tok = mlx_load(str(models["target"]))
+
+    class SoftCapped:  # like Gemma 2's final logit soft-capping
+        def __init__(self, m):
+            self.model, self.lm_head, self.layers = m.model, m.lm_head, m.layers
+
+        def __call__(self, x, cache=None):
+            return 30.0 * mx.tanh(self.lm_head(self.model(x, cache=cache)) / 30.0)
+
+    capped = MLXModel.from_parts(SoftCapped(base), tok, dict(target.config))
+    assert capped.split_head is None
+    row = MLXEngine(capped, n_ctx=64).eval(prompt, rows=[-1])[0]
+    plain = MLXEngine(target, n_ctx=64).eval(prompt, rows=[-1])[0]
+    np.testing.assert_allclose(row, 30.0 * np.tanh(plain / 30.0), rtol=0, atol=1e-4)
+    assert not np.allclose(row, plain, atol=1e-3)
+
+
 def test_untrimmable_cache_is_refused_clearly(target, prompt):
     eng = MLXEngine(target, n_ctx=64)
     eng.cache = [RotatingKVCache(max_size=4, keep=0) for _ in eng.cache]
