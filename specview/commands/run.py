@@ -180,7 +180,7 @@ def main(args: argparse.Namespace) -> int:
         progress(f"running vanilla and speculative arms ({cfg.max_tokens} tokens each)")
         trace = session.run(cfg)
     try:
-        if args.diagnose and not trace.comparison.identical or args.controls:
+        if args.diagnose or args.controls:
             diag = _diagnose(session, cfg, trace, args, progress)
         else:
             diag = None
