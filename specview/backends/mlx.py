@@ -591,9 +591,26 @@ def _memory_quantization(cfg: dict[str, Any]) -> dict[str, Any]:
 
 # -- the engine ------------------------------------------------------------------------
 class MLXEngine(Engine):
-    """One KV cache (``mlx_lm.models.cache.make_prompt_cache``) on a shared :class:`MLXModel`."""
+    """One KV cache (``mlx_lm.models.cache.make_prompt_cache``) on a shared :class:`MLXModel`.
+
+    Greedy run-ahead: mlx-lm's ``generate_step`` overlaps building the next
+    step's graph with computing the current one (``mx.async_eval``).  The engine
+    does the same once a caller has fed back the argmax of the previous row
+    ``PREFETCH_AFTER`` times in a row (the vanilla arm's steady state; a
+    draft-simple drafter with n_max <= 3 gets there only when its draft of a
+    round follows its own argmax from a single-token sync): before waiting on a
+    single-token pass it queues the T = 1 pass of that row's argmax.  If the
+    next ``eval`` is exactly that token, its logits are those of the queued pass
+    (the same shape, so the same numbers); anything else (another token, a
+    batch, ``truncate``) first trims the queued position off the cache.  While
+    a pass is queued the cache holds ``n_past + 1`` positions; ``n_past`` and
+    every result are as if it never ran.  Only plain and quantized KV caches,
+    whose trim always works, run ahead.
+    """
 
     backend = "mlx"
+    #: consecutive argmax-following single-token evals before the engine runs ahead
+    PREFETCH_AFTER = 3
 
     def __init__(self, model: MLXModel, settings: EngineSettings = EngineSettings(), *, n_ctx: int | None = None):
         super().__init__()
@@ -614,6 +631,12 @@ class MLXEngine(Engine):
             self._tls_stream = None
         self._streams: dict[int, Any] = {}
         self.cache = self._new_cache()
+        # greedy run-ahead (see the class docstring)
+        self._pending: tuple[Any, Any] | None = None
+        self._next_greedy: int | None = None
+        self._streak = 0
+        self.prefetched = 0
+        self.prefetch_hits = 0
         model.engines += 1
         self._closed = False
 
@@ -708,22 +731,43 @@ class MLXEngine(Engine):
                 raise ValueError(f"row {r} is outside the {n} tokens evaluated")
         mx = self._mxm
         pos0 = self.n_past
+        follows = n == 1 and toks[0] == self._next_greedy
+        self._streak = self._streak + 1 if follows else 0
+        self._next_greedy = None
         t0 = time.perf_counter()
         try:
             with mx.stream(self._stream()):
-                x = mx.array(toks, dtype=mx.uint32)[None]
-                split = self.model.split_head if len(rows) < n else None
-                if split is not None:
-                    inner, head = split
-                    hidden = inner(x, cache=self.cache)[0]
-                    sel = head(_take_rows(mx, hidden, rows))
-                else:
-                    sel = _take_rows(mx, self.model.model(x, cache=self.cache)[0], rows)
-                sel = sel.astype(mx.float32)
-                mx.eval(sel, [c.state for c in self.cache])
+                sel = None
+                pending, self._pending = self._pending, None
+                if pending is not None:
+                    p_tok, p_sel = pending
+                    if n == 1 and rows == [0] and int(p_tok.item()) == toks[0]:
+                        sel = p_sel  # already computed, or computing: the same T = 1 pass
+                        self.prefetch_hits += 1
+                    else:
+                        self._drop_prefetch()
+                if sel is None:
+                    x = mx.array(toks, dtype=mx.uint32)[None]
+                    split = self.model.split_head if len(rows) < n else None
+                    if split is not None:
+                        inner, head = split
+                        sel = head(_take_rows(mx, inner(x, cache=self.cache)[0], rows))
+                    else:
+                        sel = _take_rows(mx, self.model.model(x, cache=self.cache)[0], rows)
+                    sel = sel.astype(mx.float32)
+                if (self._streak >= self.PREFETCH_AFTER and rows[-1] == n - 1
+                        and pos0 + n + 1 <= self._n_ctx and self._prefetchable()):
+                    # greedy continuation: queue the next token's pass before waiting on this one
+                    nxt_tok = mx.argmax(sel[-1], axis=-1).astype(mx.uint32)
+                    nxt = self.model.model(nxt_tok.reshape(1, 1), cache=self.cache)[0][0:1].astype(mx.float32)
+                    mx.async_eval(nxt_tok, nxt)
+                    self._pending = (nxt_tok, nxt)
+                    self.prefetched += 1
+                mx.eval(sel)
             out = np.array(sel, dtype=np.float32, copy=True)
         except Exception as exc:
             self.eval_seconds += time.perf_counter() - t0
+            self._pending = None
             raise EvalError(f"the MLX forward pass failed at position {pos0} ({n} tokens): "
                             f"{type(exc).__name__}: {exc}") from exc
         self.eval_seconds += time.perf_counter() - t0
@@ -731,19 +775,38 @@ class MLXEngine(Engine):
         self.n_past = pos0 + n
         if out.shape != (len(rows), n_vocab):  # pragma: no cover - a model whose head differs from config
             raise EvalError(f"the model returned logits of shape {out.shape}, expected {(len(rows), n_vocab)}")
+        if rows[-1] == n - 1:
+            self._next_greedy = int(np.argmax(out[-1]))
         return out
+
+    def _prefetchable(self) -> bool:
+        """Only caches whose trim(1) always works may run ahead."""
+        return all(type(c).__name__ in ("KVCache", "QuantizedKVCache") for c in self.cache)
+
+    def _drop_prefetch(self) -> None:
+        """Forget the greedy token run ahead at position n_past (its pass may still be running)."""
+        from mlx_lm.models.cache import trim_prompt_cache
+
+        self._pending = None
+        if trim_prompt_cache(self.cache, 1) != 1:  # pragma: no cover - guarded by _prefetchable
+            raise EvalError(f"{self.model.path.name}: could not drop a prefetched position from the MLX cache")
 
     def truncate(self, n: int) -> None:
         if n < 0 or n > self.n_past:
             raise ValueError(f"cannot truncate to {n}: the context holds {self.n_past} tokens")
         if n == self.n_past:
             return
+        self._streak = 0
+        self._next_greedy = None
         if n == 0:
+            self._pending = None
             self.cache = self._new_cache()
             self.n_past = 0
             return
         from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
+        if self._pending is not None:
+            self._drop_prefetch()
         if not can_trim_prompt_cache(self.cache):
             kinds = sorted({type(c).__name__ for c in self.cache if not c.is_trimmable()})
             raise EvalError(
@@ -767,6 +830,7 @@ class MLXEngine(Engine):
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            self._pending = None
             self.cache = []
             self.model.engines -= 1
 

@@ -215,6 +215,54 @@ def test_a_model_whose_logits_are_more_than_the_head_keeps_the_full_call(models,
     assert not np.allclose(row, plain, atol=1e-3)
 
 
+def test_greedy_run_ahead_is_invisible(target, prompt):
+    """After a greedy streak the engine has queued the argmax; another token, or a
+    truncate, must see exactly the state a plain engine has."""
+
+    def greedy(eng, k):
+        row = eng.eval(prompt, rows=[-1])[0]
+        seq = []
+        for _ in range(k):
+            seq.append(int(np.argmax(row)))
+            row = eng.eval([seq[-1]], rows=[0])[0]
+        return seq
+
+    def plain(seq_after_prompt):
+        eng = MLXEngine(target, n_ctx=64)
+        eng.PREFETCH_AFTER = 10**9  # never runs ahead
+        eng.eval(prompt, rows=[-1])
+        out = None
+        for t in seq_after_prompt:
+            out = eng.eval([t], rows=[0])[0]
+        assert eng.prefetched == 0
+        return out
+
+    eng = MLXEngine(target, n_ctx=64)
+    seq = greedy(eng, 8)
+    assert eng._pending is not None and eng.prefetch_hits == 8 - MLXEngine.PREFETCH_AFTER
+    assert {c.offset for c in eng.cache} == {eng.n_past + 1}  # the queued position
+    other = (int(seq[-1]) + 1) % 320
+    np.testing.assert_allclose(eng.eval([other], rows=[0])[0], plain(seq + [other]), rtol=0, atol=1e-5)
+    assert {c.offset for c in eng.cache} == {eng.n_past}
+
+    eng2 = MLXEngine(target, n_ctx=64)
+    seq2 = greedy(eng2, 8)
+    assert eng2._pending is not None
+    eng2.truncate(len(prompt) + 4)
+    assert eng2._pending is None and {c.offset for c in eng2.cache} == {len(prompt) + 4}
+    np.testing.assert_allclose(eng2.eval([7], rows=[0])[0], plain(seq2[:4] + [7]), rtol=0, atol=1e-5)
+
+    # a batch after a streak drops the queued position too
+    eng3 = MLXEngine(target, n_ctx=64)
+    seq3 = greedy(eng3, 6)
+    got = eng3.eval([9, 10], rows=[0, 1])
+    ref = MLXEngine(target, n_ctx=64)
+    ref.eval(prompt, rows=[-1])
+    for t in seq3:
+        ref.eval([t], rows=[0])
+    np.testing.assert_allclose(got, ref.eval([9, 10], rows=[0, 1]), rtol=0, atol=1e-5)
+
+
 def test_untrimmable_cache_is_refused_clearly(target, prompt):
     eng = MLXEngine(target, n_ctx=64)
     eng.cache = [RotatingKVCache(max_size=4, keep=0) for _ in eng.cache]
@@ -233,6 +281,10 @@ def test_vanilla_matches_plain_greedy_loop(models, target, prompt):
     assert len(set(want)) > 5  # a real sequence, not one token repeated
     np.testing.assert_allclose([s.top_logits[0] for s in arm.steps], tops, rtol=0, atol=1e-5)
     assert eng.n_evals == MAX_TOKENS  # one prefill pass, then one pass per token after the first
+    # the engine ran ahead from the PREFETCH_AFTER-th greedy feed on; every run-ahead was used
+    # except the one queued after the last token
+    after = MLXEngine.PREFETCH_AFTER
+    assert (eng.prefetched, eng.prefetch_hits) == (MAX_TOKENS - after, MAX_TOKENS - 1 - after)
     assert arm.steps[0].batch_size == len(prompt) and all(s.batch_size == 1 for s in arm.steps[1:])
 
 
