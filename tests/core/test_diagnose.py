@@ -1,0 +1,321 @@
+"""The diagnosis logic without a real model: synthetic numbers, and scripted engines with known faults.
+
+The scripted "model" predicts ``(c[-1] + c[-2] + 1) % V`` from its context
+``c`` with a margin of 1 logit over the runner-up, and every row of a forward
+pass with more than one token moves the runner-up by ``SHAPE`` logits: a
+batched-versus-single rounding effect of known size.  Variants plant a
+near-tie, a rollback that keeps a rejected draft, a huge shape effect at one
+position, or per-call jitter.  They register through ``register_backend``,
+the door real backends use.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any, Sequence
+
+import numpy as np
+import pytest
+
+from specview.core import diagnose as dmod
+from specview.core.engine import Engine, EngineSettings, SpecviewError, VocabInfo
+from specview.core.registry import Backend, LoadedModel, register_backend
+from specview.core.session import RunConfig, Session
+from specview.core.trace import Trace
+
+V = 32
+PROMPT = (1, 2)
+SHAPE = 0.03  # how far a batched row moves the runner-up
+TIE_TOKEN = 10  # token index where the "tie" model's margin is 0.01
+TIE_MARGIN = 0.01
+BIG_TOKEN = 9  # where the "big" model's batched rows move by BIG_SHAPE against a margin of BIG_MARGIN
+BIG_SHAPE, BIG_MARGIN = 5.0, 3.0
+ARMED: set[str] = set()  # model kinds whose new engines get the rollback fault
+
+
+def expected_next(c: Sequence[int]) -> int:
+    return (c[-1] + (c[-2] if len(c) > 1 else 0) + 1) % V
+
+
+class ScriptedModel(LoadedModel):
+    def __init__(self, name: str):
+        self.path = name
+        self.kind = name.split(":", 1)[1]
+        self._vocab = VocabInfo(n_vocab=V, vocab_type="spm", bos=None, eos=None, add_bos=False, add_eos=False,
+                                texts=tuple(f"t{i}" for i in range(V)))
+
+    def facts(self) -> dict[str, Any]:
+        return {"path": self.path, "file": self.path, "quantization": self.kind, "architecture": "scripted"}
+
+    @property
+    def vocab(self) -> VocabInfo:
+        return self._vocab
+
+    def tokenize(self, text: str, *, chat: bool = False) -> list[int]:
+        return list(PROMPT)
+
+    def new_engine(self, settings: EngineSettings, n_ctx: int) -> Engine:
+        return ScriptedEngine(self, n_ctx, settings.n_batch, faulty=self.kind in ARMED)
+
+    def row(self, c: Sequence[int], T: int) -> np.ndarray:
+        out = np.zeros(V, dtype=np.float64)
+        nxt = expected_next(c)
+        if self.kind == "draft" and len(c) % 4 == 0:
+            nxt = (nxt + 5) % V  # a draft model that is wrong now and then, so drafts get rejected
+        alt = (nxt + 1) % V
+        token_index = len(c) - len(PROMPT)
+        margin, shape = 1.0, SHAPE
+        if self.kind in ("tie", "jitter") and token_index == TIE_TOKEN:
+            margin = TIE_MARGIN
+        if self.kind == "big" and token_index == BIG_TOKEN:
+            margin, shape = BIG_MARGIN, BIG_SHAPE
+        out[nxt] = 5.0
+        out[alt] = 5.0 - margin + (shape if T > 1 else 0.0)
+        if self.kind == "jitter":
+            out += np.random.default_rng().uniform(0, 1e-3, V)
+        return out.astype(np.float32)
+
+
+class ScriptedEngine(Engine):
+    backend = "scripted"
+
+    def __init__(self, model: ScriptedModel, n_ctx: int, n_batch: int, *, faulty: bool = False):
+        super().__init__()
+        self.m = model
+        self.kv: list[int] = []
+        self._n_ctx, self._n_batch = n_ctx, n_batch
+        self.faulty = faulty
+        self.stale = 0  # 1 once a rejected draft was kept
+        self.faults = 0
+
+    @property
+    def vocab(self) -> VocabInfo:
+        return self.m.vocab
+
+    @property
+    def n_ctx(self) -> int:
+        return self._n_ctx
+
+    @property
+    def n_batch(self) -> int:
+        return self._n_batch
+
+    def model_facts(self) -> dict[str, Any]:
+        return self.m.facts()
+
+    def tokenize(self, text: str, *, chat: bool = False) -> list[int]:
+        return list(PROMPT)
+
+    def piece(self, token: int) -> str:
+        return f" t{token}"
+
+    def eval(self, tokens: Sequence[int], rows: Sequence[int]) -> np.ndarray:
+        T = len(tokens)
+        self.kv.extend(int(t) for t in tokens)
+        base = len(self.kv) - T
+        rows = [r + T if r < 0 else r for r in rows]
+        out = np.stack([self.m.row(self.kv[: base + r + 1], T) for r in rows])
+        self.n_past += T
+        self.n_evals += 1
+        return out
+
+    def truncate(self, n: int) -> None:
+        if n == 0:
+            self.stale = 0
+        elif self.faulty and not self.stale and n < self.n_past:
+            self.stale = 1  # the rollback keeps the first rejected draft token
+            self.faults += 1
+        self.kv = self.kv[: n + self.stale]
+        self.n_past = n
+
+
+class ScriptedBackend(Backend):
+    name = "scripted"
+
+    def load(self, name: str, settings: EngineSettings) -> LoadedModel:
+        return ScriptedModel(name)
+
+
+register_backend("scripted", ScriptedBackend)
+
+
+def config(kind: str, **kw) -> RunConfig:
+    base = dict(target=f"scripted:{kind}", draft="scripted:draft", prompt_tokens=PROMPT, max_tokens=24,
+                backend="scripted", n_max=3, engine=EngineSettings(n_batch=8))
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def run(kind: str, *, controls: bool = False, faulty: bool = False, **kw) -> tuple[Session, Trace, dict]:
+    cfg = config(kind, **kw)
+    session = Session()
+    if faulty:
+        ARMED.add(kind)
+    try:
+        trace = session.run(cfg)
+    finally:
+        ARMED.discard(kind)
+    diag = dmod.diagnose(session, cfg, trace, controls=controls)
+    return session, trace, diag
+
+
+# -- synthetic numbers ----------------------------------------------------------------------
+def test_envelope_stats_and_thresholds():
+    s = dmod.envelope_stats([0.0] * 18 + [0.5, 2.0])
+    assert s["max"] == 2.0 and s["median"] == 0.0
+    assert 0.5 < s["p95"] < 2.0  # linear interpolation between the two top values
+    assert dmod.envelope_stats([]) == {"max": None, "p95": None, "median": None}
+    assert dmod.far_threshold(0.1) == dmod.FAR_FLOOR  # the floor wins for small envelopes
+    assert dmod.far_threshold(1.5) == pytest.approx(4 * 1.5)
+    assert dmod.far_threshold(None) == dmod.FAR_FLOOR
+    assert dmod.at_risk_positions([0.5, 0.01, None, 0.2, 0.3], 0.3) == [1, 3]
+    assert dmod.at_risk_positions([0.5], None) is None
+
+
+def test_rank_breaks_ties_towards_lower_ids():
+    row = np.array([1.0, 3.0, 3.0, 2.0], dtype=np.float32)
+    assert [dmod.rank_of(row, t) for t in range(4)] == [4, 1, 2, 3]
+
+
+@pytest.mark.parametrize("kw, verdict, rule", [
+    (dict(identical=True), "identical", "identical"),
+    (dict(identical=False, gap=0.01, env_max=0.3), "near-tie", "gap-within-envelope"),
+    (dict(identical=False, gap=0.5, env_max=0.3), "near-tie", "gap-below-far"),  # above max, under far=2.0
+    (dict(identical=False, gap=2.5, env_max=0.3), "state", "gap-far-beyond-envelope"),
+    (dict(identical=False, gap=2.5, env_max=0.7), "near-tie", "gap-below-far"),  # far = 4 x 0.7 = 2.8
+    (dict(identical=False, gap=0.0, env_max=None), "near-tie", "gap-below-far"),
+    (dict(identical=False, spec_reproduced=False, spec_rerun_consistent=True, gap=0.01, env_max=0.3),
+     "state", "speculative-unreproducible"),
+    (dict(identical=False, spec_reproduced=False, spec_rerun_consistent=False, gap=0.01, env_max=0.3),
+     "nondeterministic", "speculative-replays-disagree"),
+    (dict(identical=False, single_reproduced=False, single_rerun_consistent=False, spec_reproduced=False,
+          spec_rerun_consistent=True, gap=0.01, env_max=0.3), "nondeterministic", "vanilla-replays-disagree"),
+    (dict(identical=False, single_reproduced=False, single_rerun_consistent=True, gap=0.01, env_max=0.3),
+     "state", "vanilla-unreproducible"),
+])
+def test_classify(kw, verdict, rule):
+    assert dmod.classify(**kw) == (verdict, rule)
+
+
+def test_classify_needs_a_gap_for_a_reproduced_fork():
+    with pytest.raises(ValueError):
+        dmod.classify(identical=False)
+
+
+# -- scripted engines -------------------------------------------------------------------------
+def test_near_tie_flip_reads_near_tie_with_numbers_that_say_so():
+    session, trace, d = run("tie", controls=True)
+    assert trace.comparison.first_mismatch.index == TIE_TOKEN
+    assert d["verdict"] == "near-tie" and d["rule"] == "gap-within-envelope"
+    assert d["fork"] == TIE_TOKEN
+    assert d["gap"] == pytest.approx(TIE_MARGIN, abs=1e-5)
+    env = d["envelope"]
+    assert env["max"] == pytest.approx(SHAPE, abs=1e-5)  # exactly the planted shape effect
+    assert env["at_fork"] == pytest.approx(SHAPE, abs=1e-5)
+    assert len(env["series"]) == TIE_TOKEN + 1 and env["positions"] == TIE_TOKEN
+    assert env["series"][0] == 0.0  # the prefill is the same pass in both shapes
+    # every position the speculative arm took from a batched row moved by SHAPE, the others not at all
+    for j, x in enumerate(env["series"]):
+        assert x == pytest.approx(SHAPE if trace.speculative.steps[j].batch_size > 1 and j > 0 else 0.0, abs=1e-5)
+    assert d["thresholds"]["far"] == dmod.FAR_FLOOR
+    assert d["at_risk"] == [TIE_TOKEN]
+    si, sp = d["replays"]["single"], d["replays"]["speculative"]
+    assert si["reproduced"] and sp["reproduced"]
+    assert sp["gap"] == pytest.approx(SHAPE - TIE_MARGIN, abs=1e-5)
+    assert (si["rank_a"], si["rank_b"], sp["rank_b"], sp["rank_a"]) == (1, 2, 1, 2)
+    assert sp["batch_size"] == trace.speculative.steps[TIE_TOKEN].batch_size > 1
+    # cost: the single replay is one pass per position; the speculative one, one per round up to the fork
+    rounds = [r for r in trace.speculative.rounds if 0 < r.index and r.first_step <= TIE_TOKEN]
+    assert d["replays"]["passes"] == (1 + TIE_TOKEN) + (1 + len(rounds))
+    ctrl = {c["name"]: c for c in d["controls"]}
+    assert set(ctrl) == {"vanilla-twice", "zero-draft", "ngram", "prefill-chunk"}
+    assert all(c["identical"] for c in ctrl.values()), ctrl
+    assert ctrl["prefill-chunk"]["n_batch"] == dmod.CONTROL_CHUNK
+    assert session.loads == 2  # target and draft, never reloaded for replays or controls
+    text = dmod.format_verdict(d)
+    assert "VERDICT  NEAR-TIE" in text and f"{d['gap']:.4f}" in text and f"max {env['max']:.4f}" in text
+    assert "zero-draft" in text
+
+
+def test_rollback_keeping_a_rejected_draft_reads_state():
+    session, trace, d = run("plain", faulty=True, controls=True)
+    assert not trace.comparison.identical
+    assert d["verdict"] == "state" and d["rule"] == "speculative-unreproducible"
+    sp = d["replays"]["speculative"]
+    assert not sp["reproduced"] and sp["rerun_consistent"] is True
+    assert d["replays"]["single"]["reproduced"]
+    first_rejecting = next(r for r in trace.speculative.rounds if r.index > 0 and r.accepted < r.drafted)
+    assert sp["first_deviation"] == first_rejecting.first_step + first_rejecting.accepted + 1
+    # from a clean state the verify pass picks what plain greedy picks
+    assert sp["token"] == d["vanilla_token"] == expected_next(list(PROMPT) + trace.vanilla.tokens[: d["fork"]])
+    assert "bug report" in d["explanation"]
+    ctrl = {c["name"]: c for c in d["controls"]}
+    assert ctrl["vanilla-twice"]["identical"] and ctrl["zero-draft"]["identical"]
+
+
+def test_a_gap_far_beyond_the_envelope_reads_state():
+    session, trace, d = run("big")
+    assert trace.comparison.first_mismatch.index == BIG_TOKEN
+    assert d["replays"]["single"]["reproduced"] and d["replays"]["speculative"]["reproduced"]
+    assert d["gap"] == pytest.approx(BIG_MARGIN, abs=1e-5)
+    assert d["envelope"]["max"] == pytest.approx(SHAPE, abs=1e-5)
+    assert d["gap"] > d["thresholds"]["far"] == dmod.FAR_FLOOR
+    assert d["verdict"] == "state" and d["rule"] == "gap-far-beyond-envelope"
+
+
+def test_jitter_reads_nondeterministic():
+    session, trace, d = run("jitter")
+    assert d["verdict"] == "nondeterministic"
+    assert d["replays"]["single"]["rerun_consistent"] is False
+
+
+def test_identical_run_is_cheap_unless_the_envelope_is_asked_for():
+    cfg = config("plain")
+    session = Session()
+    trace = session.run(cfg)
+    assert trace.comparison.identical
+    d = dmod.diagnose(session, cfg, trace)
+    assert d["verdict"] == "identical" and d["replays"] is None and d["envelope"] is None
+    d2 = dmod.diagnose(session, cfg, trace, envelope_if_identical=True)
+    assert d2["verdict"] == "identical"
+    assert len(d2["envelope"]["series"]) == cfg.max_tokens
+    assert d2["envelope"]["max"] == pytest.approx(SHAPE, abs=1e-5)
+
+
+def test_diagnosis_round_trips_through_a_saved_trace(tmp_path):
+    session, trace, d = run("tie", controls=True)
+    assert trace.diagnosis is d
+    path = trace.save(tmp_path / "t.json")
+    loaded = Trace.load(path)
+    assert loaded.diagnosis == json.loads(json.dumps(d))
+    assert json.loads(path.read_text())["diagnosis"]["verdict"] == "near-tie"
+    # a loaded trace can be diagnosed again from its own record, with the same result
+    cfg = RunConfig.from_dict({k: v for k, v in loaded.config.items() if k != "n_ctx_used"})
+    again = dmod.diagnose(session, cfg, loaded)
+    assert again["verdict"] == "near-tie" and again["gap"] == d["gap"]
+    assert again["replays"]["speculative"]["reproduced"]
+
+
+def test_cancel_leaves_no_diagnosis():
+    cfg = config("tie")
+    session = Session()
+    trace = session.run(cfg)
+    calls = []
+
+    def cancel():
+        calls.append(1)
+        return len(calls) > 3
+
+    with pytest.raises(dmod.DiagnosisCancelled):
+        dmod.diagnose(session, cfg, trace, cancel=cancel)
+    assert trace.diagnosis is None
+
+
+def test_a_trace_without_rounds_is_refused_clearly():
+    cfg = config("tie")
+    session = Session()
+    trace = session.run(cfg)
+    trace.speculative.rounds = trace.speculative.rounds[:1]
+    with pytest.raises(SpecviewError, match="per-round data"):
+        dmod.diagnose(session, cfg, trace)
