@@ -805,11 +805,11 @@ def grid(doc: dict[str, Any]) -> Grid:
     return Grid(row_axes, col_axes, rows, cols, at)
 
 
-def _join(words: Sequence[str]) -> str:
+def _join(words: Sequence[str], conj: str = "and") -> str:
     words = list(words)
     if len(words) <= 1:
         return "".join(words)
-    return ", ".join(words[:-1]) + " and " + words[-1]
+    return ", ".join(words[:-1]) + f" {conj} " + words[-1]
 
 
 def _mixed_phrase(axis: str, values: Sequence[Any]) -> str:
@@ -973,5 +973,5 @@ def _flips(ok: Sequence[dict[str, Any]]) -> list[str]:
     if flipping:
         lines.append("Changing one setting alone turns identical into a fork (or back): " + _join(flipping) + ".")
     if never:
-        lines.append(f"Changing only the {_join(never)} never does.")
+        lines.append(f"Changing only the {_join(never, 'or')} never does.")
     return lines

@@ -1,0 +1,324 @@
+"""The reproducer matrix without models: definitions, cells, streaming, interruption and the plain-words summary.
+
+A fake session stands in for the real one: its traces fork by a rule the test
+states (quantized targets fork when something is drafted), so the summary can
+be checked against what the rule implies, and an interruption can be planted
+at an exact cell.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from specview import cli
+from specview.core.compare import compare_arms
+from specview.core.engine import SpecviewError
+from specview.core.matrix import (
+    SCHEMA,
+    CellParams,
+    MatrixError,
+    MatrixSpec,
+    PromptSpec,
+    builtin_prompts,
+    expand,
+    grid,
+    load_matrix,
+    load_spec,
+    run_matrix,
+    spec_from_dict,
+    summarize,
+)
+from specview.core.trace import ArmResult, Round, Step, Trace
+
+
+# ---------------------------------------------------------------------------
+# a fake session
+# ---------------------------------------------------------------------------
+def _arm(name: str, tokens: list[int], rounds: list[Round] | None = None) -> ArmResult:
+    steps = [Step(index=i, token=t, piece=f" w{t}", pos=5 + i, top_ids=[t, t + 1], top_logits=[1.0, 0.5],
+                  margin=0.5) for i, t in enumerate(tokens)]
+    return ArmResult(name=name, tokens=tokens, steps=steps, rounds=rounds or [], text="".join(s.piece for s in steps),
+                     gen_ms=100.0 if name == "vanilla" else 80.0, stop_reason="max_tokens",
+                     drafter=None if name == "vanilla" else "x")
+
+
+def forks_by_rule(cfg) -> int | None:
+    """The rule the fake follows: a quantized target forks whenever tokens are actually drafted."""
+    drafts = cfg.spec_type == "ngram-simple" or (cfg.spec_type == "draft-simple" and cfg.p_min < 1.0)
+    if "F16" in cfg.target or not drafts:
+        return None
+    return 3 + cfg.n_max if cfg.spec_type == "draft-simple" else 7
+
+
+class FakeSession:
+    def __init__(self, *, interrupt_at: int | None = None, fail_target: str | None = None):
+        self.loads = 0
+        self.vanilla_runs = 0
+        self.speculative_runs = 0
+        self.calls: list = []
+        self.interrupt_at = interrupt_at
+        self.fail_target = fail_target
+        self._vanilla: set = set()
+        self._loaded: set = set()
+
+    def run(self, cfg, *, cancel=None, on_event=None):
+        if self.interrupt_at is not None and len(self.calls) == self.interrupt_at:
+            raise KeyboardInterrupt
+        self.calls.append(cfg)
+        if cfg.target == self.fail_target:
+            raise SpecviewError(f"{cfg.target}: cannot load it")
+        for m in (cfg.target, cfg.draft):
+            if m and m not in self._loaded:
+                self._loaded.add(m)
+                self.loads += 1
+        key = (cfg.target, cfg.prompt, cfg.prompt_tokens, cfg.engine)
+        if key not in self._vanilla:
+            self._vanilla.add(key)
+            self.vanilla_runs += 1
+        self.speculative_runs += 1
+        n = cfg.max_tokens
+        v = list(range(10, 10 + n))
+        f = forks_by_rule(cfg)
+        s = list(v) if f is None or f >= n else v[:f] + [999] + v[f + 1:]
+        rounds = [Round(index=0, drafted=0, accepted=0, draft_ms=0, verify_ms=1, batch_size=4, first_step=0),
+                  Round(index=1, drafted=4, accepted=3, draft_ms=1, verify_ms=1, batch_size=5, first_step=1)]
+        va, sa = _arm("vanilla", v), _arm("speculative", s, rounds)
+        return Trace(config=cfg.to_dict(), environment={"specview": "test"},
+                     models={"target": {"file": cfg.target, "quantization": cfg.target.split(":")[-1]},
+                             "draft": None},
+                     prompt={"text": cfg.prompt, "chat": cfg.chat, "tokens": [1, 2, 3]},
+                     vanilla=va, speculative=sa, comparison=compare_arms(va, sa))
+
+
+def spec(**kw) -> MatrixSpec:
+    d = dict(targets=["demo:F16", "demo:Q8_0", "demo:Q4_K_M"], drafters=["demo:Q4_0", "ngram-simple", "none"],
+             n_max=[1, 4], p_min=[0.0, 1.0], flash_attn=["auto"],
+             prompts=[PromptSpec("essay", "Write an essay."), PromptSpec("raw", tokens=(5, 6, 7))],
+             max_tokens=32, diagnose=False)
+    d.update(kw)
+    return MatrixSpec(**d)
+
+
+# ---------------------------------------------------------------------------
+# definitions
+# ---------------------------------------------------------------------------
+def test_expand_runs_n_max_and_p_min_only_for_draft_models():
+    cells = expand(spec())
+    # per target and prompt: Q4_0 x 2 n_max x 2 p_min = 4 cells, ngram-simple 1, none 1
+    assert len(cells) == 3 * 2 * 6
+    assert len(set(cells)) == len(cells)
+    ngram = [c for c in cells if c.drafter == "ngram-simple"]
+    assert len(ngram) == 6 and all(c.n_max is None and c.p_min is None for c in ngram)
+    # cells sharing a target and prompt are contiguous, so the cached vanilla arm is reused at once
+    order = [(c.target, c.prompt) for c in cells]
+    assert order == sorted(order, key=lambda k: (spec().targets.index(k[0]), ["essay", "raw"].index(k[1])))
+
+
+def test_toml_definition_with_relative_files_raw_tokens_and_engine(tmp_path: Path):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "t.gguf").write_bytes(b"GGUF")
+    (tmp_path / "p.txt").write_text("Explain a hash table.\n", encoding="utf-8")
+    f = tmp_path / "m.toml"
+    f.write_text(
+        'targets = ["models/t.gguf", "demo:Q8_0"]\n'
+        'drafters = ["demo:Q4_0", "ngram-simple"]\n'
+        "n_max = [1, 4]\np_min = [0, 1]\nflash_attn = [\"on\", \"off\"]\nmax_tokens = 48\n"
+        'builtin_prompts = ["code"]\n'
+        'prompts = ["Say hi.", {file = "p.txt", name = "hash"}, {name = "raw", tokens = [1, 2, 3]}]\n'
+        "[engine]\nn_batch = 64\nkv_type = \"q8_0\"\n",
+        encoding="utf-8")
+    s = load_spec(f)
+    assert s.targets == [str(tmp_path / "models" / "t.gguf"), "demo:Q8_0"]
+    assert s.p_min == [0.0, 1.0] and s.n_max == [1, 4] and s.flash_attn == ["on", "off"]
+    assert [p.name for p in s.prompts] == ["code", "prompt1", "hash", "raw"]
+    assert s.prompts[2].text == "Explain a hash table.\n"
+    assert s.prompts[3].tokens == (1, 2, 3) and s.prompts[3].chat is False
+    assert s.engine.n_batch == 64 and s.engine.kv_type == "q8_0"
+    s.validate()
+    cfgs = {c.flash_attn for c in expand(s)}
+    assert cfgs == {"on", "off"}
+
+
+@pytest.mark.parametrize("text, words", [
+    ("targets = [", "not valid TOML"),
+    ("quantizations = [\"demo:Q8_0\"]", "unknown key(s) quantizations"),
+    ("n_max = [\"three\"]", "'n_max' values must be integers"),
+    ("[engine]\nflash_attn = \"on\"", "unknown [engine] key(s) flash_attn"),
+    ("builtin_prompts = [\"poem\"]", "unknown built-in prompt 'poem'"),
+    ("prompts = [{file = \"missing.txt\"}]", "no such file"),
+    ("prompts = [{tokens = []}]", "non-empty list of token ids"),
+])
+def test_bad_definitions_are_refused_clearly(tmp_path: Path, text: str, words: str):
+    f = tmp_path / "bad.toml"
+    f.write_text(text, encoding="utf-8")
+    with pytest.raises(MatrixError) as e:
+        load_spec(f)
+    assert words in str(e.value)
+
+
+@pytest.mark.parametrize("kw, words", [
+    ({"targets": ["/nonexistent/model.gguf"]}, "no such file"),
+    ({"p_min": [1.5]}, "between 0 and 1"),
+    ({"flash_attn": ["maybe"]}, "flash_attn values"),
+    ({"drafters": []}, "axis 'drafters' is empty"),
+    ({"targets": ["demo:Q9_9"]}, "unknown demo quantization"),
+])
+def test_bad_axis_values_are_refused(kw, words):
+    with pytest.raises(SpecviewError) as e:
+        spec(**kw).validate()
+    assert words in str(e.value)
+
+
+def test_cli_reports_errors_without_traceback(tmp_path: Path, capsys):
+    f = tmp_path / "bad.toml"
+    f.write_text("colours = [1]\n", encoding="utf-8")
+    assert cli.main(["matrix", "--config", str(f), "-o", str(tmp_path / "m.json")]) == 2
+    err = capsys.readouterr().err
+    assert "unknown key(s) colours" in err and "Traceback" not in err
+    assert cli.main(["matrix", "--config", str(tmp_path / "none.toml")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # a usage error, reported by argparse
+        cli.main(["matrix", "--targets", "demo:Q8_0", "--flash-attn", "on,sideways", "--dry-run"])
+    assert e.value.code == 2
+    assert "flash attention is auto, on or off (got 'sideways')" in capsys.readouterr().err
+
+
+def test_cli_dry_run_lists_the_cells(capsys):
+    rc = cli.main(["matrix", "--targets", "demo:F16,demo:Q8_0", "--drafters", "demo:Q4_0", "--drafters", "none",
+                   "--n-max", "1,4", "--p-min", "0", "--tokens", "1,2,3", "-p", "Hi", "--flash-attn", "on,off",
+                   "--dry-run"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    # 2 targets x 2 prompts x 2 fa x (2 n_max + none)
+    assert "24 cells" in out
+    assert "F16 · Q4_0 n_max=4 p_min=0 · fa=off · tokens" in out
+
+
+def test_builtin_prompts_are_four_varied_ones():
+    ps = builtin_prompts()
+    assert [p.name for p in ps] == ["code", "essay", "list", "technical"]
+    assert all(p.text and p.chat for p in ps)
+
+
+# ---------------------------------------------------------------------------
+# running
+# ---------------------------------------------------------------------------
+def test_results_stream_to_the_file_after_every_cell(tmp_path: Path):
+    out = tmp_path / "m.json"
+    seen_on_disk: list[int] = []
+
+    def on_cell(rec):
+        seen_on_disk.append(len(json.loads(out.read_text())["cells"]))
+
+    s = spec()
+    run = run_matrix(s, FakeSession(), out=out, on_cell=on_cell)
+    n = len(expand(s))
+    assert seen_on_disk == list(range(1, n + 1))
+    doc = load_matrix(out)
+    assert doc["schema"] == SCHEMA and doc["status"] == "complete" and len(doc["cells"]) == n
+    assert run.counters == {"loads": 4, "vanilla_runs": 6, "speculative_runs": n}
+    for c in doc["cells"]:
+        p = CellParams.from_json(c["params"])
+        cfg_fork = forks_by_rule(__import__("specview.core.matrix", fromlist=["cell_config"]).cell_config(s, p))
+        assert c["first_mismatch"] == cfg_fork
+        assert c["identical"] is (cfg_fork is None)
+        assert c["verdict"] == ("identical" if cfg_fork is None else "diverged")
+        assert c["acceptance_rate"] == 0.75 and c["speedup"] == pytest.approx(1.25)
+
+
+def test_ctrl_c_keeps_the_finished_cells(tmp_path: Path):
+    out = tmp_path / "m.json"
+    run = run_matrix(spec(), FakeSession(interrupt_at=5), out=out)
+    doc = json.loads(out.read_text())
+    assert run.status == "interrupted" and doc["status"] == "interrupted"
+    assert [c["index"] for c in doc["cells"]] == [0, 1, 2, 3, 4]
+    assert doc["n_cells"] == len(expand(spec()))
+    assert "5 cells of 36 finished" in doc["summary"][0]
+
+
+def test_cancel_between_cells(tmp_path: Path):
+    out = tmp_path / "m.json"
+    fake = FakeSession()
+    run = run_matrix(spec(), fake, out=out, cancel=lambda: len(fake.calls) >= 3)
+    assert run.status == "interrupted" and len(run.records) == 3
+
+
+def test_a_failing_cell_is_recorded_and_the_rest_run(tmp_path: Path):
+    run = run_matrix(spec(), FakeSession(fail_target="demo:Q8_0"), out=tmp_path / "m.json")
+    errs = [r for r in run.records if r["status"] == "error"]
+    assert len(errs) == 12 and all("cannot load it" in r["error"] for r in errs)
+    assert len(run.records) == 36 and run.status == "complete"
+    assert "12 cells failed" in " ".join(summarize(run.to_json()))
+
+
+# ---------------------------------------------------------------------------
+# the summary and the grid
+# ---------------------------------------------------------------------------
+def _doc(s: MatrixSpec, tmp_path: Path) -> dict:
+    run_matrix(s, FakeSession(), out=tmp_path / "m.json")
+    return load_matrix(tmp_path / "m.json")
+
+
+def test_summary_names_what_flips_the_outcome(tmp_path: Path):
+    text = "\n".join(_doc(spec(), tmp_path)["summary"])
+    assert "every F16 cell is identical" in text.replace("Every", "every")
+    assert "p_min = 1 is identical everywhere" in text
+    assert "the none drafter is identical everywhere" in text.lower()
+    # with the controls set aside, the target alone decides: both quantized targets fork
+    assert "Setting aside" in text and "all Q8_0 and Q4_K_M cells fork" in text
+    assert "Changing only the n_max or prompt never does." in text  # n_max 1 and 4 fork alike here
+    assert "flash attention" not in text  # one value: not an axis of this matrix
+
+
+def test_summary_does_not_claim_what_the_cells_contradict(tmp_path: Path, monkeypatch):
+    # one F16 cell forks too: "every F16 cell is identical" would now be false and must not be said
+    orig = forks_by_rule
+
+    def rule(cfg):
+        if "F16" in cfg.target and cfg.spec_type == "ngram-simple" and cfg.prompt_tokens:
+            return 9
+        return orig(cfg)
+
+    monkeypatch.setitem(globals(), "forks_by_rule", rule)
+    text = "\n".join(_doc(spec(), tmp_path)["summary"])
+    assert "F16 cell is identical" not in text
+    assert "p_min = 1 is identical everywhere" in text
+
+
+def test_summary_when_nothing_forks(tmp_path: Path):
+    text = "\n".join(_doc(spec(targets=["demo:F16"]), tmp_path)["summary"])
+    assert "Every cell is identical" in text and "fork" not in text.split("\n", 1)[1]
+
+
+def test_grid_rows_and_columns(tmp_path: Path):
+    g = grid(_doc(spec(), tmp_path))
+    assert g.row_axes == ["target", "prompt"] and g.col_axes == ["drafter", "n_max", "p_min"]
+    assert [g.row_label(r) for r in g.rows][:2] == ["F16 · essay", "F16 · raw"]
+    assert [g.col_label(c) for c in g.cols] == ["Q4_0 n_max=1 p_min=0", "Q4_0 n_max=1 p_min=1",
+                                                 "Q4_0 n_max=4 p_min=0", "Q4_0 n_max=4 p_min=1",
+                                                 "ngram-simple", "none"]
+    assert len(g.at) == 36
+
+
+def test_partial_matrix_grid_keeps_planned_cells(tmp_path: Path):
+    run_matrix(spec(), FakeSession(interrupt_at=2), out=tmp_path / "m.json")
+    g = grid(load_matrix(tmp_path / "m.json"))
+    assert len(g.rows) * len(g.cols) == 36 and len(g.at) == 2
+
+
+def test_foreign_files_are_refused(tmp_path: Path):
+    f = tmp_path / "x.json"
+    f.write_text(json.dumps({"schema": "specview.trace/1"}))
+    with pytest.raises(MatrixError, match="not a specview matrix"):
+        load_matrix(f)
+    f.write_text("{")
+    with pytest.raises(MatrixError, match="not valid JSON"):
+        load_matrix(f)
+
+
+def test_spec_from_dict_defaults_to_builtin_prompts():
+    s = spec_from_dict({"targets": ["demo:Q8_0"]})
+    assert len(s.prompts) == 4
