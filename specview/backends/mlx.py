@@ -29,7 +29,9 @@ on it, so an engine works on whichever single thread drives it (the CLI's main
 thread, or the GUI's model worker thread) without relying on that thread's
 default stream.  On an mlx without thread-local streams the engine makes a plain
 stream per calling thread instead.  Results are evaluated (``mx.eval``) before
-``eval`` returns, so no lazy graph ever crosses threads.
+``eval`` returns; the only work left in flight between calls is the one greedy
+step an engine may run ahead (see :class:`MLXEngine`), on the same thread's
+stream, so an engine must stay on the thread that uses it, as every engine must.
 
 llama.cpp settings without an MLX meaning (``gpu_layers``, ``threads``,
 ``flash_attn``, ``n_ubatch``) are ignored.  ``kv_type`` ``f16``/``bf16``/``f32``
@@ -883,6 +885,11 @@ class MLXBackend(Backend):
             if p.is_file() and (p.name == "config.json" or p.suffix == ".safetensors"):
                 p = p.parent
             return str(p)
+        if name.startswith("demo:"):
+            raise ModelFileError(
+                f"{name} is a GGUF demo model for the llama.cpp engine; with the MLX engine give an MLX model "
+                "folder or a Hugging Face id for the target (-m) and the draft (-md)"
+            )
         if name.startswith(("/", ".", "~")) or "\\" in name or not _HF_ID.match(name):
             raise ModelFileError(
                 f"{name}: no such MLX model folder. Give the folder written by mlx_lm.convert, "

@@ -135,6 +135,9 @@ def test_bad_folders_give_specific_errors(tmp_path):
     be = MLXBackend()
     with pytest.raises(ModelFileError, match="no such MLX model folder"):
         be.resolve(str(tmp_path / "missing"))
+    with pytest.raises(ModelFileError, match="GGUF demo model for the llama.cpp engine"):
+        be.resolve("demo:Q8_0")
+    assert be.resolve(str(tmp_path)) == str(tmp_path.resolve())
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelFileError, match="no config.json"):
         MLXModel(tmp_path / "empty")
