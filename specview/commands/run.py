@@ -31,8 +31,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     g.add_argument("-md", "--draft", "--model-draft", dest="draft", default=None,
                    help=f"draft GGUF for draft-simple (default {demo.DEMO_DRAFT} with the demo target)")
     g = p.add_argument_group("speculation (llama.cpp names)")
-    g.add_argument("--spec-type", default="draft-simple", choices=["draft-simple", "ngram-simple", "none"],
-                   help="how tokens are drafted (default draft-simple)")
+    g.add_argument("--spec-type", default="draft-simple", metavar="TYPE",
+                   help="how tokens are drafted: draft-simple, ngram-simple or none (default draft-simple); with "
+                   "--engine llama-server any type the binary lists in its --help (draft-mtp, draft-eagle3, "
+                   "ngram-mod, ...)")
     g.add_argument("--n-max", "--spec-draft-n-max", dest="n_max", type=int, default=3,
                    help="most tokens drafted per round (default 3, as llama.cpp)")
     g.add_argument("--n-min", "--spec-draft-n-min", dest="n_min", type=int, default=0,
@@ -70,6 +72,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
+    from ..core.drafters import SPEC_TYPES
+
+    if args.engine != "llama-server" and args.spec_type not in SPEC_TYPES:
+        raise SpecviewError(f"--spec-type must be one of {', '.join(SPEC_TYPES)} with --engine {args.engine} "
+                            f"(got {args.spec_type!r}); other types run with --engine llama-server")
     target = args.target or demo.DEMO_TARGET
     draft = args.draft
     if draft is None and args.spec_type == "draft-simple":
@@ -100,7 +107,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         chat=bool(args.chat) and tokens is None,
         ignore_eos=args.ignore_eos,
         top_k=args.top_k,
-        backend="llama.cpp" if args.engine == "llama-server" else args.engine,
+        backend=args.engine,
         engine=engine_settings(args),
     )
 
@@ -143,10 +150,12 @@ def summary(trace: Trace, *, context: int = 8) -> str:
                      f"the arms agree on the first {c.agree} tokens.")
         lines.append(f"  vanilla      {fm.vanilla_token}  {_show(fm.vanilla_piece)}")
         lines.append(f"  speculative  {fm.speculative_token}  {_show(fm.speculative_piece)}")
-        if fm.index < len(v.steps):
+        if fm.index < len(v.steps) and v.steps[fm.index].margin is not None:
             st = v.steps[fm.index]
             lines.append(f"  vanilla top-1/top-2 margin there: {st.margin:.4f} logits")
-        if fm.index < len(s.steps):
+        if fm.index < len(s.steps) and s.steps[fm.index].round is None:
+            lines.append("  speculative token's round and verify row: not reported by this engine")
+        elif fm.index < len(s.steps):
             ss = s.steps[fm.index]
             kind = "an accepted draft token" if ss.from_draft else "the target's own token"
             lines.append(f"  speculative token was {kind}, round {ss.round}, row {ss.batch_index} of a "
@@ -157,9 +166,13 @@ def summary(trace: Trace, *, context: int = 8) -> str:
     lines.append("")
     rate = s.acceptance_rate
     mean = s.mean_accepted
-    lines.append(f"drafted {s.n_drafted}, accepted {s.n_accepted} in {max(0, len(s.rounds) - 1)} verify rounds: "
-                 f"acceptance {'n/a' if rate is None else f'{rate:.1%}'}, "
-                 f"mean tokens per round {'n/a' if mean is None else f'{mean:.2f}'}")
+    if not s.rounds and s.reported_drafted is not None:
+        lines.append(f"drafted {s.n_drafted}, accepted {s.n_accepted} (the engine's own totals; no per-round data): "
+                     f"acceptance {'n/a' if rate is None else f'{rate:.1%}'}")
+    else:
+        lines.append(f"drafted {s.n_drafted}, accepted {s.n_accepted} in {max(0, len(s.rounds) - 1)} verify rounds: "
+                     f"acceptance {'n/a' if rate is None else f'{rate:.1%}'}, "
+                     f"mean tokens per round {'n/a' if mean is None else f'{mean:.2f}'}")
     speed = s.tokens_per_s / v.tokens_per_s if v.tokens_per_s else 0.0
     lines.append(f"speed    vanilla {v.tokens_per_s:.1f} tok/s, speculative {s.tokens_per_s:.1f} tok/s "
                  f"({speed:.2f}x); prompt {v.prompt_ms:.0f} ms")
@@ -173,7 +186,8 @@ def main(args: argparse.Namespace) -> int:
     if args.engine == "llama-server":
         from ..backends.server import run_server_trace  # type: ignore[import-not-found]
 
-        trace = run_server_trace(cfg, server_bin=args.server_bin, server_args=args.server_args, progress=progress)
+        trace = run_server_trace(cfg, server_bin=args.server_bin, server_args=args.server_args, progress=progress,
+                                 diagnose=bool(args.diagnose))
         session = None
     else:
         session = Session(progress=progress)
@@ -205,6 +219,10 @@ def _diagnose(session: Any, cfg: RunConfig, trace: Trace, args: argparse.Namespa
         from ..core import diagnose as dmod  # type: ignore[attr-defined]
     except ImportError:
         return None
+    if session is None and trace.environment.get("engine") == "llama-server":
+        from ..backends.server import format_server_verdict  # diagnosed while its servers were up
+
+        return format_server_verdict(trace.diagnosis) if trace.diagnosis else None
     if session is None:
         fn = getattr(dmod, "diagnose_external", None)
         if fn is None:

@@ -50,7 +50,8 @@ class RunConfig:
     engine: EngineSettings = field(default_factory=EngineSettings)
 
     def __post_init__(self) -> None:
-        if self.spec_type not in SPEC_TYPES:
+        # llama-server offers its own spec types; run_server_trace checks them against the binary's --help
+        if self.spec_type not in SPEC_TYPES and self.backend != "llama-server":
             raise SpecviewError(f"--spec-type must be one of {', '.join(SPEC_TYPES)} (got {self.spec_type!r})")
         if self.spec_type == "draft-simple" and not self.draft:
             raise SpecviewError("--spec-type draft-simple needs a draft model: give --draft FILE (or demo:Q4_0)")

@@ -44,16 +44,20 @@ class Step:
     pos: int  # KV position the token will occupy (prompt length + index)
     top_ids: list[int]
     top_logits: list[float]
-    margin: float  # top-1 minus top-2 logit of the row that produced the token
-    round: int = 0  # speculative arm: round that emitted it (0 = prefill)
-    from_draft: bool = False  # speculative arm: an accepted draft token
-    batch_size: int = 1  # T of the forward pass whose logits chose it
-    batch_index: int = 0  # row of that pass
+    # top-1 minus top-2 logit of the row that produced the token.  Engines that
+    # report only probabilities (llama-server) give log-probability differences,
+    # which equal logit differences; None where the engine reported nothing.
+    margin: float | None
+    # None below: the engine does not report it (llama-server gives no per-round data)
+    round: int | None = 0  # speculative arm: round that emitted it (0 = prefill)
+    from_draft: bool | None = False  # speculative arm: an accepted draft token
+    batch_size: int | None = 1  # T of the forward pass whose logits chose it
+    batch_index: int | None = 0  # row of that pass
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["top_logits"] = [round(float(x), 5) for x in self.top_logits]
-        d["margin"] = round(float(self.margin), 5)
+        d["margin"] = None if self.margin is None else round(float(self.margin), 5)
         return d
 
 
@@ -88,9 +92,13 @@ class ArmResult:
     rounds: list[Round] = field(default_factory=list)  # speculative arm only
     prompt_ms: float = 0.0
     gen_ms: float = 0.0
-    eval_ms: float = 0.0  # time inside forward passes (target and drafter)
+    eval_ms: float | None = 0.0  # time inside forward passes (target and drafter); None if unknown
     stop_reason: str = ""  # "max_tokens", "eos", "cancelled", "context"
     drafter: str | None = None
+    # Draft totals reported by an engine that gives no per-round data (llama-server's
+    # timings.draft_n / draft_n_accepted); None means "sum the rounds".
+    reported_drafted: int | None = None
+    reported_accepted: int | None = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -98,10 +106,14 @@ class ArmResult:
 
     @property
     def n_drafted(self) -> int:
+        if self.reported_drafted is not None:
+            return self.reported_drafted
         return sum(r.drafted for r in self.rounds)
 
     @property
     def n_accepted(self) -> int:
+        if self.reported_accepted is not None:
+            return self.reported_accepted
         return sum(r.accepted for r in self.rounds)
 
     @property
@@ -124,7 +136,7 @@ class ArmResult:
             "stop_reason": self.stop_reason,
             "prompt_ms": round(self.prompt_ms, 3),
             "gen_ms": round(self.gen_ms, 3),
-            "eval_ms": round(self.eval_ms, 3),
+            "eval_ms": None if self.eval_ms is None else round(self.eval_ms, 3),
             "tokens_per_s": round(self.tokens_per_s, 3),
             "steps": [s.to_json() for s in self.steps],
         }
@@ -145,10 +157,14 @@ class ArmResult:
         arm.stop_reason = str(d.get("stop_reason", ""))
         arm.prompt_ms = float(d.get("prompt_ms", 0.0))
         arm.gen_ms = float(d.get("gen_ms", 0.0))
-        arm.eval_ms = float(d.get("eval_ms", 0.0))
+        ev = d.get("eval_ms", 0.0)
+        arm.eval_ms = None if ev is None else float(ev)
         arm.drafter = d.get("drafter")
         arm.steps = [Step(**s) for s in d["steps"]]
         arm.rounds = [Round(**r) for r in d.get("rounds", [])]
+        if not arm.rounds and d.get("n_drafted") is not None:  # totals without rounds: an engine's own counts
+            arm.reported_drafted = int(d["n_drafted"])
+            arm.reported_accepted = int(d.get("n_accepted") or 0)
         return arm
 
 

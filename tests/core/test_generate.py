@@ -1,0 +1,172 @@
+"""The two arms on a fake engine whose every logit is known in advance."""
+
+import numpy as np
+import pytest
+
+from fakes import EOS, FakeEngine, ToyModel
+from specview.core.compare import compare_arms
+from specview.core.drafters import ModelDrafter, NgramDrafter, NoDrafter
+from specview.core.engine import ContextOverflow
+from specview.core.generate import GenOptions, run_to_end, speculative_greedy, vanilla_greedy
+from specview.core.trace import Round, Step
+
+PROMPT = [1, 5, 9, 4, 22, 17, 3]
+
+
+def run_spec(target, draft_model, opts, **kw):
+    eng = FakeEngine(target)
+    deng = FakeEngine(draft_model) if draft_model is not None else None
+    drafter = ModelDrafter(deng, **kw) if deng is not None else NoDrafter()
+    events = []
+    arm = run_to_end(speculative_greedy(eng, drafter, PROMPT, opts), events.append)
+    return arm, eng, deng, events
+
+
+def test_vanilla_equals_an_independent_greedy_loop():
+    m = ToyModel(0)
+    eng = FakeEngine(m, n_batch=3)
+    arm = run_to_end(vanilla_greedy(eng, PROMPT, GenOptions(max_tokens=50, ignore_eos=True, n_batch=3)))
+    assert arm.tokens == m.greedy(PROMPT, 50)
+    # prefill in chunks of 3 (7 prompt tokens -> 3, 3, 1), then exactly one token per pass
+    assert eng.batch_sizes == [3, 3, 1] + [1] * 49
+    assert arm.steps[0].batch_size == 1 and arm.steps[0].batch_index == 0  # the last chunk held one token
+    assert all(s.batch_size == 1 for s in arm.steps)
+    assert [s.pos for s in arm.steps] == list(range(len(PROMPT), len(PROMPT) + 50))
+    for s in arm.steps:
+        assert s.top_ids[0] == s.token
+        assert s.margin == pytest.approx(s.top_logits[0] - s.top_logits[1])
+    assert arm.text == "".join(f"<{t}>" for t in arm.tokens)
+
+
+@pytest.mark.parametrize("n_max", [1, 3, 8])
+@pytest.mark.parametrize("noise", [0.0, 2.0, 6.0])
+def test_speculative_is_lossless_on_a_shape_independent_model(n_max, noise):
+    target = ToyModel(0)
+    draft = ToyModel(0, noise=noise)
+    opts = GenOptions(max_tokens=60, ignore_eos=True)
+    arm, eng, _, events = run_spec(target, draft, opts, n_max=n_max)
+    assert arm.tokens == target.greedy(PROMPT, 60)
+    # every emitted token comes from an accepted draft or is the round's own target token
+    assert len(arm.tokens) == arm.n_accepted + len(arm.rounds)
+    assert sum(s.from_draft for s in arm.steps) == arm.n_accepted
+    for r in arm.rounds[1:]:
+        assert r.batch_size == 1 + r.drafted
+        assert 0 <= r.accepted <= r.drafted <= n_max
+    # the KV cache after every round holds exactly the prompt and the tokens emitted before the last one
+    assert eng.kv == PROMPT + arm.tokens[:-1]
+    # events: one Step per token, one Round per round, in order
+    assert [e.index for e in events if isinstance(e, Step)] == list(range(60))
+    assert [e.index for e in events if isinstance(e, Round)] == list(range(len(arm.rounds)))
+    if noise == 0.0:
+        assert arm.n_accepted == arm.n_drafted  # a perfect drafter is always accepted
+
+
+def test_perfect_drafter_verifies_full_batches():
+    m = ToyModel(3)
+    arm, eng, _, _ = run_spec(m, m, GenOptions(max_tokens=41, ignore_eos=True), n_max=4)
+    # 1 token from prefill, then 8 rounds of 4 drafts + 1 target token = 41
+    assert [r.drafted for r in arm.rounds] == [0] + [4] * 8
+    assert [r.accepted for r in arm.rounds] == [0] + [4] * 8
+    assert eng.batch_sizes[1:] == [5] * 8
+
+
+def test_p_min_one_drafts_nothing_and_matches_vanilla_shapes():
+    m = ToyModel(1)
+    arm, eng, _, _ = run_spec(m, ToyModel(1, noise=1.0), GenOptions(max_tokens=30, ignore_eos=True), p_min=1.0)
+    assert arm.n_drafted == 0
+    assert all(r.batch_size == 1 for r in arm.rounds[1:])
+    veng = FakeEngine(m)
+    van = run_to_end(vanilla_greedy(veng, PROMPT, GenOptions(max_tokens=30, ignore_eos=True)))
+    assert veng.batch_sizes == eng.batch_sizes  # identical shapes, pass for pass
+    assert van.tokens == arm.tokens
+
+
+def test_n_min_drops_short_drafts():
+    m = ToyModel(2)
+    arm, _, _, _ = run_spec(m, m, GenOptions(max_tokens=20, ignore_eos=True), n_max=3, n_min=4)
+    assert arm.n_drafted == 0
+
+
+def test_max_tokens_is_exact_even_with_long_drafts():
+    m = ToyModel(4)
+    for max_tokens in (1, 2, 5, 17):
+        arm, eng, _, _ = run_spec(m, m, GenOptions(max_tokens=max_tokens, ignore_eos=True), n_max=8)
+        assert len(arm.tokens) == max_tokens
+        assert arm.stop_reason == "max_tokens"
+        assert max(eng.batch_sizes[1:], default=1) <= max_tokens  # never drafts past the budget
+
+
+def test_eos_stops_both_arms_at_the_same_token():
+    m = ToyModel(5, eos_bias=2.5)
+    ref = m.greedy(PROMPT, 200)
+    assert EOS in ref, "this toy model must emit EOS for the test to mean anything"
+    cut = ref.index(EOS) + 1
+    van = run_to_end(vanilla_greedy(FakeEngine(m), PROMPT, GenOptions(max_tokens=200)))
+    spec, _, _, _ = run_spec(m, m, GenOptions(max_tokens=200), n_max=5)
+    assert van.tokens == ref[:cut] and van.stop_reason == "eos"
+    assert spec.tokens == ref[:cut] and spec.stop_reason == "eos"
+    ign = run_to_end(vanilla_greedy(FakeEngine(m), PROMPT, GenOptions(max_tokens=200, ignore_eos=True)))
+    assert ign.tokens == ref
+
+
+def test_cancel_stops_between_forward_passes():
+    m = ToyModel(6)
+    eng = FakeEngine(m)
+    seen = []
+    gen = vanilla_greedy(eng, PROMPT, GenOptions(max_tokens=100, ignore_eos=True), cancel=lambda: len(seen) >= 10)
+    arm = run_to_end(gen, seen.append)
+    assert arm.stop_reason == "cancelled"
+    assert len(arm.tokens) == 10
+    spec_seen = []
+    eng2 = FakeEngine(m)
+    gen = speculative_greedy(eng2, ModelDrafter(FakeEngine(m), n_max=3), PROMPT,
+                             GenOptions(max_tokens=100, ignore_eos=True), cancel=lambda: len(spec_seen) >= 10)
+    arm2 = run_to_end(gen, spec_seen.append)
+    assert arm2.stop_reason == "cancelled" and len(arm2.tokens) < 100
+    assert arm2.tokens == m.greedy(PROMPT, len(arm2.tokens))
+
+
+def test_shape_dependent_numerics_fork_where_the_target_nearly_ties():
+    """A target whose T>1 passes are off by a small epsilon forks, and only at a small margin."""
+    target = ToyModel(0, shape_eps=0.5)
+    found = False
+    for seed in range(8):
+        prompt = [1, 3 + seed, 9, 4]
+        van = run_to_end(vanilla_greedy(FakeEngine(target), prompt, GenOptions(max_tokens=120, ignore_eos=True)))
+        spec = run_to_end(speculative_greedy(FakeEngine(target), ModelDrafter(FakeEngine(ToyModel(0)), n_max=4),
+                                             prompt, GenOptions(max_tokens=120, ignore_eos=True)))
+        c = compare_arms(van, spec)
+        if not c.identical:
+            found = True
+            i = c.first_mismatch.index
+            st = spec.steps[i]
+            assert st.batch_size > 1  # the fork came from a batched pass
+            assert van.steps[i].margin < 2 * 0.5  # within the planted numeric error of a tie
+    assert found
+
+
+def test_context_overflow_is_refused_up_front():
+    eng = FakeEngine(ToyModel(0), n_ctx=50)
+    with pytest.raises(ContextOverflow, match="needs a context of"):
+        run_to_end(vanilla_greedy(eng, PROMPT, GenOptions(max_tokens=60)))
+    with pytest.raises(ContextOverflow, match="empty"):
+        run_to_end(vanilla_greedy(eng, [], GenOptions(max_tokens=5)))
+
+
+def test_ngram_drafter_in_the_loop_is_lossless():
+    m = ToyModel(8)
+    prompt = [1, 5, 6, 7, 8] * 6
+    eng = FakeEngine(m)
+    arm = run_to_end(speculative_greedy(eng, NgramDrafter(size_n=2, size_m=4), prompt,
+                                        GenOptions(max_tokens=40, ignore_eos=True)))
+    assert arm.tokens == m.greedy(prompt, 40)
+    assert len(arm.tokens) == arm.n_accepted + len(arm.rounds)
+
+
+def test_options_are_validated():
+    with pytest.raises(ValueError):
+        GenOptions(max_tokens=0)
+    with pytest.raises(ValueError):
+        GenOptions(top_k=1)
+    with pytest.raises(ValueError):
+        ModelDrafter(FakeEngine(ToyModel(0)), n_max=-1)
