@@ -102,7 +102,9 @@ class ArmResult:
 
     @property
     def tokens_per_s(self) -> float:
-        return len(self.tokens) / (self.gen_ms / 1000.0) if self.gen_ms > 0 else 0.0
+        # from the millisecond figure as the JSON stores it, so a reloaded trace reports the same speed
+        gen_ms = round(self.gen_ms, 3)
+        return len(self.tokens) / (gen_ms / 1000.0) if gen_ms > 0 else 0.0
 
     @property
     def n_drafted(self) -> int:
