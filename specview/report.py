@@ -27,6 +27,7 @@ DRAFT_RGB = (40, 170, 80)
 
 def _app():
     """The running QApplication, or a new one on the offscreen platform (no display needed)."""
+    from . import gui  # noqa: F401  (applies the app's PySide6 reference-count guard)
     from PySide6.QtWidgets import QApplication
 
     app = QApplication.instance()

@@ -1,0 +1,354 @@
+"""Reports treat token text as hostile: a planted trace whose tokens are ``<script>``, backtick fences,
+``|`` and newlines must come out escaped in HTML and inert in Markdown; plots must be real PNGs."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shlex
+import struct
+import zlib
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from specview import cli
+from specview.core.compare import compare_arms
+from specview.core.report import llama_commands, matrix_html, matrix_markdown, md_code, md_fence, trace_html, trace_markdown
+from specview.core.trace import ArmResult, Round, Step, Trace
+
+SCRIPT = "<script>alert(1)</script>"
+FENCE = "```"
+HOSTILE = [" The", " cat", SCRIPT, " sat", FENCE, "|", "\n", " on", "``", " <img src=x onerror=alert(2)>", " mat",
+           " &amp;", " end", "\t", " ok", " done"]
+
+
+# ---------------------------------------------------------------------------
+# a planted trace
+# ---------------------------------------------------------------------------
+def _step(i: int, tok: int, piece: str, *, margin: float, rnd: int = 0, draft: bool = False, T: int = 1,
+          row: int = 0) -> Step:
+    return Step(index=i, token=tok, piece=piece, pos=20 + i, top_ids=[tok, tok + 1], top_logits=[5.0, 5.0 - margin],
+                margin=margin, round=rnd, from_draft=draft, batch_size=T, batch_index=row)
+
+
+def hostile_trace(fork: int = 4, n: int = 16, *, diagnosed: bool = True) -> Trace:
+    """Vanilla emits HOSTILE in order; the speculative arm agrees until ``fork``, then emits the script tag."""
+    vt = list(range(100, 100 + n))
+    st = vt[:fork] + [102] + vt[fork + 1:]
+    vsteps = [_step(i, t, HOSTILE[i % len(HOSTILE)], margin=0.05 + 0.3 * (i % 5)) for i, t in enumerate(vt)]
+    ssteps, rounds = [], [Round(0, 0, 0, 0.0, 1.0, 20, 0)]
+    ssteps.append(_step(0, st[0], vsteps[0].piece, margin=vsteps[0].margin, T=20, row=19))
+    r = 1
+    while len(ssteps) < n:
+        first, acc = len(ssteps), min(2, n - len(ssteps) - 1)
+        for j in range(acc + 1):
+            i = len(ssteps)
+            piece = HOSTILE[2] if st[i] == 102 else vsteps[i].piece
+            ssteps.append(_step(i, st[i], piece, margin=vsteps[i].margin * 0.9, rnd=r, draft=j < acc, T=4, row=j))
+        rounds.append(Round(r, 3, acc, 0.5, 1.5, 4, first, [st[first + j] for j in range(acc)] + [7] * (3 - acc)))
+        r += 1
+    v = ArmResult("vanilla", vt, "".join(s.piece for s in vsteps), vsteps, [], 10.0, 200.0, 150.0, "max_tokens")
+    s = ArmResult("speculative", st, "".join(s.piece for s in ssteps), ssteps, rounds, 10.0, 150.0, 120.0,
+                  "max_tokens", "draft-simple")
+    diag = None
+    if diagnosed:
+        diag = {"verdict": "near-tie", "rule": "gap-within-envelope", "gap": 0.05,
+                "envelope": {"max": 0.3, "p95": 0.25, "median": 0.1, "positions": fork,
+                             "series": [0.1, 0.2, 0.3, 0.12, 0.2]},
+                "at_risk": [0, 5], "thresholds": {"near_tie": 0.3, "far": 2.0, "at_risk": 0.3},
+                "explanation": f"One token per pass picks {SCRIPT!r} by 0.05 logits over {FENCE!r}."}
+    return Trace(
+        config={"target": "demo:Q8_0", "draft": "demo:Q4_0", "spec_type": "draft-simple", "n_max": 3, "n_min": 0,
+                "p_min": 0.0, "max_tokens": n, "prompt": "x", "chat": True, "ignore_eos": False, "top_k": 8,
+                "backend": "llama.cpp", "ngram_size_n": 12, "ngram_size_m": 48, "n_ctx_used": 256,
+                "engine": {"n_ctx": 0, "n_batch": 512, "n_ubatch": 512, "flash_attn": "off", "gpu_layers": -1,
+                           "threads": 2, "kv_type": "f16"}},
+        environment={"specview": "0.1.0", "backend": "llama.cpp", "cpu": "Evil <b>CPU</b> | x", "created": "now"},
+        models={"target": {"path": "/models/it's a $(rm -rf ~) <b>.gguf", "file": "t<script>.gguf",
+                           "quantization": "Q8_0", "n_params": 134515008, "file_size": 144811968},
+                "draft": {"path": "/models/draft.gguf", "file": "draft.gguf", "quantization": "Q4_0"}},
+        prompt={"text": f"Write {SCRIPT} and\n{FENCE}python\nprint('|')\n{FENCE}\nit's $(whoami)", "chat": True,
+                "raw_tokens": False, "tokens": [1, 2, 3, 4]},
+        vanilla=v, speculative=s, comparison=compare_arms(v, s), diagnosis=diag)
+
+
+# ---------------------------------------------------------------------------
+# independent checkers
+# ---------------------------------------------------------------------------
+def check_png(data: bytes) -> tuple[int, int]:
+    """Parse a PNG by hand: signature, chunk CRCs, IHDR, and the IDAT stream inflating to the right size."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, ihdr = 8, b"", None
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos:pos + 4])
+        kind = data[pos + 4:pos + 8]
+        body = data[pos + 8:pos + 8 + length]
+        (crc,) = struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])
+        assert zlib.crc32(kind + body) & 0xFFFFFFFF == crc, f"bad CRC in {kind!r}"
+        if kind == b"IHDR":
+            ihdr = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat += body
+        elif kind == b"IEND":
+            break
+        pos += 12 + length
+    assert ihdr is not None
+    w, h, depth, colour = ihdr[:4]
+    channels = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}[colour]
+    raw = zlib.decompress(idat)
+    assert len(raw) == h * (1 + (w * channels * depth + 7) // 8)
+    return w, h
+
+
+class Collect(HTMLParser):
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.tags: list[str] = []
+        self.attrs: list[tuple[str, str, str | None]] = []
+        self.text: list[str] = []
+        self.imgs: list[dict] = []
+        self.stack: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        for k, v in attrs:
+            self.attrs.append((tag, k, v))
+        if tag == "img":
+            self.imgs.append(dict(attrs))
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+OUR_TAGS = {"html", "head", "meta", "title", "style", "body", "main", "h1", "h2", "div", "b", "p", "table", "tr",
+            "td", "th", "span", "pre", "figure", "img", "figcaption", "code", "ul", "li", "small", "br"}
+
+
+def check_html(page: str, *, bold: int = 1) -> Collect:
+    c = Collect()
+    c.feed(page)
+    c.close()
+    assert "script" not in c.tags
+    assert set(c.tags) <= OUR_TAGS, set(c.tags) - OUR_TAGS
+    assert not [a for a in c.attrs if a[1].startswith("on")], "an event-handler attribute leaked in"
+    for tag, k, v in c.attrs:  # nothing is fetched from anywhere: images are data: URIs, no links or scripts
+        if k in ("src", "href"):
+            assert tag == "img" and v.startswith("data:image/png;base64,")
+    # the <b> tags are ours (the verdict banner of a trace report), never from token text
+    assert c.tags.count("b") == bold
+    return c
+
+
+FENCE_OPEN = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
+
+
+def md_blocks(md: str) -> tuple[list[str], list[str]]:
+    """Split Markdown into fenced-block bodies and the lines outside them, CommonMark-style; fail on an open fence."""
+    blocks, outside, cur, fence = [], [], None, None
+    for line in md.split("\n"):
+        if fence is None:
+            m = FENCE_OPEN.match(line)
+            if m and not (m.group(1)[0] == "`" and "`" in m.group(2)):
+                fence, cur = m.group(1), []
+            else:
+                outside.append(line)
+        else:
+            m = re.match(r"^ {0,3}(`{3,}|~{3,})\s*$", line)
+            if m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence):
+                blocks.append("\n".join(cur))
+                fence = None
+            else:
+                cur.append(line)
+    assert fence is None, "a fenced block is never closed"
+    return blocks, outside
+
+
+def strip_code_spans(line: str) -> str:
+    """Remove CommonMark code spans (a backtick run, then the same-length run)."""
+    out, i = [], 0
+    while i < len(line):
+        if line[i] == "`":
+            j = i
+            while j < len(line) and line[j] == "`":
+                j += 1
+            run = line[i:j]
+            m = re.compile(r"(?<!`)" + re.escape(run) + r"(?!`)").search(line, j)
+            if m:
+                i = m.end()
+                continue
+            out.append(run)
+            i = j
+        else:
+            out.append(line[i])
+            i += 1
+    return "".join(out)
+
+
+def unescaped_pipes(line: str) -> int:
+    return len(re.findall(r"(?<!\\)\|", line))
+
+
+def check_markdown(md: str) -> tuple[list[str], list[str]]:
+    blocks, outside = md_blocks(md)
+    prose = [strip_code_spans(x) for x in outside]
+    joined = "\n".join(prose)
+    for tag in ("<script", "<img", "<b>"):  # only a backslash-escaped "\<" may appear outside code
+        assert not re.search(r"(?<!\\)" + re.escape(tag), joined), tag
+    assert not re.search(r"(?<!\\)```", joined)
+    # every table keeps its column count: no cell text adds or removes a column
+    table: list[int] = []
+    for line in outside + [""]:
+        if line.startswith("|"):
+            table.append(unescaped_pipes(line))
+        else:
+            assert len(set(table)) <= 1, f"a table's rows have different column counts: {table}"
+            table = []
+    return blocks, outside
+
+
+# ---------------------------------------------------------------------------
+# tests
+# ---------------------------------------------------------------------------
+def test_md_helpers_hold_any_backtick_run():
+    for s in ["`", "``", "```", "a ` b", "````x", "`x`"]:
+        span = md_code(s)
+        assert strip_code_spans(span) == "" and "`" * 8 not in span
+    blocks, _ = md_blocks(md_fence("a\n```\nb\n````` c"))
+    assert blocks == ["a\n```\nb\n````` c"]
+
+
+def test_html_report_escapes_every_token(tmp_path: Path):
+    t = hostile_trace()
+    fake_png = _tiny_png()
+    page = trace_html(t, {"margins": fake_png, "acceptance": fake_png})
+    c = check_html(page)
+    text = "".join(c.text)
+    assert SCRIPT in text  # shown to the reader, as text
+    assert "onerror=alert(2)" in text
+    assert "&amp;" in text  # the token " &amp;" is shown literally, not as "&"
+    assert page.count("<script") == 0 and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert len(c.imgs) == 2
+    for img in c.imgs:
+        check_png(base64.b64decode(img["src"].split(",", 1)[1], validate=True))
+        assert img.get("alt")
+
+
+def test_markdown_report_keeps_fences_and_tables_intact():
+    t = hostile_trace()
+    md = trace_markdown(t, {"margins": "report-margins.png", "acceptance": "report-acceptance.png"})
+    blocks, outside = check_markdown(md)
+    fork_block = next(b for b in blocks if b.startswith("vanilla"))
+    assert SCRIPT in fork_block and FENCE in fork_block  # the fork shows both, inside one block
+    assert "⏎" in "\n".join(blocks)  # the newline token is drawn, not emitted
+    prompt_block = next(b for b in blocks if "print('|')" in b)
+    assert prompt_block == t.prompt["text"]  # the prompt, fences and all, survives verbatim
+    assert "![Top-1/top-2 margin per token](report-margins.png)" in md
+
+
+def test_llama_commands_use_llama_cpp_flags_and_quote_paths():
+    t = hostile_trace()
+    cmds = llama_commands(t.config, t.models, t.prompt)
+    argv = shlex.split(cmds["cli_speculative"].replace("\\\n", " "))
+    assert argv[0] == "llama-cli"
+    assert argv[argv.index("-m") + 1] == "/models/it's a $(rm -rf ~) <b>.gguf"
+    assert argv[argv.index("-p") + 1] == t.prompt["text"]
+    for flag, value in [("-md", "/models/draft.gguf"), ("--spec-type", "draft-simple"), ("--spec-draft-n-max", "3"),
+                        ("--spec-draft-n-min", "0"), ("--spec-draft-p-min", "0"), ("--temp", "0"), ("--top-k", "1"),
+                        ("-n", "16"), ("-c", "256"), ("-b", "512"), ("-ub", "512"), ("-fa", "off"), ("-ngl", "all"),
+                        ("-t", "2")]:
+        assert argv[argv.index(flag) + 1] == value, flag
+    vanilla = shlex.split(cmds["cli_vanilla"].replace("\\\n", " "))
+    assert "-md" not in vanilla and "--spec-type" not in vanilla
+    server = shlex.split(cmds["server_speculative"].replace("\\\n", " "))
+    assert server[0] == "llama-server" and "--spec-draft-n-max" in server
+    # the request sends the exact prompt token ids
+    payload = json.loads(shlex.split(cmds["request"].splitlines()[0])[-3])
+    assert payload["prompt"] == [1, 2, 3, 4] and payload["temperature"] == 0 and payload["top_k"] == 1
+    assert payload["n_predict"] == 16
+
+
+KNOWN_FLAGS = {  # llama.cpp common/arg.cpp (vendored in llama-cpp-python 0.3.36)
+    "-m", "-md", "-ngld", "--spec-type", "--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min",
+    "--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m", "--temp", "--top-k", "-n", "-c", "-b", "-ub",
+    "-fa", "-ngl", "-ctk", "-ctv", "-t", "-p", "-st", "-no-cnv", "-np", "--port", "--ignore-eos",
+}
+
+
+@pytest.mark.parametrize("spec_type", ["draft-simple", "ngram-simple", "none"])
+def test_every_flag_is_a_llama_cpp_flag(spec_type):
+    t = hostile_trace()
+    cfg = dict(t.config, spec_type=spec_type, ignore_eos=True)
+    for key, text in llama_commands(cfg, t.models, t.prompt).items():
+        if key == "request":
+            continue
+        flags = {w for w in shlex.split(text.replace("\\\n", " ")) if w.startswith("-") and not w[1:].isdigit()}
+        assert flags <= KNOWN_FLAGS, flags - KNOWN_FLAGS
+
+
+def test_raw_token_prompt_gets_no_cli_command():
+    t = hostile_trace()
+    prompt = dict(t.prompt, text=None, raw_tokens=True)
+    cmds = llama_commands(t.config, t.models, prompt)
+    assert "cli_vanilla" not in cmds and '"prompt":[1,2,3,4]' in cmds["request"]
+
+
+def test_written_report_has_real_plots(tmp_path: Path):
+    from specview.report import write_report
+
+    t = hostile_trace(n=40, fork=9)
+    src = tmp_path / "t.json"
+    t.save(src)
+    out = tmp_path / "rep"
+    assert cli.main(["report", str(src), "-o", str(out)]) == 0
+    page = (out / "report.html").read_text(encoding="utf-8")
+    c = check_html(page)
+    sizes = [check_png(base64.b64decode(i["src"].split(",", 1)[1])) for i in c.imgs]
+    assert len(sizes) == 2 and all(w >= 600 and h >= 200 for w, h in sizes)
+    md = (out / "report.md").read_text(encoding="utf-8")
+    check_markdown(md)
+    for name in re.findall(r"\]\(([^)]+\.png)\)", md):
+        assert check_png((out / name).read_bytes())[0] >= 600
+    written = write_report(src, tmp_path / "again", name="bug")
+    assert {p.name for p in written.values()} == {"bug.html", "bug.md", "bug-margins.png", "bug-acceptance.png"}
+
+
+def test_report_refuses_foreign_json(tmp_path: Path, capsys):
+    f = tmp_path / "x.json"
+    f.write_text(json.dumps({"schema": "something/1"}))
+    assert cli.main(["report", str(f), "-o", str(tmp_path / "o")]) == 2
+    assert "neither a specview trace" in capsys.readouterr().err
+    assert cli.main(["report", str(tmp_path / "missing.json")]) == 2
+
+
+def test_matrix_report_escapes_cell_text(tmp_path: Path):
+    from test_matrix import FakeSession, spec  # the fake session of the matrix tests
+
+    from specview.core.matrix import load_matrix, run_matrix
+
+    run_matrix(spec(), FakeSession(), out=tmp_path / "m.json")
+    doc = load_matrix(tmp_path / "m.json")
+    fork = next(c for c in doc["cells"] if not c["identical"])
+    fork["fork"]["vanilla_piece"] = SCRIPT
+    fork["fork"]["speculative_piece"] = "|" + FENCE + "\n"
+    doc["cells"][0]["params"]["prompt"] = "<b>bold|prompt</b>"
+    page = matrix_html(doc)
+    c = check_html(page, bold=0)
+    assert SCRIPT in "".join(c.text) and "grid" in page
+    md = matrix_markdown(doc)
+    check_markdown(md)
+    assert md.count("\n| ") >= 6  # the grid and the forks table are there
+    (tmp_path / "m.json").write_text(json.dumps(doc))
+    assert cli.main(["report", str(tmp_path / "m.json"), "-o", str(tmp_path / "mr")]) == 0
+    check_html((tmp_path / "mr" / "report.html").read_text(encoding="utf-8"), bold=0)
+
+
+def _tiny_png() -> bytes:
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
+
+    raw = b"".join(b"\x00" + b"\xff\x00\x00" * 4 for _ in range(3))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 4, 3, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
