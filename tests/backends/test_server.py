@@ -269,3 +269,21 @@ def test_diagnosis_from_the_outside_on_planted_forks(ngram_trace, server_bin):
     assert d["verdict"] == "nondeterministic", d["explanation"]
     assert d["replays"]["single"]["first_deviation"] == j
     assert "VERDICT  NONDETERMINISTIC" in srv.format_server_verdict(d)
+
+
+def test_cancel_stops_both_servers_and_marks_the_arms(server_bin, prompt_tokens):
+    started: list[int] = []
+    flag = {"cancel": False}
+
+    def progress(msg: str) -> None:
+        if m := re.search(r"started llama-server \(\w+\) pid (\d+)", msg):
+            started.append(int(m.group(1)))
+        if "vanilla arm:" in msg:
+            flag["cancel"] = True  # checked while the request is in flight
+
+    t = srv.run_server_trace(cfg(prompt_tokens, max_tokens=1000, ignore_eos=True,
+                                 engine=EngineSettings(threads=1, n_ctx=2048)),
+                             server_bin=server_bin, progress=progress, cancel=lambda: flag["cancel"])
+    assert t.vanilla.stop_reason == "cancelled" and t.speculative.stop_reason == "cancelled"
+    assert t.vanilla.tokens == [] and t.comparison.n_vanilla == 0
+    assert len(started) == 2 and all(_pid_gone(x) for x in started)
