@@ -362,6 +362,42 @@ def test_session_run_trace_roundtrip_and_reuse(models, prompt, tmp_path):
         s.close()
 
 
+class KeepsRejectedDrafts(MLXEngine):
+    """A planted rollback bug: truncate moves n_past back but leaves the rejected drafts in the cache."""
+
+    def truncate(self, n: int) -> None:
+        if n == 0:
+            return super().truncate(0)
+        self.n_past = n
+
+
+def test_diagnosis_on_mlx_calls_a_planted_rollback_bug_a_state_bug(models, prompt, monkeypatch):
+    from specview.core.diagnose import diagnose
+
+    real_engine = Session.engine
+
+    def engine(self, role, model, settings, n_ctx):
+        if role == "speculative":
+            return KeepsRejectedDrafts(model.model, settings, n_ctx=n_ctx)
+        return real_engine(self, role, model, settings, n_ctx)
+
+    monkeypatch.setattr(Session, "engine", engine)
+    s = Session()
+    try:
+        cfg = RunConfig(backend="mlx", target=str(models["target"]), draft=str(models["draft"]),
+                        prompt_tokens=tuple(prompt), chat=False, max_tokens=MAX_TOKENS, ignore_eos=True)
+        tr = s.run(cfg)
+        want, _ = plain_greedy(models["target"], prompt, MAX_TOKENS)
+        assert tr.vanilla.tokens == want
+        assert not tr.comparison.identical  # the stale drafts changed the speculative text
+        d = diagnose(s, cfg, tr)
+        assert d["verdict"] == "state", d["explanation"]
+        assert d["replays"]["speculative"]["reproduced"] is False  # a clean replay does not give its tokens
+        assert d["replays"]["single"]["reproduced"] is True
+    finally:
+        s.close()
+
+
 def test_incompatible_draft_vocabulary(models, prompt):
     s = Session()
     try:
