@@ -899,7 +899,8 @@ def run_server_trace(
                 try:
                     diagnosis = diagnose_server(trace, server=vsrv, progress=say, cancel=cancel)
                 except Cancelled:
-                    raise
+                    say("diagnosis cancelled; the arms are kept")
+                    diagnosis = None
                 except SpecviewError as exc:
                     diagnosis = _inconclusive(trace, f"the diagnosis could not run: {exc}")
                 trace.diagnosis = diagnosis

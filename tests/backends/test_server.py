@@ -287,3 +287,19 @@ def test_cancel_stops_both_servers_and_marks_the_arms(server_bin, prompt_tokens)
     assert t.vanilla.stop_reason == "cancelled" and t.speculative.stop_reason == "cancelled"
     assert t.vanilla.tokens == [] and t.comparison.n_vanilla == 0
     assert len(started) == 2 and all(_pid_gone(x) for x in started)
+
+
+def test_both_engines_stop_at_the_end_of_generation_token_alike(server_bin):
+    c = RunConfig(target="demo:Q8_0", draft=None, spec_type="ngram-simple", max_tokens=64,
+                  prompt="Reply with one word: hello.", engine=EngineSettings(threads=1, n_ctx=256),
+                  backend="llama-server")
+    t = srv.run_server_trace(c, server_bin=server_bin, diagnose=False)
+    s = Session()
+    try:
+        local = s.run(RunConfig(target="demo:Q8_0", draft=None, spec_type="none", max_tokens=64,
+                                prompt_tokens=tuple(t.prompt["tokens"]), engine=c.engine)).vanilla
+    finally:
+        s.close()
+    assert t.vanilla.stop_reason == local.stop_reason == "eos"
+    assert t.vanilla.tokens == local.tokens and len(local.tokens) < 64  # the EOS token itself included
+    assert t.speculative.tokens == t.vanilla.tokens
