@@ -181,3 +181,23 @@ def test_stop_kills_the_whole_process_group(tmp_path):
         s.stop(grace=0.5)
     assert not s.alive() and s.returncode is not None
     assert _gone_or_zombie(child)
+
+
+def test_run_server_trace_refuses_a_program_that_is_not_llama_server_before_starting_anything():
+    from specview.core.session import RunConfig
+
+    cfg = RunConfig(target="demo:Q8_0", draft=None, spec_type="ngram-simple", prompt_tokens=(1, 2, 3),
+                    backend="llama-server")
+    with pytest.raises(srv.ServerError, match="/bin/false does not look like llama-server"):
+        srv.run_server_trace(cfg, server_bin="/bin/false")
+
+
+def test_a_spec_type_the_binary_does_not_offer_is_refused_with_the_ones_it_does(tmp_path):
+    from specview.core.session import RunConfig
+
+    fake = _fake_server(tmp_path, "exit 1")
+    cfg = RunConfig(target="demo:Q8_0", draft=None, spec_type="draft-mtp", prompt_tokens=(1, 2, 3),
+                    backend="llama-server")
+    with pytest.raises(SpecviewError, match="draft-mtp is not offered by this llama-server; it offers none, "
+                                            "draft-simple, ngram-simple"):
+        srv.run_server_trace(cfg, server_bin=fake)
