@@ -79,6 +79,7 @@ __all__ = [
     "derive_quantized",
     "list_variants",
     "folder_quantization",
+    "display_name",
     "write_random_model",
 ]
 
@@ -505,13 +506,14 @@ class MLXModel:
                 n_params = int(get_total_parameters(self.model))
             except Exception:
                 n_params = None
+            name = display_name(folder)
             self._facts = {
                 "path": str(folder),
-                "file": folder.name,
+                "file": name,
                 "file_size": folder_size(folder) if on_disk else None,
                 "backend": "mlx",
                 "architecture": _text_cfg(self.config, "model_type"),
-                "name": folder.name,
+                "name": name,
                 "description": f"{_text_cfg(self.config, 'model_type')} {q['label']}",
                 "quantization": q["label"],
                 "quant_bits": q["bits"],
@@ -976,11 +978,47 @@ def _variant(folder: Path, cfg: dict[str, Any], derived: bool) -> MLXVariant:
                       dtype=q["dtype"], size=folder_size(folder), derived=derived)
 
 
+def _hf_repo_dir(folder: Path) -> Path | None:
+    """The ``models--org--name`` folder when ``folder`` is a snapshot in a Hugging Face cache."""
+    if folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--"):
+        return folder.parent.parent
+    return None
+
+
+def display_name(folder: Path) -> str:
+    """A model's name: the folder name, or ``name`` of ``org/name`` for a Hugging Face cache snapshot."""
+    repo = _hf_repo_dir(folder)
+    if repo is not None:
+        return repo.name.split("--", 2)[-1]
+    return folder.name
+
+
+def _hf_cached_snapshots(hub: Path) -> list[Path]:
+    """The current snapshot of every model repo in a Hugging Face hub cache folder."""
+    out = []
+    for repo in hub.iterdir():
+        snaps = repo / "snapshots"
+        if not repo.name.startswith("models--") or not snaps.is_dir():
+            continue
+        ref = repo / "refs" / "main"
+        try:
+            current = snaps / ref.read_text(encoding="utf-8").strip() if ref.exists() else None
+        except OSError:
+            current = None
+        if current is not None and current.is_dir():
+            out.append(current)
+        else:
+            out.extend(sorted(p for p in snaps.iterdir() if p.is_dir()))
+    return out
+
+
 def list_variants(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None) -> list[MLXVariant]:
     """The precisions of this model the user has: the folder itself, its sibling folders
     holding the same architecture and shape under the same name apart from a precision
     suffix (``Name-bf16``, ``Name-8bit``, ``Name-4bit``), and copies derived from any of
-    them by :func:`derive_quantized`.
+    them by :func:`derive_quantized`.  For a model fetched by Hugging Face id the
+    siblings are the other repos of that name in the Hugging Face cache
+    (``mlx-community/Name-4bit`` next to ``mlx-community/Name-8bit``).
 
     Unquantized folders come first, then by bits, highest first.  Reads only
     config.json files and safetensors headers (no weights, no mlx needed).
@@ -988,12 +1026,16 @@ def list_variants(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[
     folder = Path(path).expanduser().resolve()
     cfg = _read_config(folder)
     shape = _shape(cfg)
-    base = base_name(folder.name)
+    base = base_name(display_name(folder))
     found: dict[Path, MLXVariant] = {}
     candidates = [folder]
     try:
-        candidates += [p for p in folder.parent.iterdir()
-                       if p.is_dir() and p != folder and base_name(p.name) == base]
+        if _hf_repo_dir(folder) is not None:
+            candidates += [p for p in _hf_cached_snapshots(folder.parent.parent.parent)
+                           if p != folder and base_name(display_name(p)) == base]
+        else:
+            candidates += [p for p in folder.parent.iterdir()
+                           if p.is_dir() and p != folder and base_name(p.name) == base]
     except OSError:
         pass
     for cand in candidates:

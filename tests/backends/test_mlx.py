@@ -461,6 +461,33 @@ def test_variants_and_derived_copies(models, tmp_path):
     assert [v.path for v in list_variants(sibling, cache_dir=cache)] == [v.path for v in vs]
 
 
+def test_variants_in_a_hugging_face_cache(models, tmp_path):
+    """Models fetched by id live in snapshot folders; their siblings are other repos of the same name."""
+    hub = tmp_path / "hub"
+
+    def cached(repo: str, src: Path, rev: str) -> Path:
+        d = hub / f"models--mlx-community--{repo}"
+        snap = d / "snapshots" / rev
+        snap.parent.mkdir(parents=True)
+        (d / "refs").mkdir()
+        (d / "refs" / "main").write_text(rev)
+        snap.mkdir()
+        for f in src.iterdir():
+            if f.is_file():
+                (snap / f.name).symlink_to(f)  # the cache links snapshot files to blobs
+        return snap
+
+    a = cached("tiny-4bit", models["draft"], "1111")
+    b = cached("tiny-fp32", models["target"], "2222")
+    cached("other-4bit", models["other"], "3333")
+    (hub / "models--mlx-community--tiny-4bit" / "snapshots" / "0000").mkdir()  # an old snapshot: ignored
+    vs = list_variants(a, cache_dir=tmp_path / "nocache")
+    assert [(v.path, v.label) for v in vs] == [(b.resolve(), "fp32"), (a.resolve(), "4bit")]
+    facts = MLXModel(a).facts()
+    assert facts["name"] == facts["file"] == "tiny-4bit"
+    assert facts["file_size"] == sum(p.stat().st_size for p in models["draft"].iterdir() if p.is_file())
+
+
 def test_derive_is_cached_atomic_and_refuses_quantized_sources(models):
     target, cache = models["target"], models["cache"]
     d = models["draft"]
