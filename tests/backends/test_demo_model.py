@@ -1,0 +1,157 @@
+"""Facts about speculative decoding on the real demo model (SmolLM2-135M-Instruct) at several quantizations."""
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from specview.core import demo
+from specview.core.session import RunConfig, Session
+
+pytestmark = pytest.mark.demo
+
+ESSAY = "Write a short essay about the history of the bicycle."
+
+
+@pytest.fixture(scope="module")
+def session():
+    s = Session()
+    yield s
+    s.close()
+
+
+def cfg(demo_paths, target="Q8_0", **kw):
+    base = dict(target=str(demo_paths[target]), draft=str(demo_paths["Q4_0"]), prompt=ESSAY, chat=True,
+                max_tokens=128, ignore_eos=True, n_max=3)
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def test_f16_target_with_q4_0_draft_is_identical_for_128_tokens(session, demo_paths):
+    t = session.run(cfg(demo_paths, "F16"))
+    assert t.speculative.n_accepted > 20  # it really speculated
+    assert t.comparison.identical, t.comparison.first_mismatch
+    assert len(t.vanilla.tokens) == 128
+
+
+def test_p_min_one_drafts_nothing_and_is_identical(session, demo_paths):
+    t = session.run(cfg(demo_paths, "Q4_K_M", p_min=1.0))
+    assert t.speculative.n_drafted == 0
+    assert all(r.batch_size == 1 for r in t.speculative.rounds[1:])
+    assert t.comparison.identical
+
+
+def test_vanilla_run_twice_is_identical(session, demo_paths):
+    c = cfg(demo_paths, "Q8_0")
+    a = session.run(c)
+    b = session.run(c, reuse_vanilla=False)
+    assert a.vanilla.tokens == b.vanilla.tokens
+    assert [s.top_logits for s in a.vanilla.steps] == [s.top_logits for s in b.vanilla.steps]
+
+
+def test_counts_add_up(session, demo_paths):
+    t = session.run(cfg(demo_paths, "Q4_K_M", n_max=5))
+    s = t.speculative
+    assert len(s.tokens) == s.n_accepted + len(s.rounds)
+    assert sum(st.from_draft for st in s.steps) == s.n_accepted
+    assert all(r.batch_size == r.drafted + 1 for r in s.rounds[1:])
+    assert sum(r.drafted for r in s.rounds) == s.n_drafted >= s.n_accepted > 0
+
+
+def test_a_quantized_target_forks_from_vanilla(session, demo_paths):
+    t = session.run(cfg(demo_paths, "Q4_K_M", max_tokens=96))
+    assert not t.comparison.identical
+    i = t.comparison.first_mismatch.index
+    assert t.vanilla.tokens[:i] == t.speculative.tokens[:i]
+    assert t.vanilla.tokens[i] != t.speculative.tokens[i]
+    assert t.speculative.steps[i].batch_size > 1  # the fork came out of a batched verify pass
+
+
+class PlainLlama:
+    """A context written directly against llama-cpp-python's C API, for the reference loop below."""
+
+    def __init__(self, path, n_ctx=512, n_batch=512):
+        import llama_cpp as ll
+
+        self.ll = ll
+        self.model = ll.llama_model_load_from_file(str(path).encode(), ll.llama_model_default_params())
+        cp = ll.llama_context_default_params()
+        cp.n_ctx, cp.n_batch, cp.n_ubatch = n_ctx, n_batch, n_batch
+        self.ctx = ll.llama_init_from_model(self.model, cp)
+        self.n_vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(self.model))
+        self.batch = ll.llama_batch_init(n_batch, 0, 1)
+        self.n_batch = n_batch
+        self.toks = []
+
+    def feed(self, toks, all_rows=False):
+        """Append tokens in one pass; return logits of the last row, or of every row."""
+        ll, b, pos = self.ll, self.batch, len(self.toks)
+        for i, t in enumerate(toks):
+            b.token[i], b.pos[i], b.n_seq_id[i] = t, pos + i, 1
+            b.seq_id[i][0] = 0
+            b.logits[i] = all_rows or i == len(toks) - 1
+        b.n_tokens = len(toks)
+        assert ll.llama_decode(self.ctx, b) == 0
+        self.toks += list(toks)
+        rows = range(len(toks)) if all_rows else [len(toks) - 1]
+        out = []
+        for r in rows:
+            p = ctypes.cast(ll.llama_get_logits_ith(self.ctx, r), ctypes.POINTER(ctypes.c_float))
+            out.append(np.ctypeslib.as_array(p, shape=(self.n_vocab,)).copy())
+        return out if all_rows else out[0]
+
+    def keep(self, n):
+        self.ll.llama_memory_seq_rm(self.ll.llama_get_memory(self.ctx), 0, n, -1)
+        del self.toks[n:]
+
+    def close(self):
+        self.ll.llama_batch_free(self.batch)
+        self.ll.llama_free(self.ctx)
+        self.ll.llama_model_free(self.model)
+
+
+def reference_speculative(target_path, draft_path, prompt, n_tokens, n_max):
+    """A plain draft-then-verify loop, written independently of specview's."""
+    tgt, dft = PlainLlama(target_path), PlainLlama(draft_path)
+    out = []
+    row = None
+    for i in range(0, len(prompt), tgt.n_batch):
+        row = tgt.feed(prompt[i:i + tgt.n_batch])
+    out.append(int(np.argmax(row)))
+    while len(out) < n_tokens:
+        seq = list(prompt) + out  # what the draft should have seen, the newest token last
+        common = 0
+        while common < min(len(dft.toks), len(seq) - 1) and dft.toks[common] == seq[common]:
+            common += 1
+        dft.keep(common)
+        drow = dft.feed(seq[common:])
+        drafts = []
+        budget = min(n_max, n_tokens - len(out) - 1)
+        while len(drafts) < budget:
+            drafts.append(int(np.argmax(drow)))  # p_min = 0: always take the draft's top token
+            if len(drafts) < budget:
+                drow = dft.feed([drafts[-1]])
+        rows = tgt.feed([out[-1]] + drafts, all_rows=True)
+        n_acc = 0
+        while n_acc < len(drafts) and int(np.argmax(rows[n_acc])) == drafts[n_acc]:
+            n_acc += 1
+        tgt.keep(len(prompt) + len(out) + n_acc)
+        out += drafts[:n_acc] + [int(np.argmax(rows[n_acc]))]
+    tgt.close()
+    dft.close()
+    return out
+
+
+def test_speculative_arm_equals_a_separately_written_loop(session, demo_paths):
+    c = cfg(demo_paths, "Q8_0", max_tokens=96, n_max=3)
+    t = session.run(c)
+    ref = reference_speculative(demo_paths["Q8_0"], demo_paths["Q4_0"], t.prompt["tokens"], 96, 3)
+    assert t.speculative.tokens == ref
+
+
+def test_demo_names_resolve_to_derived_files():
+    p = demo.resolve("demo:Q8_0")
+    assert p.exists() and p.name == "SmolLM2-135M-Instruct.Q8_0.gguf"
+    assert demo.resolve("demo:Q4_1") == demo.shipped_path()
+    rows = {r["name"]: r for r in demo.available()}
+    assert rows["demo:Q8_0"]["status"] == "cached" and rows["demo:Q4_1"]["status"] == "shipped"

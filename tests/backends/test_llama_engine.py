@@ -1,0 +1,166 @@
+"""The llama.cpp engine on tiny GGUF models written by the test suite."""
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from specview.backends.llama_cpp import LlamaEngine, LlamaModel, ModelStore
+from specview.core.drafters import ModelDrafter
+from specview.core.engine import EngineSettings, IncompatibleVocab, ModelFileError, check_draft_compatible
+from specview.core.generate import GenOptions, run_to_end, speculative_greedy, vanilla_greedy
+from specview.core.session import RunConfig, Session
+
+S = EngineSettings(n_ctx=512, n_batch=64, n_ubatch=64)
+
+
+@pytest.fixture(scope="module")
+def store():
+    s = ModelStore()
+    yield s
+    s.close()
+
+
+def independent_greedy(path, prompt, n, n_batch=64):
+    """Greedy decoding written directly against llama-cpp-python's C API, sharing no code with specview."""
+    import llama_cpp as ll
+
+    mp = ll.llama_model_default_params()
+    model = ll.llama_model_load_from_file(str(path).encode(), mp)
+    cp = ll.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch = 512, n_batch, n_batch
+    ctx = ll.llama_init_from_model(model, cp)
+    n_vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(model))
+    batch = ll.llama_batch_init(n_batch, 0, 1)
+    out, pos = [], 0
+
+    def decode(toks):
+        nonlocal pos
+        for i, t in enumerate(toks):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = t, pos + i, 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = i == len(toks) - 1
+        batch.n_tokens = len(toks)
+        assert ll.llama_decode(ctx, batch) == 0
+        pos += len(toks)
+        p = ll.llama_get_logits_ith(ctx, len(toks) - 1)
+        return np.ctypeslib.as_array(ctypes.cast(p, ctypes.POINTER(ctypes.c_float)), shape=(n_vocab,)).copy()
+
+    for i in range(0, len(prompt), n_batch):
+        row = decode(prompt[i:i + n_batch])
+    for _ in range(n):
+        t = int(np.argmax(row))
+        out.append(t)
+        row = decode([t])
+    ll.llama_batch_free(batch)
+    ll.llama_free(ctx)
+    ll.llama_model_free(model)
+    return out
+
+
+def test_vanilla_arm_equals_an_independent_greedy_loop(store, tiny_target):
+    m = store.get(tiny_target)
+    prompt = m.tokenize("the cat and the dog")
+    assert prompt[0] == 1  # BOS added as the vocabulary asks
+    arm = run_to_end(vanilla_greedy(LlamaEngine(m, S), prompt, GenOptions(max_tokens=48, ignore_eos=True, n_batch=64)))
+    assert arm.tokens == independent_greedy(tiny_target, prompt, 48)
+
+
+def test_truncate_rolls_the_kv_cache_back_exactly(store, tiny_target):
+    m = store.get(tiny_target)
+    e = LlamaEngine(m, S)
+    prompt = m.tokenize("the model and the draft")
+    e.eval(prompt, rows=[-1])
+    e.eval([40, 41, 42, 43], rows=[0])  # a rejected "draft"
+    e.truncate(len(prompt))
+    after = e.eval([50, 51], rows=[0, 1])
+    fresh = LlamaEngine(m, S)
+    fresh.eval(prompt, rows=[-1])
+    ref = fresh.eval([50, 51], rows=[0, 1])
+    np.testing.assert_array_equal(after, ref)
+    assert e.n_past == fresh.n_past == len(prompt) + 2
+
+
+def test_eval_returns_only_the_rows_asked_for(store, tiny_target):
+    m = store.get(tiny_target)
+    e = LlamaEngine(m, S)
+    out = e.eval([1, 300, 301, 302, 303], rows=[1, -1])
+    assert out.shape == (2, m.n_vocab) and out.dtype == np.float32
+    e2 = LlamaEngine(m, S)
+    all_rows = e2.eval([1, 300, 301, 302, 303], rows=range(5))
+    np.testing.assert_allclose(out, all_rows[[1, 4]], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="n_batch"):
+        e.eval([5] * 65, rows=[0])
+
+
+def test_two_contexts_share_one_load(tiny_target):
+    s = ModelStore()
+    a = s.get(tiny_target)
+    b = s.get(str(tiny_target))
+    assert a is b and s.loads == 1
+    e1, e2 = LlamaEngine(a, S), LlamaEngine(a, S)
+    assert a.contexts == 2
+    e1.close()
+    e2.close()
+    assert a.contexts == 0
+    s.close()
+
+
+def test_speculative_arm_is_lossless_on_a_tiny_f32_model(store, tiny_target, tiny_draft):
+    m, d = store.get(tiny_target), store.get(tiny_draft)
+    prompt = m.tokenize("the history of the bicycle")
+    opts = GenOptions(max_tokens=60, ignore_eos=True, n_batch=64)
+    van = run_to_end(vanilla_greedy(LlamaEngine(m, S), prompt, opts))
+    spec = run_to_end(speculative_greedy(LlamaEngine(m, S), ModelDrafter(LlamaEngine(d, S), n_max=4), prompt, opts))
+    assert spec.n_accepted > 0
+    assert len(spec.tokens) == spec.n_accepted + len(spec.rounds)
+    # F32 weights on a tiny model: batched and single-token passes agree to the last bit that matters
+    assert spec.tokens == van.tokens
+
+
+def test_vocabulary_facts_and_the_draft_check(store, tiny_dir):
+    t = store.get(tiny_dir / "target.gguf")
+    assert t.vocab.vocab_type == "spm" and t.vocab.bos == 1 and t.vocab.eos == 2 and 2 in t.vocab.eog
+    check_draft_compatible(t.vocab, store.get(tiny_dir / "other.gguf").vocab)  # same tokenizer, other weights
+    with pytest.raises(IncompatibleVocab, match=r"token 259 differs: target '▁the', draft '▁thex'"):
+        check_draft_compatible(t.vocab, store.get(tiny_dir / "foreign.gguf").vocab)
+
+
+def test_model_facts_come_from_the_gguf(store, tiny_target):
+    f = store.get(tiny_target).facts()
+    assert f["architecture"] == "llama" and f["quantization"] == "F32"
+    assert f["n_vocab"] == store.get(tiny_target).n_vocab and f["file_size"] == tiny_target.stat().st_size
+    assert f["path"] == str(tiny_target.resolve())
+
+
+def test_missing_corrupt_and_truncated_files_give_clear_errors(tmp_path, tiny_target):
+    with pytest.raises(ModelFileError, match="no such file"):
+        LlamaModel(tmp_path / "nope.gguf")
+    with pytest.raises(ModelFileError, match="is a folder"):
+        LlamaModel(tmp_path)
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"PK\x03\x04" + bytes(100))
+    with pytest.raises(ModelFileError, match="not a GGUF model file"):
+        LlamaModel(junk)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny_target.read_bytes()[:5000])
+    with pytest.raises(ModelFileError, match="could not load this model") as ei:
+        LlamaModel(cut)
+    assert str(cut) in str(ei.value)
+
+
+def test_session_refuses_an_incompatible_draft_with_what_differs(tiny_dir):
+    s = Session()
+    cfg = RunConfig(target=str(tiny_dir / "target.gguf"), draft=str(tiny_dir / "foreign.gguf"),
+                    prompt="the cat", chat=False, max_tokens=8)
+    with pytest.raises(IncompatibleVocab, match="token 259 differs"):
+        s.run(cfg)
+    s.close()
+
+
+def test_chat_template_is_applied(store, tiny_target):
+    m = store.get(tiny_target)
+    plain = m.tokenize("hi")
+    chat = m.tokenize("hi", chat=True)
+    assert len(chat) > len(plain)
+    assert "<|im_start|>user\nhi<|im_end|>" in m.detokenize(chat)

@@ -1,0 +1,113 @@
+"""`specview run` end to end on tiny models: summary, exit status, JSON, clear errors."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from specview.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_identical_run_exits_0_and_writes_the_trace(capsys, tiny_dir, tmp_path):
+    out_json = tmp_path / "t.json"
+    code, out, err = run(capsys, "run", "--target", str(tiny_dir / "target.gguf"),
+                         "--draft", str(tiny_dir / "draft.gguf"), "--prompt", "the cat", "--no-chat",
+                         "--max-tokens", "40", "--ignore-eos", "--n-max", "4", "--json", str(out_json), "-q")
+    assert code == 0, err
+    assert "IDENTICAL: both arms produced the same 40 tokens." in out
+    d = json.loads(out_json.read_text())
+    assert d["comparison"]["identical"] is True
+    assert d["config"]["n_max"] == 4 and d["config"]["chat"] is False
+    assert len(d["vanilla"]["tokens"]) == 40
+    assert sum(r["accepted"] for r in d["speculative"]["rounds"]) + len(d["speculative"]["rounds"]) == 40
+
+
+def test_raw_tokens_bypass_the_tokenizer(capsys, tiny_dir, tmp_path):
+    out_json = tmp_path / "t.json"
+    code, out, err = run(capsys, "run", "--target", str(tiny_dir / "target.gguf"), "--spec-type", "ngram-simple",
+                         "--tokens", "1, 300 301 302", "--max-tokens", "12", "--ignore-eos", "--json", str(out_json),
+                         "-q")
+    assert code in (0, 1), err
+    d = json.loads(out_json.read_text())
+    assert d["prompt"]["tokens"] == [1, 300, 301, 302]
+    assert d["prompt"]["raw_tokens"] is True and d["models"]["draft"] is None
+
+
+def test_divergence_exits_1_with_the_fork_in_context(capsys, tiny_dir, tmp_path, monkeypatch):
+    # tiny F32 models never fork, so plant one in the speculative arm the command receives
+    from specview.core.session import Session
+
+    real = Session.run
+
+    def forked(self, cfg, **kw):
+        t = real(self, cfg, **kw)
+        from specview.core.compare import compare_arms
+
+        s = t.speculative
+        s.tokens[5] = (s.tokens[5] + 1) % 300
+        s.steps[5].token = s.tokens[5]
+        s.steps[5].piece = "<FORK>"
+        t.comparison = compare_arms(t.vanilla, s)
+        return t
+
+    monkeypatch.setattr(Session, "run", forked)
+    code, out, _ = run(capsys, "run", "--target", str(tiny_dir / "target.gguf"), "--draft", str(tiny_dir / "draft.gguf"),
+                       "--prompt", "the cat", "--no-chat", "--max-tokens", "20", "--ignore-eos", "-q", "--no-diagnose")
+    assert code == 1
+    assert "DIVERGED at token 5" in out
+    assert "[[<FORK>]]" in out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["run", "--target", "/nonexistent/model.gguf", "--spec-type", "none"], "no such file"),
+        (["run", "--target", "demo:Q9_9"], "unknown demo quantization"),
+        (["run", "--target", "x.gguf"], "needs --draft"),
+        (["run", "--tokens", "1,a,3"], "--tokens takes integer"),
+        (["run", "--p-min", "2"], "--p-min must be between 0 and 1"),
+        (["run", "--prompt-file", "/nonexistent/prompt.txt"], "no such file"),
+    ],
+)
+def test_bad_input_exits_2_with_a_specific_message(capsys, argv, message):
+    code, out, err = run(capsys, *argv, "-q")
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_a_prompt_longer_than_the_context_is_refused(capsys, tiny_dir):
+    code, _, err = run(capsys, "run", "--target", str(tiny_dir / "target.gguf"), "--spec-type", "none",
+                       "--prompt", "the cat " * 200, "--no-chat", "--n-ctx", "256", "-q")
+    assert code == 2
+    assert "Raise --n-ctx to at least" in err
+
+
+def test_corrupt_draft_file_names_the_file(capsys, tiny_dir, tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\xff" * 200)
+    code, _, err = run(capsys, "run", "--target", str(tiny_dir / "target.gguf"), "--draft", str(bad),
+                       "--prompt", "x", "--no-chat", "-q")
+    assert code == 2 and str(bad) in err and "could not load" in err
+
+
+def test_help_is_instant_and_imports_no_heavy_library():
+    code = ("import sys, specview.cli as c\n"
+            "try:\n    c.main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "heavy = [m for m in ('llama_cpp', 'PySide6', 'pyqtgraph', 'mlx') if m in sys.modules]\n"
+            "print('HEAVY', heavy)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+    assert "HEAVY []" in out
+    assert "run" in out and "models" in out
+
+
+def test_python_dash_m_works():
+    r = subprocess.run([sys.executable, "-m", "specview", "--version"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("specview ")
