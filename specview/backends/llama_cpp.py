@@ -467,7 +467,8 @@ def ggml_devices() -> list[dict[str, str]]:
     """The ggml backend devices this llama.cpp build sees (CPU, Vulkan0, ROCm0, Metal, CUDA0...)."""
     ll = _init()
     libdir = Path(ll.__file__).parent / "lib"
-    names = ["libggml-base.so", "libggml-base.dylib", "ggml-base.dll", "libggml.so", "libggml.dylib"]
+    # the device registry lives in libggml; dlsym on it also finds libggml-base's functions
+    names = ["libggml.so", "libggml.dylib", "ggml.dll", "libggml-base.so", "libggml-base.dylib"]
     lib = None
     for name in names:
         p = libdir / name

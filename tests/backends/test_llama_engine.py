@@ -164,3 +164,14 @@ def test_chat_template_is_applied(store, tiny_target):
     chat = m.tokenize("hi", chat=True)
     assert len(chat) > len(plain)
     assert "<|im_start|>user\nhi<|im_end|>" in m.detokenize(chat)
+
+
+def test_environment_names_versions_and_ggml_devices():
+    from specview.backends.llama_cpp import llama_environment
+
+    env = llama_environment()
+    import llama_cpp
+
+    assert env["llama_cpp_python"] == llama_cpp.__version__
+    assert any(d["name"] == "CPU" for d in env["ggml_devices"])  # every build has the CPU device
+    assert "CPU" in env["llama_cpp_system_info"]
