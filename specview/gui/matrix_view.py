@@ -1,0 +1,240 @@
+"""The reproducer matrix as a grid: one colour-coded cell per combination, the summary above it.
+
+A standalone widget.  Give it a matrix document (``setMatrix``), stream cells
+into it as they finish (``addCell``), or open a saved file (``loadFile``).
+Double-clicking a cell (or pressing Enter on it) emits ``sigOpenCell`` with the
+cell's :class:`~specview.core.session.RunConfig`, and ``sigOpenTrace`` with the
+path of its saved trace when the matrix was run with ``--traces``, so the main
+window can open it in the side-by-side view.
+
+Embedding::
+
+    view = MatrixView()
+    view.sigOpenCell.connect(window.run_config)        # re-run it (the vanilla arm may be cached)
+    view.sigOpenTrace.connect(window.open_trace_file)  # or show the saved trace
+    view.loadFile("matrix.json")
+    # streaming from a worker: run_matrix(spec, session, on_cell=worker.sigCell.emit, ...)
+    # and connect worker.sigCell to view.addCell (a queued connection carries the dict).
+"""
+
+from __future__ import annotations
+
+import copy
+import html
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QEvent, QObject, Qt, Signal
+from PySide6.QtGui import QBrush, QColor
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QFileDialog,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QPushButton,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from ..core.engine import SpecviewError
+from ..core.matrix import CellParams, describe, grid, load_matrix, summarize, verdict_label
+from ..core.report import VERDICT_COLOURS
+from ..core.session import RunConfig
+
+LEGEND = ("identical", "near-tie", "state", "nondeterministic", "diverged", "error")
+RECORD_ROLE = Qt.ItemDataRole.UserRole + 1
+
+
+def cell_category(cell: dict[str, Any] | None) -> str | None:
+    """identical / near-tie / state / nondeterministic / diverged (not diagnosed) / error, None if not run."""
+    if cell is None:
+        return None
+    if cell.get("status") == "error":
+        return "error"
+    v = cell.get("verdict")
+    return v if v in VERDICT_COLOURS else "diverged"
+
+
+class MatrixView(QWidget):
+    """The matrix grid, its legend and its plain-words summary."""
+
+    sigOpenCell = Signal(object)  # RunConfig of the chosen cell
+    sigOpenTrace = Signal(str)  # path of the chosen cell's saved trace, when there is one
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("matrix_view")
+        self.doc: dict[str, Any] = {}
+        self.source: Path | None = None
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(6, 6, 6, 6)
+        top = QHBoxLayout()
+        self.title = QLabel("No matrix")
+        self.title.setTextFormat(Qt.TextFormat.PlainText)
+        self.open_button = QPushButton("Open matrix…")
+        self.open_button.clicked.connect(self._choose_file)
+        top.addWidget(self.title, 1)
+        top.addWidget(self.open_button)
+        lay.addLayout(top)
+        self.summary = QLabel()
+        self.summary.setTextFormat(Qt.TextFormat.PlainText)  # prompt and file names are not markup
+        self.summary.setWordWrap(True)
+        self.summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        lay.addWidget(self.summary)
+        legend = QHBoxLayout()
+        self.legend_labels: dict[str, QLabel] = {}
+        for key in LEGEND:
+            lab = QLabel(key if key != "diverged" else "diverged (not diagnosed)")
+            lab.setStyleSheet(f"background:{VERDICT_COLOURS[key]};color:#111;padding:2px 6px;border-radius:3px")
+            legend.addWidget(lab)
+            self.legend_labels[key] = lab
+        legend.addStretch(1)
+        lay.addLayout(legend)
+        self.table = QTableWidget(0, 0)
+        self.table.setObjectName("matrix_grid")
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.table.setWordWrap(True)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
+        self.table.verticalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.table.cellDoubleClicked.connect(self.openCell)
+        self.table.installEventFilter(self)
+        lay.addWidget(self.table, 1)
+
+    # -- data ------------------------------------------------------------------
+    def setMatrix(self, doc: dict[str, Any], source: str | Path | None = None) -> None:
+        """Show a matrix document (a finished, running or interrupted one)."""
+        self.doc = copy.deepcopy(doc)
+        self.doc.setdefault("cells", [])
+        self.source = Path(source) if source is not None else self.source
+        self._render()
+
+    def addCell(self, record: dict[str, Any]) -> None:
+        """A cell has finished: add (or replace) it and redraw."""
+        cells = self.doc.setdefault("cells", [])
+        cells[:] = [c for c in cells if c.get("index") != record.get("index")]
+        cells.append(record)
+        cells.sort(key=lambda c: c.get("index", 0))
+        self._render()
+
+    def loadFile(self, path: str | Path) -> None:
+        """Open a matrix JSON file; raises SpecviewError with a clear message if it is not one."""
+        self.setMatrix(load_matrix(path), source=path)
+
+    def cellAt(self, row: int, col: int) -> dict[str, Any] | None:
+        item = self.table.item(row, col)
+        return None if item is None else item.data(RECORD_ROLE)
+
+    def configAt(self, row: int, col: int) -> RunConfig | None:
+        cell = self.cellAt(row, col)
+        if not cell or not cell.get("config"):
+            return None
+        try:
+            return RunConfig.from_dict(cell["config"])
+        except (SpecviewError, TypeError, ValueError):
+            return None
+
+    # -- interaction -----------------------------------------------------------
+    def openCell(self, row: int, col: int) -> None:
+        cell = self.cellAt(row, col)
+        if cell is None:
+            return
+        cfg = self.configAt(row, col)
+        if cfg is not None:
+            self.sigOpenCell.emit(cfg)
+        tr = cell.get("trace")
+        if tr:
+            p = Path(tr)
+            if not p.is_absolute() and self.source is not None:
+                p = self.source.parent / p
+            if p.exists():
+                self.sigOpenTrace.emit(str(p))
+
+    def eventFilter(self, obj: QObject, event: QEvent) -> bool:
+        if obj is self.table and event.type() == QEvent.Type.KeyPress and event.key() in (
+                Qt.Key.Key_Return, Qt.Key.Key_Enter):
+            if self.table.currentRow() >= 0 and self.table.currentColumn() >= 0:
+                self.openCell(self.table.currentRow(), self.table.currentColumn())
+                return True
+        return super().eventFilter(obj, event)
+
+    def _choose_file(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Open a specview matrix", "", "Matrix JSON (*.json)")
+        if path:
+            try:
+                self.loadFile(path)
+            except SpecviewError as exc:
+                self.summary.setText(str(exc))
+
+    # -- drawing ---------------------------------------------------------------
+    def _render(self) -> None:
+        doc = self.doc
+        cells = doc.get("cells", [])
+        n_total = doc.get("n_cells", len(cells))
+        status = doc.get("status", "")
+        name = self.source.name if self.source is not None else "matrix"
+        self.title.setText(f"{name}: {len(cells)} of {n_total} cells ({status})" if doc else "No matrix")
+        self.summary.setText("\n".join(summarize(doc)) if cells else "No cell has finished yet.")
+        g = grid(doc)
+        self.table.clear()
+        self.table.setRowCount(len(g.rows))
+        self.table.setColumnCount(len(g.cols))
+        self.table.setHorizontalHeaderLabels([g.col_label(c) for c in g.cols])
+        self.table.setVerticalHeaderLabels([g.row_label(r) for r in g.rows])
+        for i, r in enumerate(g.rows):
+            for j, c in enumerate(g.cols):
+                cell = g.at.get((r, c))
+                item = QTableWidgetItem(self._text(cell))
+                item.setTextAlignment(Qt.AlignmentFlag.AlignCenter)
+                cat = cell_category(cell)
+                if cat is not None:
+                    item.setBackground(QBrush(QColor(VERDICT_COLOURS[cat])))
+                    item.setForeground(QBrush(QColor(17, 17, 17)))  # the tints are light in every theme
+                item.setData(RECORD_ROLE, cell)
+                item.setToolTip(self._tooltip(cell))
+                self.table.setItem(i, j, item)
+        self.table.resizeColumnsToContents()
+
+    @staticmethod
+    def _text(cell: dict[str, Any] | None) -> str:
+        if cell is None:
+            return "…"
+        if cell.get("status") == "error":
+            return "error"
+        if cell.get("identical"):
+            head = "identical"
+        else:
+            v = verdict_label(cell)
+            head = f"fork @ {cell.get('first_mismatch')}\n{'diverged' if v.startswith('diverged') else v}"
+        bits = []
+        if cell.get("acceptance_rate") is not None:
+            bits.append(f"acc {cell['acceptance_rate']:.0%}")
+        if cell.get("speedup") is not None:
+            bits.append(f"{cell['speedup']:.2f}x")
+        return head + ("\n" + " · ".join(bits) if bits else "")
+
+    @staticmethod
+    def _tooltip(cell: dict[str, Any] | None) -> str:
+        if cell is None:
+            return "not run yet"
+        e = html.escape
+        lines = [f"<b>{e(describe(CellParams.from_json(cell['params'])))}</b>"]
+        if cell.get("status") == "error":
+            lines.append(e(str(cell.get("error"))))
+        elif cell.get("identical"):
+            lines.append(f"identical over {e(str(cell.get('n_vanilla')))} tokens")
+        else:
+            f = cell.get("fork") or {}
+            lines.append(f"fork at token {e(str(cell.get('first_mismatch')))}: vanilla "
+                         f"{e(repr(f.get('vanilla_piece')))}, speculative {e(repr(f.get('speculative_piece')))}")
+            lines.append(f"verdict: {e(verdict_label(cell))}"
+                         + (f", gap {cell['gap']:.4f}" if isinstance(cell.get("gap"), (int, float)) else ""))
+            if cell.get("explanation"):
+                lines.append(e(str(cell["explanation"])))
+        if cell.get("status") == "ok":
+            lines.append(f"drafted {cell.get('n_drafted')}, accepted {cell.get('n_accepted')}")
+        lines.append("<i>double-click or Enter: open it side by side</i>")
+        return "<p style='white-space:pre-wrap'>" + "<br>".join(lines) + "</p>"
