@@ -257,6 +257,9 @@ def test_diagnosis_from_the_outside_on_planted_forks(ngram_trace, server_bin):
     assert d["arms"]["speculative"] == {"reported": False}
     assert [b["T"] for b in d["replays"]["batched"]] == [2, 3, 4]
     assert all(b["evaluated"] == b["T"] for b in d["replays"]["batched"])  # really one T-token pass
+    for ch in d["replays"]["chunked"]:  # the prefix really went in T-token passes
+        assert sum(ch["evaluated"]) == tie.index and all(e <= ch["T"] for e in ch["evaluated"])
+        assert ch["evaluated"][:-1] == [ch["T"]] * (len(ch["evaluated"]) - 1)
 
     d = srv.diagnose_server(_planted(ngram_trace, far.index, far.top_ids[-1]), server_bin=server_bin)
     assert d["verdict"] == "state", d["explanation"]
@@ -303,3 +306,18 @@ def test_both_engines_stop_at_the_end_of_generation_token_alike(server_bin):
     assert t.vanilla.stop_reason == local.stop_reason == "eos"
     assert t.vanilla.tokens == local.tokens and len(local.tokens) < 64  # the EOS token itself included
     assert t.speculative.tokens == t.vanilla.tokens
+
+
+def test_a_real_fork_on_a_q4_k_m_target_is_diagnosed_from_the_outside(server_bin, prompt_tokens):
+    t = srv.run_server_trace(cfg(prompt_tokens, target="demo:Q4_K_M", spec_type="draft-simple", draft="demo:Q4_0",
+                                 max_tokens=40), server_bin=server_bin)
+    if t.comparison.identical:  # the fork is numerics, so it depends on the CPU's kernels
+        assert t.diagnosis is None
+        pytest.skip("no fork within 40 tokens on this CPU")
+    d = t.diagnosis
+    fm = t.comparison.first_mismatch
+    assert d["fork"] == fm.index and d["vanilla_token"] == fm.vanilla_token
+    assert d["replays"]["single"]["reproduced"], "plain decoding on llama-server is deterministic on a CPU"
+    assert d["replays"]["single"]["token"] == fm.vanilla_token
+    assert d["verdict"] == "near-tie", d["explanation"]
+    assert d["gap"] < 2.0 and abs(d["gap"] - t.vanilla.steps[fm.index].margin) < 1e-3
