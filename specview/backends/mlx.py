@@ -742,31 +742,27 @@ class MLXEngine(Engine):
         try:
             with mx.stream(self._stream()):
                 sel = None
+                queued_tok = None
                 pending, self._pending = self._pending, None
                 if pending is not None:
-                    p_tok, p_sel = pending
-                    if n == 1 and rows == [0] and int(p_tok.item()) == toks[0]:
-                        sel = p_sel  # already computed, or computing: the same T = 1 pass
-                        self.prefetch_hits += 1
+                    if follows and rows == [0]:
+                        # the queued pass fed the argmax of the row we returned last time, which is
+                        # this token (checked against the device's own argmax below)
+                        queued_tok, sel = pending
                     else:
                         self._drop_prefetch()
                 if sel is None:
-                    x = mx.array(toks, dtype=mx.uint32)[None]
-                    split = self.model.split_head if len(rows) < n else None
-                    if split is not None:
-                        inner, head = split
-                        sel = head(_take_rows(mx, inner(x, cache=self.cache)[0], rows))
-                    else:
-                        sel = _take_rows(mx, self.model.model(x, cache=self.cache)[0], rows)
-                    sel = sel.astype(mx.float32)
-                if (self._streak >= self.PREFETCH_AFTER and rows[-1] == n - 1
-                        and pos0 + n + 1 <= self._n_ctx and self._prefetchable()):
-                    # greedy continuation: queue the next token's pass before waiting on this one
-                    nxt_tok = mx.argmax(sel[-1], axis=-1).astype(mx.uint32)
-                    nxt = self.model.model(nxt_tok.reshape(1, 1), cache=self.cache)[0][0:1].astype(mx.float32)
-                    mx.async_eval(nxt_tok, nxt)
-                    self._pending = (nxt_tok, nxt)
-                    self.prefetched += 1
+                    sel = self._forward(mx, toks, rows)
+                    mx.async_eval(sel)
+                launched = self._maybe_run_ahead(mx, sel, n, rows, pos0)
+                if queued_tok is not None:
+                    if int(queued_tok.item()) == toks[0]:
+                        self.prefetch_hits += 1
+                    else:  # the device broke a tie differently from numpy: undo both queued passes
+                        if launched:
+                            self._drop_prefetch()
+                        self._drop_prefetch()
+                        sel = self._forward(mx, toks, rows)
                 mx.eval(sel)
             out = np.array(sel, dtype=np.float32, copy=True)
         except Exception as exc:
@@ -782,6 +778,30 @@ class MLXEngine(Engine):
         if rows[-1] == n - 1:
             self._next_greedy = int(np.argmax(out[-1]))
         return out
+
+    def _forward(self, mx: Any, toks: list[int], rows: list[int]) -> Any:
+        """The lazy float32 logits rows of one forward pass over ``toks`` (appends to the cache)."""
+        n = len(toks)
+        x = mx.array(toks, dtype=mx.uint32)[None]
+        split = self.model.split_head if len(rows) < n else None
+        if split is not None:
+            inner, head = split
+            sel = head(_take_rows(mx, inner(x, cache=self.cache)[0], rows))
+        else:
+            sel = _take_rows(mx, self.model.model(x, cache=self.cache)[0], rows)
+        return sel.astype(mx.float32)
+
+    def _maybe_run_ahead(self, mx: Any, sel: Any, n: int, rows: list[int], pos0: int) -> bool:
+        """Queue the T = 1 pass of the last row's argmax, once the caller has shown it follows argmax."""
+        if (self._streak < self.PREFETCH_AFTER or rows[-1] != n - 1
+                or pos0 + n + 1 > self._n_ctx or not self._prefetchable()):
+            return False
+        nxt_tok = mx.argmax(sel[-1], axis=-1).astype(mx.uint32)
+        nxt = self.model.model(nxt_tok.reshape(1, 1), cache=self.cache)[0][0:1].astype(mx.float32)
+        mx.async_eval(nxt_tok, nxt)
+        self._pending = (nxt_tok, nxt)
+        self.prefetched += 1
+        return True
 
     def _prefetchable(self) -> bool:
         """Only caches whose trim(1) always works may run ahead."""
@@ -1116,7 +1136,8 @@ def derive_quantized(
         log = io.StringIO()
         try:
             with contextlib.redirect_stdout(log):
-                convert(str(src_p), str(tmp), quantize=True, q_bits=bits, q_group_size=group_size, q_mode=mode)
+                extra = {} if mode == "affine" else {"q_mode": mode}  # older mlx-lm has no q_mode
+                convert(str(src_p), str(tmp), quantize=True, q_bits=bits, q_group_size=group_size, **extra)
             (tmp / SOURCE_FILE).write_text(json.dumps({
                 "source": str(src_p), "bits": bits, "group_size": group_size, "mode": mode,
             }, indent=2), encoding="utf-8")

@@ -255,6 +255,17 @@ def test_greedy_run_ahead_is_invisible(target, prompt):
     assert eng2._pending is None and {c.offset for c in eng2.cache} == {len(prompt) + 4}
     np.testing.assert_allclose(eng2.eval([7], rows=[0])[0], plain(seq2[:4] + [7]), rtol=0, atol=1e-5)
 
+    # numpy's argmax and the device's disagree (a tie broken differently): the queued pass
+    # fed another token than the one the caller sends, and must not be used
+    eng4 = MLXEngine(target, n_ctx=64)
+    seq4 = greedy(eng4, 6)
+    hits = eng4.prefetch_hits
+    other = (int(eng4._pending[0].item()) + 1) % 320
+    eng4._next_greedy = other
+    np.testing.assert_allclose(eng4.eval([other], rows=[0])[0], plain(seq4 + [other]), rtol=0, atol=1e-5)
+    assert eng4.prefetch_hits == hits and eng4._pending is None
+    assert {c.offset for c in eng4.cache} == {eng4.n_past}
+
     # a batch after a streak drops the queued position too
     eng3 = MLXEngine(target, n_ctx=64)
     seq3 = greedy(eng3, 6)
