@@ -1207,7 +1207,7 @@ def diagnose_server(
                 if m < i:
                     sh = _relative_shift(ids, vals, v.steps[m].top_ids, v.steps[m].top_logits)
                     if sh is not None:
-                        series.append({"index": m, "T": T, "shift": round(sh, 5)})
+                        series.append({"index": m, "T": T, "max": round(sh, 5)})
             g, lb = _gap(ids, vals, a, b)
             chunked.append({"T": T, "passes": len(evaluated), "evaluated": evaluated,
                             "token": ids[0] if ids else None, "gap": g, "gap_is_lower_bound": lb,
@@ -1226,7 +1226,7 @@ def diagnose_server(
     at_fork = [abs(x["gap"] - gap) for x in batched + chunked
                if x["gap"] is not None and gap is not None and not x["gap_is_lower_bound"]
                and not single["gap_is_lower_bound"]]
-    shifts = [x["shift"] for x in series] + at_fork
+    shifts = [x["max"] for x in series] + at_fork
     env_max = max(shifts) if shifts else None
     base["envelope"] = {
         "max": None if env_max is None else round(env_max, 5),
