@@ -322,3 +322,31 @@ def test_foreign_files_are_refused(tmp_path: Path):
 def test_spec_from_dict_defaults_to_builtin_prompts():
     s = spec_from_dict({"targets": ["demo:Q8_0"]})
     assert len(s.prompts) == 4
+
+
+def test_cli_ctrl_c_writes_the_finished_cells_and_exits_130(tmp_path: Path, monkeypatch, capsys):
+    import os
+    import signal
+
+    import specview.core.session as session_mod
+
+    class Interrupting(FakeSession):
+        def run(self, cfg, **kw):
+            trace = super().run(cfg, **kw)
+            if len(self.calls) == 3:
+                os.kill(os.getpid(), signal.SIGINT)  # the user presses Ctrl-C during the third cell
+            return trace
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(session_mod, "Session", lambda progress=None: Interrupting())
+    out = tmp_path / "m.json"
+    rc = cli.main(["matrix", "--targets", "demo:F16,demo:Q8_0", "--drafters", "demo:Q4_0,none", "--p-min", "0,1",
+                   "-p", "Hi", "-n", "16", "--no-diagnose", "-o", str(out)])
+    assert rc == 130
+    doc = json.loads(out.read_text())
+    assert doc["status"] == "interrupted" and len(doc["cells"]) == 3 and doc["n_cells"] == 6
+    captured = capsys.readouterr()
+    assert "interrupted" in captured.err and "3 of 6 cells" in captured.out
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is restored
