@@ -26,8 +26,12 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("-t", "--threads", type=int, default=0, help="CPU threads; 0 = all cores (default)")
     g.add_argument("--kv-type", "--cache-type", dest="kv_type", default="f16",
                    help="KV cache type for K and V: f16 (default), q8_0, f32, bf16, q4_0 ...")
-    g.add_argument("--server-bin", default=None, help="llama-server binary for --engine llama-server (default: PATH)")
-    g.add_argument("--server-args", default="", help="extra llama-server flags, passed through verbatim")
+    g.add_argument("--server-bin", default=None,
+                   help="llama-server binary for --engine llama-server (default: $SPECVIEW_LLAMA_SERVER, then PATH, "
+                   "then the copy scripts/build-llama-server.sh builds)")
+    g.add_argument("--server-args", default="",
+                   help="extra llama-server flags, passed through verbatim: --spec-* and draft flags (-ngld, -devd, "
+                   "-ctkd ...) to the speculative server only, the rest to both")
 
 
 def engine_settings(args: argparse.Namespace) -> EngineSettings:
