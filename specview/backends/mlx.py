@@ -175,7 +175,7 @@ def check_model_folder(folder: Path) -> None:
         raise ModelFileError(f"{folder}: no such folder. Give an MLX model folder or a Hugging Face id.")
     if not folder.is_dir():
         if folder.suffix == ".gguf":
-            raise ModelFileError(f"{folder}: is a GGUF file; open it with the llama.cpp engine (--backend llama.cpp)")
+            raise ModelFileError(f"{folder}: is a GGUF file; open it with the llama.cpp engine (--engine llama.cpp)")
         raise ModelFileError(f"{folder}: is a file; give the MLX model folder that holds config.json")
     _read_config(folder)
     if not _weight_files(folder):
