@@ -1145,12 +1145,15 @@ def diagnose_server(
         deviation = None
         max_delta = 0.0
         single = None
+        not_one: list[int] = []
         for j in range(i + 1):
             if cancel():
                 raise Cancelled("cancelled during the replay")
             resp = srv.post("/completion", completion_body(prompt + shared[:j], 1, n_probs=top_k, cache_prompt=True),
                             cancel=cancel)
             ids, vals = _row(resp)
+            if j > 0 and (resp.get("timings") or {}).get("prompt_n") not in (None, 1):
+                not_one.append(j)
             rec = v.steps[j]
             if not ids:
                 return _inconclusive(trace, f"the replay got no top-k from llama-server at token {j}", base)
@@ -1165,7 +1168,11 @@ def diagnose_server(
                 single = {"token": ids[0], "gap": g, "gap_is_lower_bound": lb, "rank_a": _rank(ids, a),
                           "rank_b": _rank(ids, b), "top_ids": ids, "top_logprobs": [round(x, 5) for x in vals]}
         single.update(reproduced=deviation is None, first_deviation=deviation, max_recorded_delta=round(max_delta, 6),
-                      requests=i + 1, seconds=round(time.perf_counter() - t0, 3))
+                      requests=i + 1, not_one_token=not_one, seconds=round(time.perf_counter() - t0, 3))
+        if not_one:
+            base["not_measured"].append(f"{len(not_one)} single-token replay requests evaluated other than one "
+                                        f"token (first at token {not_one[0]}): the server re-used its cache "
+                                        "differently")
         # -- batched replays at the fork: the last T prefix tokens in one pass
         n_max = int(trace.config.get("n_max") or 3)
         shapes = list(batch_shapes) if batch_shapes is not None else list(range(2, max(2, n_max + 1) + 1))

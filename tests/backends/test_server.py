@@ -253,6 +253,7 @@ def test_diagnosis_from_the_outside_on_planted_forks(ngram_trace, server_bin):
     d = srv.diagnose_server(_planted(ngram_trace, tie.index, tie.top_ids[1]), server_bin=server_bin)
     assert d["verdict"] == "near-tie", d["explanation"]
     assert d["replays"]["single"]["reproduced"] and d["replays"]["single"]["requests"] == tie.index + 1
+    assert d["replays"]["single"]["not_one_token"] == []  # every request after the prompt evaluated one token
     assert abs(d["gap"] - tie.margin) < 1e-3
     assert d["arms"]["speculative"] == {"reported": False}
     assert [b["T"] for b in d["replays"]["batched"]] == [2, 3, 4]
