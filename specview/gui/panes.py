@@ -377,6 +377,17 @@ class PanePair(QWidget):
         finally:
             self._syncing = False
 
+    def align_on(self, a: TokenPane, b: TokenPane, i: int) -> None:
+        """Scroll ``b`` so its token ``i`` sits at the height where ``a`` shows token ``i``."""
+        if not (0 <= i < len(a.steps) and i < len(b.steps)) or not self.sync:
+            return
+        self._syncing = True
+        try:
+            bar = b.verticalScrollBar()
+            bar.setValue(bar.value() + b.token_rect(i).top() - a.token_rect(i).top())
+        finally:
+            self._syncing = False
+
     def set_boundaries(self, on: bool) -> None:
         for p in self.panes:
             p.set_boundaries(on)

@@ -36,6 +36,12 @@ def style_plot(w: pg.PlotWidget, palette: QPalette) -> None:
     base = palette.color(QPalette.ColorRole.Base)
     text = palette.color(QPalette.ColorRole.Text)
     w.setBackground(base)
+    legend = w.getPlotItem().legend
+    if legend is not None:
+        fill = QColor(base)
+        fill.setAlpha(215)
+        legend.setBrush(pg.mkBrush(fill))
+        legend.setPen(pg.mkPen(blend(base, text, 0.3)))
     for name in ("left", "bottom"):
         ax = w.getPlotItem().getAxis(name)
         ax.setPen(pg.mkPen(blend(base, text, 0.6)))
@@ -190,6 +196,7 @@ class MarginPlot(pg.PlotWidget):
         self.select_line = pg.InfiniteLine(angle=90, movable=False)
         self.select_line.setVisible(False)
         pi.addItem(self.select_line, ignoreBounds=True)
+        self.select_line.setZValue(self.fork_line.zValue() - 1)  # the fork line stays visible on top
         self.gap_lines: list[pg.InfiniteLine] = []
         self.n_vanilla = 0
         self.n_speculative = 0
@@ -217,6 +224,11 @@ class MarginPlot(pg.PlotWidget):
             item[1].setAttr("color", text.name())
             item[1].setText(item[1].text)
 
+    def _set_legend_name(self, item, name: str) -> None:
+        for sample, label in self.legend.items:
+            if sample.item is item:
+                label.setText(name)
+
     @staticmethod
     def margins(steps: Sequence[Step]) -> np.ndarray:
         return np.fromiter((_finite(s.margin) for s in steps), float, len(steps))
@@ -236,6 +248,9 @@ class MarginPlot(pg.PlotWidget):
         self.fork_line.setVisible(i is not None)
         if i is not None:
             self.fork_line.setValue(i)
+            n = max(self.n_vanilla, self.n_speculative, 1)
+            right = i > 0.6 * n  # near the right edge the label goes on the left of the line
+            self.fork_line.label.anchors = [(1, 0), (1, 0)] if right else [(0, 0), (0, 0)]
             self.fork_line.label.setFormat(f"fork @ {i}" + (f" (margin {margin:.4f})" if margin is not None
                                                             and math.isfinite(margin) else ""))
 
@@ -253,6 +268,7 @@ class MarginPlot(pg.PlotWidget):
         self.gap_lines = []
         self.envelope.setData([], [])
         self.envelope_base.setData([], [])
+        self._set_legend_name(self.envelope, "replay envelope")
         self.at_risk.setData([], [])
         if self.diagnosis is None:
             return ""
@@ -264,15 +280,17 @@ class MarginPlot(pg.PlotWidget):
             notes.append("envelope")
         env = self.diagnosis.get("envelope")
         if isinstance(env, dict):
-            for key, where in (("max", 0.03), ("p95", 0.45)):
+            figures = []
+            for key in ("max", "p95"):
                 v = _finite(env.get(key)) if not isinstance(env.get(key), (list, dict)) else math.nan
                 if math.isfinite(v):
-                    ln = pg.InfiniteLine(pos=v, angle=0, movable=False, label=f"envelope {key} {v:.3f}",
-                                         labelOpts={"position": where, "anchors": [(0, 1), (0, 1)]})
+                    ln = pg.InfiniteLine(pos=v, angle=0, movable=False)
                     ln.setPen(pg.mkPen(ENVELOPE_HUE, width=1, style=Qt.PenStyle.DotLine))
-                    ln.label.setColor(ENVELOPE_HUE)
                     pi.addItem(ln, ignoreBounds=True)
                     self.gap_lines.append(ln)
+                    figures.append(f"{key} {v:.3f}")
+            if figures:
+                self._set_legend_name(self.envelope, "replay envelope (" + ", ".join(figures) + ")")
         risk = at_risk_positions(self.diagnosis.get("at_risk"))
         if risk:
             m = self.margins(vanilla)

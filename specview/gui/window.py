@@ -702,7 +702,12 @@ class MainWindow(QMainWindow):
                 return
             except (ValueError, TypeError):
                 pass
-        self.resize(1480, 920)
+        screen = QApplication.primaryScreen()
+        avail = screen.availableGeometry() if screen is not None else None
+        if avail is not None and avail.width() <= 1700 and avail.height() <= 1100:
+            self.setGeometry(avail)  # a small screen: use all of it
+        else:
+            self.resize(1480, 920)
 
     # ------------------------------------------------------------- config
     def build_config(self) -> RunConfig:
@@ -867,6 +872,10 @@ class MainWindow(QMainWindow):
             if live.pending[arm]:
                 self.panes.pane(arm).append_steps(live.pending[arm])
                 live.pending[arm] = []
+                if arm == "speculative" and self.panes.speculative.follow:
+                    # while the second arm streams, show the first at the same place in the text
+                    last = len(live.steps["speculative"]) - 1
+                    self.panes.align_on(self.panes.speculative, self.panes.vanilla, last)
         import numpy as np
 
         self.margin_plot.set_arrays(np.asarray(live.margins["vanilla"], float),
@@ -978,7 +987,13 @@ class MainWindow(QMainWindow):
         self._show_verdict(trace, cancelled=cancelled, diagnosis_error=diagnosis_error, diag_note=diag_note)
         if fork is not None:
             self.select_token(fork, scroll=True)
+            # the verdict bar may have grown and shrunk the panes: centre the fork again once laid out
+            QTimer.singleShot(0, lambda t=trace, i=fork: self._recentre(t, i))
         self.sigTraceShown.emit(trace)
+
+    def _recentre(self, trace: Trace, i: int) -> None:
+        if self.trace is trace and self.panes.selected == i:
+            self.panes.jump_to(i)
 
     def _show_verdict(self, trace: Trace, *, cancelled: bool, diagnosis_error: str | None, diag_note: str) -> None:
         v, s, c = trace.vanilla, trace.speculative, trace.comparison
