@@ -252,7 +252,10 @@ def _install_handlers() -> None:
             if sig is None:
                 continue
             try:
-                _PREV_HANDLERS[sig] = signal.getsignal(sig)
+                prev = signal.getsignal(sig)
+                if prev == signal.SIG_IGN:  # whoever started us wants it ignored: leave it so
+                    continue
+                _PREV_HANDLERS[sig] = prev
                 signal.signal(sig, _on_signal)
             except (ValueError, OSError):  # pragma: no cover - not the main thread / not allowed
                 pass

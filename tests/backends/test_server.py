@@ -24,7 +24,7 @@ import pytest
 from specview.backends import server as srv
 from specview.core import demo
 from specview.core.compare import compare_arms
-from specview.core.engine import EngineSettings, SpecviewError
+from specview.core.engine import EngineSettings
 from specview.core.session import RunConfig, Session
 from specview.core.trace import Trace
 
@@ -322,3 +322,28 @@ def test_a_real_fork_on_a_q4_k_m_target_is_diagnosed_from_the_outside(server_bin
     assert d["replays"]["single"]["token"] == fm.vanilla_token
     assert d["verdict"] == "near-tie", d["explanation"]
     assert d["gap"] < 2.0 and abs(d["gap"] - t.vanilla.steps[fm.index].margin) < 1e-3
+
+
+def test_ctrl_c_stops_the_servers_and_exits_130(server_bin, prompt_tokens):
+    p = subprocess.Popen(
+        [sys.executable, "-m", "specview", "run", "--engine", "llama-server", "--server-bin", server_bin,
+         "--spec-type", "ngram-simple", "-n", "2000", "--ignore-eos", "-t", "1", "-c", "4096",
+         "--tokens", ",".join(map(str, prompt_tokens))],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as from a terminal
+    )
+    pids = []
+    try:
+        for line in p.stderr:
+            if m := re.search(r"started llama-server \(\w+\) pid (\d+)", line):
+                pids.append(int(m.group(1)))
+            if "vanilla arm:" in line or "error" in line:
+                break
+        p.send_signal(signal.SIGINT)
+        assert p.wait(timeout=60) == 130
+        assert "interrupted" in p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert len(pids) == 2 and all(_pid_gone(x) for x in pids)
