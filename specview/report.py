@@ -77,7 +77,18 @@ def _legend(pi):
                         brush=pg.mkBrush(255, 255, 255, 235), pen=pg.mkPen(190, 190, 190))
 
 
-def margin_plot_png(trace: Trace) -> bytes:
+def _fork_line(x: float, text: str, position: float, label_left: bool):
+    import pyqtgraph as pg
+    from PySide6.QtCore import Qt
+
+    anchor = (1, 0) if label_left else (0, 0)  # keep the label inside the plot near the right edge
+    return pg.InfiniteLine(pos=x, angle=90, movable=False,
+                           pen=pg.mkPen(MISMATCH_RGB, width=2, style=Qt.PenStyle.DashLine),
+                           label=text, labelOpts={"position": position, "color": MISMATCH_RGB,
+                                                  "anchors": [anchor, anchor], "fill": (255, 255, 255, 220)})
+
+
+def margin_plot_png(trace: Trace, xrange: tuple[int, int] | None = None, title: str | None = None) -> bytes:
     """Top-1/top-2 margin per token, both arms, log scale; fork, envelope and at-risk positions."""
     _app()
     import numpy as np
@@ -90,7 +101,7 @@ def margin_plot_png(trace: Trace) -> bytes:
         return np.array([max(floor, s.margin) if s.margin is not None and math.isfinite(s.margin) else np.nan
                          for s in steps], float)
 
-    w, pi = _plot_widget("top-1 minus top-2 logit per token", "margin (logits, log)", "token index")
+    w, pi = _plot_widget(title or "top-1 minus top-2 logit per token", "margin (logits, log)", "token index")
     pi.setLogMode(x=False, y=True)
     _legend(pi)
     d = trace.diagnosis or {}
@@ -102,8 +113,13 @@ def margin_plot_png(trace: Trace) -> bytes:
         pi.addItem(pg.PlotDataItem(xs, ys, pen=pg.mkPen(ENVELOPE_RGB, width=1), fillLevel=math.log10(floor),
                                    brush=pg.mkBrush(*ENVELOPE_RGB, 80), name="replay envelope"))
     v, s = arr(trace.vanilla.steps), arr(trace.speculative.steps)
-    pi.addItem(pg.PlotDataItem(np.arange(len(v), dtype=float), v, pen=pg.mkPen(VANILLA_RGB, width=1.5), name="vanilla"))
-    pi.addItem(pg.PlotDataItem(np.arange(len(s), dtype=float), s, pen=pg.mkPen(SPEC_RGB, width=1.2), name="speculative"))
+    dots = {} if xrange is None else {"symbolSize": 4}  # zoomed in: show each token
+    pi.addItem(pg.PlotDataItem(np.arange(len(v), dtype=float), v, pen=pg.mkPen(VANILLA_RGB, width=1.5), name="vanilla",
+                               **({"symbol": "o", "symbolPen": None, "symbolBrush": pg.mkBrush(*VANILLA_RGB)} if dots else {}),
+                               **dots))
+    pi.addItem(pg.PlotDataItem(np.arange(len(s), dtype=float), s, pen=pg.mkPen(SPEC_RGB, width=1.2), name="speculative",
+                               **({"symbol": "o", "symbolPen": None, "symbolBrush": pg.mkBrush(*SPEC_RGB)} if dots else {}),
+                               **dots))
     risk = d.get("at_risk")
     if isinstance(risk, list) and risk:
         xs = np.array([i for i in risk if i < len(v)], float)
@@ -113,16 +129,15 @@ def margin_plot_png(trace: Trace) -> bytes:
             pi.addItem(pg.PlotDataItem(xs, v[xs.astype(int)], pen=None, symbol="x", symbolSize=8,
                                        symbolPen=pg.mkPen(MISMATCH_RGB, width=1.2), symbolBrush=pg.mkBrush(*MISMATCH_RGB),
                                        name=label))
+    n = max(len(v), len(s), 1)
+    lo, hi = (0, n) if xrange is None else xrange
     fm = trace.comparison.first_mismatch
     if fm is not None:
-        line = pg.InfiniteLine(pos=fm.index, angle=90, movable=False,
-                               pen=pg.mkPen(MISMATCH_RGB, width=2, style=Qt.PenStyle.DashLine),
-                               label=f"fork at {fm.index}", labelOpts={"position": 0.06, "color": MISMATCH_RGB,
-                                                                       "anchors": [(0, 0), (0, 0)]})
-        pi.addItem(line, ignoreBounds=True)
-    n = max(len(v), len(s), 1)
-    pi.setXRange(0, n, padding=0.01)
-    top = np.nanmax(np.concatenate([v, s, [1.0]]))
+        pi.addItem(_fork_line(fm.index, f"fork at {fm.index}", 0.06, fm.index > lo + 0.6 * (hi - lo)),
+                   ignoreBounds=True)
+    pi.setXRange(lo, hi, padding=0.01)
+    seen = np.concatenate([v[max(0, lo):hi + 1], s[max(0, lo):hi + 1], [1.0]])
+    top = np.nanmax(seen)
     pi.setYRange(math.log10(floor) - 0.1, math.log10(top) + 1.0, padding=0)  # headroom for the legend
     return _png(w)
 
@@ -149,18 +164,23 @@ def acceptance_plot_png(trace: Trace) -> bytes:
         fm = trace.comparison.first_mismatch
         if fm is not None and fm.index < len(trace.speculative.steps):
             rnd = trace.speculative.steps[fm.index].round
-            pi.addItem(pg.InfiniteLine(pos=rnd, angle=90, movable=False,
-                                       pen=pg.mkPen(MISMATCH_RGB, width=2, style=Qt.PenStyle.DashLine),
-                                       label=f"fork (round {rnd})",
-                                       labelOpts={"position": 0.83, "color": MISMATCH_RGB, "anchors": [(0, 0), (0, 0)], "fill": (255, 255, 255, 220)}),
-                       ignoreBounds=True)
+            pi.addItem(_fork_line(rnd, f"fork (round {rnd})", 0.83, rnd > 0.6 * x.max()), ignoreBounds=True)
         pi.setYRange(0, max(1.0, float(drafted.max())) * 1.35, padding=0)  # headroom for the legend
+        pi.getAxis("left").setTickSpacing(1, 1)  # whole tokens
         pi.setXRange(0.3, x.max() + 0.7, padding=0)
     return _png(w)
 
 
+ZOOM_BEFORE, ZOOM_AFTER = 32, 16
+
+
 def trace_plots(trace: Trace) -> dict[str, bytes]:
     plots = {"margins": margin_plot_png(trace)}
+    fm = trace.comparison.first_mismatch
+    n = max(len(trace.vanilla.steps), len(trace.speculative.steps))
+    if fm is not None and n > 2 * (ZOOM_BEFORE + ZOOM_AFTER):
+        lo, hi = max(0, fm.index - ZOOM_BEFORE), min(n - 1, fm.index + ZOOM_AFTER)
+        plots["margins_zoom"] = margin_plot_png(trace, (lo, hi), f"the same, tokens {lo} to {hi} around the fork")
     if any(r.index > 0 for r in trace.speculative.rounds):
         plots["acceptance"] = acceptance_plot_png(trace)
     return plots

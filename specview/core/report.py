@@ -84,13 +84,21 @@ def md_fence(text: str, lang: str = "") -> str:
     return f"{fence}{lang}\n{body}{fence}\n"
 
 
-_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>&~])")
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>&|~!])")
+_MD_LINE_START = re.compile(r"^(\s*)(\d*)([#+\-=>.)])")
 
 
 def md_text(text: Any) -> str:
-    """Plain text escaped for Markdown prose and table cells (no markup, no HTML, one line)."""
-    s = visible(str(text))
-    return _MD_SPECIAL.sub(r"\\\1", s)
+    """Plain text escaped for Markdown prose and table cells (no markup, no HTML, one line).
+
+    Characters that make markup anywhere are backslash-escaped; those that only do at the start of a
+    line (headings, lists, quotes) are escaped there.
+    """
+    s = _MD_SPECIAL.sub(r"\\\1", visible(str(text)))
+    m = _MD_LINE_START.match(s)
+    if m and (m.group(2) == "") == (m.group(3) not in ".)"):  # "# x", "- x", "> x" or "1. x", "2) x"
+        s = s[:m.start(3)] + "\\" + s[m.start(3):]
+    return s
 
 
 # ---------------------------------------------------------------------------
@@ -241,7 +249,11 @@ def verdict_facts(trace: Any) -> list[tuple[str, str]]:
     d = trace.diagnosis
     if d:
         if d.get("gap") is not None:
-            rows.append(("gap (teacher-forced, single shape)", f"{d['gap']:.4f} logits"))
+            rows.append(("gap (teacher-forced, one token per pass)", f"{d['gap']:.4f} logits for the vanilla token"))
+        sp = ((d.get("replays") or {}).get("speculative") or {})
+        if isinstance(sp.get("gap"), (int, float)):
+            rows.append((f"gap in the speculative shape ({sp.get('shape', 'verify pass')})",
+                         f"{sp['gap']:.4f} logits for the speculative token"))
         env = d.get("envelope") or {}
         if env.get("max") is not None:
             rows.append(("numeric envelope before the fork",
@@ -419,6 +431,8 @@ PLOT_CAPTIONS = {
                 "Top-1 minus top-2 logit of the row that chose each token, for both arms (log scale). "
                 "The dashed red line marks the fork; the shaded band is the replay envelope, how far the "
                 "batched and single-token shapes move the logits on the shared prefix."),
+    "margins_zoom": ("Top-1/top-2 margin around the fork",
+                     "The margin plot again, zoomed on the tokens just before and after the fork."),
     "acceptance": ("Acceptance per round",
                    "Tokens drafted (grey) and accepted (green) in each verify round; the red line marks the "
                    "round that produced the fork."),
@@ -459,7 +473,7 @@ def trace_html(trace: Any, plots: Mapping[str, bytes]) -> str:
     if ctx is not None:
         parts.append(f"<h2>The fork, token {ctx['index']}</h2>")
         parts.append(_fork_html(ctx))
-    for key in ("margins", "acceptance"):
+    for key in PLOT_CAPTIONS:
         if key in plots:
             title, cap = PLOT_CAPTIONS[key]
             parts.append(f"<h2>{esc(title)}</h2>")
@@ -527,7 +541,7 @@ def trace_markdown(trace: Any, plot_files: Mapping[str, str]) -> str:
     if ctx is not None:
         out.append(f"### The fork, token {ctx['index']}\n")
         out.append(_fork_md(ctx))
-    for key in ("margins", "acceptance"):
+    for key in PLOT_CAPTIONS:
         if key in plot_files:
             title, cap = PLOT_CAPTIONS[key]
             out.append(f"### {title}\n")

@@ -218,6 +218,11 @@ def test_md_helpers_hold_any_backtick_run():
         assert strip_code_spans(span) == "" and "`" * 8 not in span
     blocks, _ = md_blocks(md_fence("a\n```\nb\n````` c"))
     assert blocks == ["a\n```\nb\n````` c"]
+    from specview.core.report import md_text
+
+    # what would start a list, a heading or a quote is escaped at the start only; inline markup everywhere
+    assert [md_text(x) for x in ["- a", "1. a", "# a", "> a", "a - b. c", "*a* [b](c) <d>"]] == [
+        "\\- a", "1\\. a", "\\# a", "\\> a", "a - b. c", "\\*a\\* \\[b\\](c) \\<d\\>"]
 
 
 def test_html_report_escapes_every_token(tmp_path: Path):
