@@ -893,6 +893,10 @@ class MainWindow(QMainWindow):
             self._set_verdict(f"Running: vanilla {nv}/{total} tokens, speculative {ns}/{total}{fork}", "info")
 
     def _on_progress(self, ev: Progress) -> None:
+        # progress messages come while models load or derive and while the fork is diagnosed,
+        # not while tokens stream: show an indeterminate bar until the next tokens arrive
+        if self.busy:
+            self.progress.setRange(0, 0)
         self._set_status(ev.message)
 
     def _on_preloaded(self, rid: int) -> None:

@@ -259,3 +259,32 @@ def test_quantization_siblings_and_derivable(tmp_path):
     assert gmodels.quant_of("x-q4_k_m.gguf") == "Q4_K_M" and gmodels.quant_of("model.gguf") is None
     # a folder: the family with most files is listed
     assert [c.quant for c in gmodels.siblings(tmp_path) if c.exists] == ["F16", "Q8_0"]
+
+
+def test_many_void_calls_and_emits_do_not_exhaust_none_or_true(qapp):
+    """PySide6 6.12 on CPython 3.11 drops a reference to None per void call and to True per emit;
+    without the guard this loop aborts the interpreter ("deallocating None")."""
+    import sys
+
+    from PySide6.QtCore import QObject, Signal
+
+    from specview.gui import qtcompat
+
+    class Emitter(QObject):
+        sig = Signal(int)
+
+    e = Emitter()
+    got = []
+    e.sig.connect(got.append)
+    n = 3 * max(sys.getrefcount(None), sys.getrefcount(True)) if not qtcompat.guard() else 20000
+    for i in range(n):
+        e.setObjectName("x")
+        e.sig.emit(i)
+    assert len(got) == n
+
+
+def test_gui_command_refuses_a_missing_trace(tmp_path, capsys):
+    from specview.cli import main
+
+    assert main(["gui", str(tmp_path / "nope.json")]) == 2
+    assert "nope.json: no such trace file" in capsys.readouterr().err
