@@ -369,7 +369,8 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:26px 0 8px;border-bott
 .verdict{padding:12px 16px;border-radius:6px;font-size:16px;margin:12px 0 6px;border:1px solid rgba(0,0,0,.12)}
 .verdict b{font-size:17px}
 table.kv{border-collapse:collapse;font-size:13.5px}table.kv td,table.kv th{padding:3px 12px 3px 0;vertical-align:top;text-align:left}
-table.kv td:first-child{color:#555;white-space:nowrap}
+table.kv td:first-child{color:#555;white-space:nowrap}table.kv td+td{overflow-wrap:anywhere}
+table.kv{max-width:100%}
 table.kv th{color:#333;border-bottom:1px solid #ddd}
 code,pre,.tok{font-family:'DejaVu Sans Mono',Menlo,Consolas,monospace;font-size:13px}
 pre{background:#f6f8fa;border:1px solid #e1e4e8;border-radius:5px;padding:9px 11px;white-space:pre-wrap;word-break:break-all;margin:6px 0}
@@ -574,6 +575,10 @@ def trace_markdown(trace: Any, plot_files: Mapping[str, str]) -> str:
 # ---------------------------------------------------------------------------
 # matrix reports
 # ---------------------------------------------------------------------------
+def _quoted(piece: str | None) -> str:
+    return "(end of output)" if piece is None else f"'{visible(piece)}'"
+
+
 def _cell_short(cell: dict[str, Any] | None) -> str:
     from .matrix import verdict_label
 
@@ -641,8 +646,8 @@ def matrix_html(doc: dict[str, Any]) -> str:
             f = c.get("fork") or {}
             parts.append(
                 f"<tr><td>{esc(describe(CellParams.from_json(c['params'])))}</td><td>{esc(c.get('first_mismatch'))}</td>"
-                f"<td><code>{esc(visible(f.get('vanilla_piece')))}</code></td>"
-                f"<td><code>{esc(visible(f.get('speculative_piece')))}</code></td>"
+                f"<td><code>{esc(_quoted(f.get('vanilla_piece')))}</code></td>"
+                f"<td><code>{esc(_quoted(f.get('speculative_piece')))}</code></td>"
                 f"<td>{esc(_cell_short(c).split(' · ')[-1])}</td><td>{esc(_fmt(c.get('gap')))}</td>"
                 f"<td>{esc(c.get('trace') or '')}</td></tr>")
         parts.append("</table>")
@@ -707,7 +712,8 @@ def matrix_markdown(doc: dict[str, Any]) -> str:
         for c in forks:
             f = c.get("fork") or {}
             out.append(f"| {md_text(describe(CellParams.from_json(c['params'])))} | {c.get('first_mismatch')} | "
-                       f"{md_code(f.get('vanilla_piece'), table=True)} | {md_code(f.get('speculative_piece'), table=True)} | "
+                       f"{md_code(_quoted(f.get('vanilla_piece')), table=True)} | "
+                       f"{md_code(_quoted(f.get('speculative_piece')), table=True)} | "
                        f"{md_text(_cell_short(c).split(' · ')[-1])} | {md_text(_fmt(c.get('gap')))} |")
         out.append("")
     out.append("<details><summary>Axes and environment</summary>\n")
