@@ -181,7 +181,7 @@ def trace_plots(trace: Trace) -> dict[str, bytes]:
     if fm is not None and n > 2 * (ZOOM_BEFORE + ZOOM_AFTER):
         lo, hi = max(0, fm.index - ZOOM_BEFORE), min(n - 1, fm.index + ZOOM_AFTER)
         plots["margins_zoom"] = margin_plot_png(trace, (lo, hi), f"the same, tokens {lo} to {hi} around the fork")
-    if any(r.index > 0 for r in trace.speculative.rounds):
+    if trace.speculative.n_drafted > 0:  # nothing to show for none, p_min = 1 or an n-gram that never matched
         plots["acceptance"] = acceptance_plot_png(trace)
     return plots
 
