@@ -61,19 +61,20 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument("--config", metavar="TOML", default=None, help="read the axes from a TOML file (docs/matrix.md)")
     g = p.add_argument_group("axes")
-    g.add_argument("-m", "--targets", "--target", dest="targets", action="append", type=_csv(str), default=None,
+    g.add_argument("-m", "--targets", "--target", dest="targets", action="append", type=_csv(str), default=None, metavar="LIST",
                    help=f"target GGUF files or demo names (default {','.join(DEFAULT_TARGETS)})")
-    g.add_argument("-md", "--drafters", "--draft", dest="drafters", action="append", type=_csv(str), default=None,
+    g.add_argument("-md", "--drafters", "--draft", dest="drafters", action="append", type=_csv(str), default=None, metavar="LIST",
                    help="draft models (files or demo names: draft-simple), ngram-simple, none "
                    f"(default {','.join(DEFAULT_DRAFTERS)})")
-    g.add_argument("--n-max", "--spec-draft-n-max", dest="n_max", action="append", type=_csv(int), default=None,
+    g.add_argument("--n-max", "--spec-draft-n-max", dest="n_max", action="append", type=_csv(int), default=None, metavar="LIST",
                    help="n_max values for draft-simple cells (default 3)")
-    g.add_argument("--p-min", "--spec-draft-p-min", dest="p_min", action="append", type=_csv(float), default=None,
+    g.add_argument("--p-min", "--spec-draft-p-min", dest="p_min", action="append", type=_csv(float), default=None, metavar="LIST",
                    help="p_min values for draft-simple cells; 1 is the zero-draft control (default 0,1)")
-    g.add_argument("-p", "--prompt", dest="prompts", action="append", default=None, help="a prompt text (repeatable)")
-    g.add_argument("-f", "--prompt-file", dest="prompt_files", action="append", default=None,
+    g.add_argument("-p", "--prompt", dest="prompts", action="append", default=None, metavar="TEXT",
+                   help="a prompt text (repeatable)")
+    g.add_argument("-f", "--prompt-file", dest="prompt_files", action="append", default=None, metavar="FILE",
                    help="a prompt file (repeatable)")
-    g.add_argument("--tokens", dest="tokens", action="append", default=None,
+    g.add_argument("--tokens", dest="tokens", action="append", default=None, metavar="IDS",
                    help="a raw-token prompt ('1,2,3'): no BOS, no template (repeatable)")
     g.add_argument("--builtin-prompts", action=argparse.BooleanOptionalAction, default=None,
                    help="include the four built-in prompts (essay, technical, code, list); "
@@ -92,6 +93,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     fa.type = _fa_list
     fa.default = None
     fa.help = "flash attention: auto, on, off, or a list such as on,off (an axis; default auto)"
+    fa.metavar = "LIST"
+    for flag in ("--server-bin", "--server-args"):  # the matrix runs in-process only
+        p._option_string_actions[flag].help = argparse.SUPPRESS
     g = p.add_argument_group("output")
     g.add_argument("-o", "--out", "--json", dest="out", default="matrix.json",
                    help="JSON results, rewritten after every cell (default matrix.json)")
