@@ -357,3 +357,28 @@ def _tiny_png() -> bytes:
     raw = b"".join(b"\x00" + b"\xff\x00\x00" * 4 for _ in range(3))
     return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 4, 3, 8, 2, 0, 0, 0))
             + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+
+
+def test_markdown_renders_without_injected_html():
+    """Render the Markdown with a CommonMark parser (HTML allowed, as GitHub allows some) and parse the result."""
+    markdown_it = pytest.importorskip("markdown_it")
+    md = markdown_it.MarkdownIt("commonmark", {"html": True}).enable("table")
+    t = hostile_trace()
+    page = md.render(trace_markdown(t, {"margins": "report-margins.png", "acceptance": "report-acceptance.png"}))
+    c = Collect()
+    c.feed(page)
+    assert "script" not in c.tags and "b" not in c.tags  # token text never becomes markup
+    assert not [a for a in c.attrs if a[1].startswith("on")]
+    assert [i["src"] for i in c.imgs] == ["report-margins.png", "report-acceptance.png"]
+    text = "".join(c.text)
+    assert SCRIPT in text and "onerror=alert(2)" in text  # shown as text
+    # the fork block is one <pre>, holding both arms' lines with the planted fence inside
+    pres = re.findall(r"<pre><code[^>]*>(.*?)</code></pre>", page, re.S)
+    fork = [p for p in pres if p.startswith("vanilla")]
+    assert len(fork) == 1 and "```" in fork[0] and fork[0].count("\n") == 2
+    # every table row has as many cells as its header
+    for table in re.findall(r"<table>(.*?)</table>", page, re.S):
+        counts = {len(re.findall(r"<t[hd][ >]", row)) for row in re.findall(r"<tr>(.*?)</tr>", table, re.S)}
+        assert len(counts) == 1, counts
+    # the piece "|" shows as a plain |, not as "\|", in the table of facts
+    assert "\\|" not in text
