@@ -144,14 +144,15 @@ class FaultyBackend:
 register_backend("faulty-llama.cpp", FaultyBackend.make)
 
 
-def settings(threads: int = 0) -> EngineSettings:
+def settings(threads: int = 1) -> EngineSettings:
+    """Pinned threads: llama.cpp's thread split changes its rounding, so the facts below hold per thread count."""
     return EngineSettings(threads=threads)
 
 
 def test_planted_rollback_bug_is_a_state_verdict():
     """F16 is otherwise identical; keeping one rejected draft in the speculative arm's KV must read `state`."""
     f16 = str(demo.resolve("demo:F16").resolve())
-    cfg = RunConfig(target="demo:F16", draft="demo:Q4_0", prompt=ESSAY, max_tokens=128,
+    cfg = RunConfig(target="demo:F16", draft="demo:Q4_0", prompt=ESSAY, max_tokens=64,
                     backend="faulty-llama.cpp", engine=settings())
     session = Session()
     try:
@@ -245,7 +246,7 @@ def test_cli_prints_the_verdict_with_its_numbers(capsys, tmp_path):
     from specview.cli import main
 
     out_json = tmp_path / "t.json"
-    rc = main(["run", "-m", "demo:Q4_K_M", "-n", "64", "-q", "--json", str(out_json)])
+    rc = main(["run", "-m", "demo:Q4_K_M", "-n", "64", "-t", "1", "-q", "--json", str(out_json)])
     out = capsys.readouterr().out
     assert rc == 1
     assert "DIVERGED" in out
