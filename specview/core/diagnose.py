@@ -290,6 +290,7 @@ def _controls(session: Any, cfg: Any, trace: Trace, target: Any, n_ctx: int, opt
     zt = session.run(zcfg, cancel=cancel)
     check_cancel()
     record("zero-draft", desc, zt.speculative.tokens, t0)
+    out[-1]["n_drafted"] = zt.speculative.n_drafted
 
     check_cancel()
     if cfg.spec_type == "ngram-simple":
