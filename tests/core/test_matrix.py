@@ -342,6 +342,7 @@ def test_cli_ctrl_c_writes_the_finished_cells_and_exits_130(tmp_path: Path, monk
 
     monkeypatch.setattr(session_mod, "Session", lambda progress=None: Interrupting())
     out = tmp_path / "m.json"
+    before = signal.getsignal(signal.SIGINT)
     rc = cli.main(["matrix", "--targets", "demo:F16,demo:Q8_0", "--drafters", "demo:Q4_0,none", "--p-min", "0,1",
                    "-p", "Hi", "-n", "16", "--no-diagnose", "-o", str(out)])
     assert rc == 130
@@ -349,4 +350,4 @@ def test_cli_ctrl_c_writes_the_finished_cells_and_exits_130(tmp_path: Path, monk
     assert doc["status"] == "interrupted" and len(doc["cells"]) == 3 and doc["n_cells"] == 6
     captured = capsys.readouterr()
     assert "interrupted" in captured.err and "3 of 6 cells" in captured.out
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is restored
+    assert signal.getsignal(signal.SIGINT) is before  # the handler is restored
