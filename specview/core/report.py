@@ -190,11 +190,10 @@ def llama_commands(config: Mapping[str, Any], models: Mapping[str, Any], prompt:
         "python3 -c 'import json; a,b=(json.load(open(f))[\"tokens\"] for f in (\"vanilla.json\",\"speculative.json\")); " \
         "print(\"identical\" if a==b else next(f\"fork at token {i}\" for i,(x,y) in enumerate(zip(a+[None],b+[None])) if x!=y))'"
     text = prompt.get("text")
-    if text is not None and not prompt.get("raw_tokens"):
-        if prompt.get("chat", True):
-            base = ["llama-cli", "-m", target, "-p", text, "-st", "-n", str(n), *common, *sampling]
-        else:
-            base = ["llama-completion", "-m", target, "-p", text, "-no-cnv", "-n", str(n), *common, *sampling]
+    # llama-cli applies the chat template itself; a prompt without it (or raw ids) is only reproducible
+    # through the server request above (llama-completion, which skips the template, has no --spec-* flags)
+    if text is not None and not prompt.get("raw_tokens") and prompt.get("chat", True):
+        base = ["llama-cli", "-m", target, "-p", text, "-st", "-n", str(n), *common, *sampling]
         cmds["cli_vanilla"] = line(base)
         cmds["cli_speculative"] = line(base + spec)
     return cmds

@@ -278,7 +278,7 @@ def test_llama_commands_use_llama_cpp_flags_and_quote_paths():
 KNOWN_FLAGS = {  # llama.cpp common/arg.cpp (vendored in llama-cpp-python 0.3.36)
     "-m", "-md", "-ngld", "--spec-type", "--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min",
     "--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m", "--temp", "--top-k", "-n", "-c", "-b", "-ub",
-    "-fa", "-ngl", "-ctk", "-ctv", "-t", "-p", "-st", "-no-cnv", "-np", "--port", "--ignore-eos",
+    "-fa", "-ngl", "-ctk", "-ctv", "-t", "-p", "-st", "-np", "--port", "--ignore-eos",
 }
 
 
@@ -293,11 +293,11 @@ def test_every_flag_is_a_llama_cpp_flag(spec_type):
         assert flags <= KNOWN_FLAGS, flags - KNOWN_FLAGS
 
 
-def test_raw_token_prompt_gets_no_cli_command():
+def test_raw_token_and_template_free_prompts_get_no_cli_command():
     t = hostile_trace()
-    prompt = dict(t.prompt, text=None, raw_tokens=True)
-    cmds = llama_commands(t.config, t.models, prompt)
-    assert "cli_vanilla" not in cmds and '"prompt":[1,2,3,4]' in cmds["request"]
+    for prompt in (dict(t.prompt, text=None, raw_tokens=True), dict(t.prompt, chat=False)):
+        cmds = llama_commands(t.config, t.models, prompt)
+        assert "cli_vanilla" not in cmds and '"prompt":[1,2,3,4]' in cmds["request"]
 
 
 def test_written_report_has_real_plots(tmp_path: Path):
