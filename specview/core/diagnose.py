@@ -367,6 +367,8 @@ def diagnose(
         "fork": None,
         "vanilla_token": None,
         "speculative_token": None,
+        "vanilla_piece": None,
+        "speculative_piece": None,
         "gap": None,
         "envelope": None,
         "at_risk": None,
@@ -388,7 +390,8 @@ def diagnose(
                 "other went on; the arms agree on every token they share, so there is no fork to diagnose"
             )
         fork = fm.index
-        result.update(fork=fork, vanilla_token=fm.vanilla_token, speculative_token=fm.speculative_token)
+        result.update(fork=fork, vanilla_token=fm.vanilla_token, speculative_token=fm.speculative_token,
+                      vanilla_piece=fm.vanilla_piece, speculative_piece=fm.speculative_piece)
 
     need_replay = fork is not None or envelope_if_identical
     target = session.model(cfg.backend, cfg.target, cfg.engine)
@@ -616,8 +619,10 @@ def format_verdict(diag: dict[str, Any]) -> str:
     env = diag.get("envelope")
     if diag.get("fork") is not None and rp:
         si, sp = rp["single"], rp["speculative"]
-        lines.append(f"  fork at token {diag['fork']}: vanilla {diag['vanilla_token']}, "
-                     f"speculative {diag['speculative_token']}")
+        vp, sp_ = diag.get("vanilla_piece"), diag.get("speculative_piece")
+        lines.append(f"  fork at token {diag['fork']}: a = vanilla {diag['vanilla_token']}"
+                     f"{'' if vp is None else ' ' + repr(vp)}, b = speculative {diag['speculative_token']}"
+                     f"{'' if sp_ is None else ' ' + repr(sp_)}")
         lines.append(f"  gap (one token per pass)  logit(a) - logit(b) = {si['gap']:.4f}; ranks a {si['rank_a']}, "
                      f"b {si['rank_b']}; replay picks {si['token']} "
                      f"({'reproduces vanilla' if si['reproduced'] else 'does NOT reproduce vanilla'})")
