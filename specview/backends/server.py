@@ -776,17 +776,17 @@ def server_command_args(cfg: Any, *, target: str, draft: str | None, n_ctx: int,
               "-fa", eng.flash_attn, "-ctk", eng.kv_type, "-ctv", eng.kv_type, "-t", str(th), "-tb", str(th)]
     if "--cache-ram" in known_flags:
         common += ["--cache-ram", "0"]
-    if eng.gpu_layers >= 0:
-        common += ["-ngl", str(eng.gpu_layers)]
+    # specview's -1 means "all layers", as in the in-process engine (llama-server's own default is "auto";
+    # --server-args "-ngl auto" restores it, since later flags win)
+    ngl = str(eng.gpu_layers) if eng.gpu_layers >= 0 else "999"
+    common += ["-ngl", ngl]
     vanilla = [*common, *extra_both]
     spec = [*common, "--spec-type", cfg.spec_type]
     if cfg.spec_type != "none":
         spec += ["--spec-draft-n-max", str(cfg.n_max), "--spec-draft-n-min", str(cfg.n_min),
                  "--spec-draft-p-min", f"{cfg.p_min:g}"]
     if draft:
-        spec += ["-md", draft]
-        if eng.gpu_layers >= 0:
-            spec += ["-ngld", str(eng.gpu_layers)]
+        spec += ["-md", draft, "-ngld", ngl]
     if cfg.spec_type == "ngram-simple":
         spec += ["--spec-ngram-simple-size-n", str(cfg.ngram_size_n),
                  "--spec-ngram-simple-size-m", str(cfg.ngram_size_m)]
