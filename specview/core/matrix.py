@@ -871,6 +871,7 @@ def summarize(doc: dict[str, Any]) -> list[str]:
         lines.append("Every cell forks: no setting here keeps speculative decoding equal to plain greedy.")
     else:
         lines.extend(_determinants(ok))
+        lines.extend(_by_setting(ok))
         lines.extend(_flips(ok))
     if forks:
         first = min(forks, key=lambda c: c["first_mismatch"] if c["first_mismatch"] is not None else 1 << 30)
@@ -943,6 +944,39 @@ def _determinants(ok: Sequence[dict[str, Any]], axes: Sequence[str] = ("target",
             if sub:
                 names = _join([_value_phrase(a, [v]) for a, v in controls])
                 lines.append(f"Setting aside {names}: " + " ".join([_uncap(sub[0])] + sub[1:]))
+    return lines
+
+
+def _setting_label(params: dict[str, Any]) -> str:
+    p = CellParams.from_json(params)
+    d = model_label(p.drafter)
+    if p.n_max is not None:
+        d += f" n_max={p.n_max}"
+    if p.p_min is not None:
+        d += f" p_min={p.p_min:g}"
+    return f"{model_label(p.target)} with {d}" + (f" fa={p.flash_attn}" if p.flash_attn != "auto" else "")
+
+
+def _by_setting(ok: Sequence[dict[str, Any]]) -> list[str]:
+    """Across prompts: the settings that fork on every prompt, and those that fork on some."""
+    prompts = {c["params"].get("prompt") for c in ok}
+    if len(prompts) < 2:
+        return []
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for c in ok:
+        key = tuple(c["params"].get(a) for a in ("target", "drafter", "n_max", "p_min", "flash_attn"))
+        groups.setdefault(key, []).append(c)
+    every, some = [], []
+    for cs in groups.values():
+        n_fork = sum(not _outcome(c) for c in cs)
+        if n_fork and len(cs) >= 2:
+            label = f"{_setting_label(cs[0]['params'])} ({n_fork} of {len(cs)})"
+            (every if n_fork == len(cs) else some).append(label)
+    lines = []
+    if every:
+        lines.append("Forks on every prompt: " + "; ".join(every) + ".")
+    if some:
+        lines.append("Forks on some prompts: " + "; ".join(some) + ".")
     return lines
 
 

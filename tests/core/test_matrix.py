@@ -271,6 +271,10 @@ def test_summary_names_what_flips_the_outcome(tmp_path: Path):
     assert "Setting aside" in text and "all Q8_0 and Q4_K_M cells fork" in text
     assert "Changing only the n_max or prompt never does." in text  # n_max 1 and 4 fork alike here
     assert "flash attention" not in text  # one value: not an axis of this matrix
+    # the rule ignores the prompt: every forking setting forks on both prompts, none on only some
+    assert "Forks on every prompt: Q8_0 with Q4_0 n_max=1 p_min=0 (2 of 2);" in text
+    assert "Q4_K_M with ngram-simple (2 of 2)" in text and "F16 with" not in text
+    assert "Forks on some prompts" not in text
 
 
 def test_summary_does_not_claim_what_the_cells_contradict(tmp_path: Path, monkeypatch):
