@@ -627,10 +627,15 @@ def arm_from_response(name: str, resp: dict[str, Any], *, prompt_len: int, piece
         tokens = [int(p["id"]) for p in probs if isinstance(p, dict) and "id" in p]
     tokens = [int(t) for t in tokens]
     arm = ArmResult(name=name)
+    # llama-server leaves a token out of completion_probabilities while its text is an incomplete UTF-8
+    # sequence (a byte token of a multi-byte character), so the entries are a subsequence of the tokens:
+    # walk both, and a token without its entry gets no top-k rather than its neighbour's
+    p = 0
     for i, tok in enumerate(tokens):
-        entry = probs[i] if i < len(probs) else None
-        if isinstance(entry, dict) and "id" in entry and int(entry["id"]) != tok:
-            entry = None  # misaligned (should not happen): do not attach another token's numbers
+        entry = None
+        if p < len(probs) and isinstance(probs[p], dict) and int(probs[p].get("id", -1)) == tok:
+            entry = probs[p]
+            p += 1
         ids, vals = _top_from_entry(entry)
         margin = (vals[0] - vals[1]) if len(vals) >= 2 else None
         arm.steps.append(Step(index=i, token=tok, piece=piece(tok), pos=prompt_len + i, top_ids=ids,
@@ -1149,33 +1154,43 @@ def diagnose_server(
         max_delta = 0.0
         single = None
         not_one: list[int] = []
+        no_topk: list[int] = []
         for j in range(i + 1):
             if cancel():
                 raise Cancelled("cancelled during the replay")
             resp = srv.post("/completion", completion_body(prompt + shared[:j], 1, n_probs=top_k, cache_prompt=True),
                             cancel=cancel)
             ids, vals = _row(resp)
+            picked = _picked(resp, ids)
             if j > 0 and (resp.get("timings") or {}).get("prompt_n") not in (None, 1):
                 not_one.append(j)
             rec = v.steps[j]
+            d = _row_delta(ids, vals, rec.top_ids, rec.top_logits) if ids else None
             if not ids:
-                return _inconclusive(trace, f"the replay got no top-k from llama-server at token {j}", base)
-            d = _row_delta(ids, vals, rec.top_ids, rec.top_logits)
-            if ids[0] != rec.token or d is None or d > LOGPROB_TOL:
+                no_topk.append(j)
+            if picked != rec.token or (d is not None and d > LOGPROB_TOL) or (ids and rec.top_ids and d is None):
                 if deviation is None:
                     deviation = j
             if d is not None:
                 max_delta = max(max_delta, d)
             if j == i:
                 g, lb = _gap(ids, vals, a, b)
-                single = {"token": ids[0], "gap": g, "gap_is_lower_bound": lb, "rank_a": _rank(ids, a),
+                single = {"token": picked, "gap": g, "gap_is_lower_bound": lb, "rank_a": _rank(ids, a),
                           "rank_b": _rank(ids, b), "top_ids": ids, "top_logprobs": [round(x, 5) for x in vals]}
+        assert single is not None
         single.update(reproduced=deviation is None, first_deviation=deviation, max_recorded_delta=round(max_delta, 6),
-                      requests=i + 1, not_one_token=not_one, seconds=round(time.perf_counter() - t0, 3))
+                      requests=i + 1, not_one_token=not_one, no_topk=no_topk,
+                      seconds=round(time.perf_counter() - t0, 3))
         if not_one:
             base["not_measured"].append(f"{len(not_one)} single-token replay requests evaluated other than one "
                                         f"token (first at token {not_one[0]}): the server re-used its cache "
                                         "differently")
+        if no_topk:
+            base["not_measured"].append(
+                f"top-k at {len(no_topk)} of the {i + 1} replayed positions (first at token {no_topk[0]}"
+                f"{', including the fork' if i in no_topk else ''}): llama-server reports none for a token whose "
+                "text is an incomplete UTF-8 sequence (a byte of a multi-byte character); only the tokens were "
+                "compared there")
         # -- batched replays at the fork: the last T prefix tokens in one pass
         n_max = int(trace.config.get("n_max") or 3)
         shapes = list(batch_shapes) if batch_shapes is not None else list(range(2, max(2, n_max + 1) + 1))
@@ -1193,7 +1208,7 @@ def diagnose_server(
             ids, vals = _row(resp)
             g, lb = _gap(ids, vals, a, b)
             tm = resp.get("timings") or {}
-            batched.append({"T": T, "evaluated": tm.get("prompt_n"), "token": ids[0] if ids else None, "gap": g,
+            batched.append({"T": T, "evaluated": tm.get("prompt_n"), "token": _picked(resp, ids), "gap": g,
                             "gap_is_lower_bound": lb, "rank_a": _rank(ids, a), "rank_b": _rank(ids, b),
                             "top_ids": ids, "top_logprobs": [round(x, 5) for x in vals]})
         # -- chunked replays: the whole shared prefix written to the KV cache T tokens per pass, as a
@@ -1220,7 +1235,7 @@ def diagnose_server(
                         series.append({"index": m, "T": T, "max": round(sh, 5)})
             g, lb = _gap(ids, vals, a, b)
             chunked.append({"T": T, "passes": len(evaluated), "evaluated": evaluated,
-                            "token": ids[0] if ids else None, "gap": g, "gap_is_lower_bound": lb,
+                            "token": _picked(resp, ids), "gap": g, "gap_is_lower_bound": lb,
                             "rank_a": _rank(ids, a), "rank_b": _rank(ids, b), "top_ids": ids,
                             "top_logprobs": [round(x, 5) for x in vals]})
     finally:
@@ -1258,7 +1273,9 @@ def diagnose_server(
         verdict, rule = "nondeterministic", "vanilla-replay-disagrees"
     elif gap is None:
         verdict, rule = "inconclusive", "gap-not-measured"
-        base["not_measured"].append("the gap at the fork: the vanilla token is not in the replay's top-k")
+        base["not_measured"].append("the gap at the fork: " + (
+            "llama-server reported no top-k there" if not single["top_ids"]
+            else "the vanilla token is not in the replay's top-k"))
     elif flips:
         verdict, rule = "near-tie", "batched-replay-flips"
     elif single["gap_is_lower_bound"] or gap > far:
@@ -1269,6 +1286,12 @@ def diagnose_server(
     base["explanation"] = _explain_server(base, trace)
     base["seconds"] = round(time.perf_counter() - t_start, 3)
     return base
+
+
+def _picked(resp: dict[str, Any], ids: list[int]) -> int | None:
+    """The token a one-token request generated (reported even when its top-k is not)."""
+    toks = resp.get("tokens") or []
+    return int(toks[0]) if toks else (ids[0] if ids else None)
 
 
 def _other_token(tok: int) -> int:
@@ -1328,7 +1351,7 @@ def _explain_server(d: dict[str, Any], trace: Any) -> str:
                 f"speculative path's shapes) it picks {b}. The batch shapes alone flip this near-tie: expected on "
                 f"quantized targets, not a bug in the speculative loop." + tail)
     env = d["envelope"]["max"]
-    env_txt = "n/a" if env is None else f"{env:.4f}"
+    env_txt = "not measured" if env is None else f"{env:.4f}"
     if verdict == "near-tie":
         where = ("within that, so" if rule == "gap-within-envelope"
                  else f"beyond that but under the far threshold {d['thresholds']['far']:.3f}, so")

@@ -351,3 +351,26 @@ def test_ctrl_c_stops_the_servers_and_exits_130(server_bin, prompt_tokens):
             p.kill()
             p.wait()
     assert len(pids) == 2 and all(_pid_gone(x) for x in pids)
+
+
+def test_tokens_inside_a_multi_byte_character_get_no_top_k_but_keep_their_place(server_bin):
+    # llama-server reports no top-k for a token whose text is an incomplete UTF-8 sequence; the others
+    # must still line up with their own tokens (their margins equal the in-process engine's)
+    c = RunConfig(target="demo:Q8_0", draft=None, spec_type="ngram-simple", max_tokens=24,
+                  prompt="Translate 'good morning' into Chinese characters and Russian.",
+                  engine=EngineSettings(threads=1, n_ctx=256), backend="llama-server")
+    t = srv.run_server_trace(c, server_bin=server_bin, diagnose=False)
+    s = Session()
+    try:
+        local = s.run(RunConfig(target="demo:Q8_0", draft=None, spec_type="none", max_tokens=24,
+                                prompt_tokens=tuple(t.prompt["tokens"]), engine=c.engine)).vanilla
+    finally:
+        s.close()
+    assert t.vanilla.tokens == local.tokens
+    missing = [st.index for st in t.vanilla.steps if not st.top_ids]
+    assert missing and len(missing) < len(t.vanilla.steps)
+    for a, b in zip(t.vanilla.steps, local.steps):
+        if a.top_ids:
+            assert a.top_ids[0] == a.token and abs(a.margin - b.margin) < 1e-3
+        else:
+            assert a.margin is None

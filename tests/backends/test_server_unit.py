@@ -201,3 +201,14 @@ def test_a_spec_type_the_binary_does_not_offer_is_refused_with_the_ones_it_does(
     with pytest.raises(SpecviewError, match="draft-mtp is not offered by this llama-server; it offers none, "
                                             "draft-simple, ngram-simple"):
         srv.run_server_trace(cfg, server_bin=fake)
+
+
+def test_a_token_left_out_of_the_probabilities_gets_none_and_its_neighbours_keep_theirs():
+    # llama-server omits the entry of a token whose text is an incomplete UTF-8 sequence
+    resp = {"tokens": [10, 200, 201, 11], "stop_type": "limit",
+            "completion_probabilities": [_entry(10, [(10, -0.1), (3, -1.1)]), _entry(201, [(201, -0.2), (4, -0.7)]),
+                                         _entry(11, [(11, -0.3), (5, -3.3)])]}
+    arm = srv.arm_from_response("vanilla", resp, prompt_len=0, piece=str)
+    assert [s.top_ids[:1] for s in arm.steps] == [[10], [], [201], [11]]
+    assert arm.steps[1].margin is None
+    assert [round(s.margin, 3) for s in arm.steps if s.margin is not None] == [1.0, 0.5, 3.0]
