@@ -895,6 +895,7 @@ def run_server_trace(
                 "top_logits": TOP_LOGITS_MEANING,
                 "not_reported": ["per-round data (rounds, from_draft, batch_size, batch_index)",
                                  "top-k of tokens emitted by the speculative verify step",
+                                 "top-k of tokens whose text is an incomplete UTF-8 sequence",
                                  "time inside forward passes (eval_ms)"],
                 "request": {k: v for k, v in completion_body([], cfg.max_tokens, n_probs=max(cfg.top_k, 2),
                                                              ignore_eos=cfg.ignore_eos).items() if k != "prompt"},
