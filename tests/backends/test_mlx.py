@@ -156,6 +156,29 @@ def test_bad_folders_give_specific_errors(tmp_path):
         MLXModel(tmp_path / "weird")
 
 
+def test_hugging_face_ids_resolve_through_mlx_lm_and_fail_clearly_offline(models, monkeypatch):
+    import mlx_lm.utils
+
+    be = MLXBackend()
+    seen = []
+
+    def fake_download(repo, *a, **kw):  # stands in for snapshot_download: no network in tests
+        seen.append(repo)
+        return models["target"]
+
+    monkeypatch.setattr(mlx_lm.utils, "_download", fake_download)
+    msgs = []
+    assert be.resolve("mlx-community/tiny-fp32", progress=msgs.append) == str(models["target"].resolve())
+    assert seen == ["mlx-community/tiny-fp32"] and "Hugging Face" in msgs[0]
+
+    def offline(repo, *a, **kw):
+        raise OSError("We couldn't connect to 'https://huggingface.co'")
+
+    monkeypatch.setattr(mlx_lm.utils, "_download", offline)
+    with pytest.raises(ModelFileError, match="fetching it from Hugging Face failed.*connect"):
+        be.resolve("mlx-community/not-cached-4bit")
+
+
 # -- the engine --------------------------------------------------------------------------------
 def test_eval_rows_and_truncate_rolls_back(target, prompt):
     a, b = [17, 42, 99], [5, 6, 7, 8]
