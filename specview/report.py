@@ -209,6 +209,22 @@ def read_input(path: str | os.PathLike[str]) -> tuple[str, Any]:
                         f"schema is {schema!r}")
 
 
+def _earliest_fork_trace(doc: dict, source: Path | None) -> Trace | None:
+    """The saved trace of the matrix's earliest fork (``--traces``), or None when there is none to read."""
+    from .core.report import earliest_fork
+
+    cell = earliest_fork(doc)
+    if cell is None or not cell.get("trace"):
+        return None
+    p = Path(cell["trace"])
+    if not p.is_absolute() and source is not None:
+        p = source.parent / p
+    try:
+        return Trace.load(p)
+    except SpecviewError:
+        return None
+
+
 def write_report(src: str | os.PathLike[str] | Trace | dict, out_dir: str | os.PathLike[str], *,
                  name: str = "report") -> dict[str, Path]:
     """Write ``report.html``, ``report.md`` and the PNGs the Markdown links to into ``out_dir``."""
@@ -240,8 +256,9 @@ def write_report(src: str | os.PathLike[str] | Trace | dict, out_dir: str | os.P
         html_text = R.trace_html(obj, plots)
         md_text = R.trace_markdown(obj, files)
     else:
-        html_text = R.matrix_html(obj)
-        md_text = R.matrix_markdown(obj)
+        fork_trace = _earliest_fork_trace(obj, None if isinstance(src, dict) else Path(src))
+        html_text = R.matrix_html(obj, fork_trace)
+        md_text = R.matrix_markdown(obj, fork_trace)
     written["html"] = write_atomic(out / f"{name}.html", html_text)
     written["markdown"] = write_atomic(out / f"{name}.md", md_text)
     return written

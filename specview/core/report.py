@@ -608,7 +608,35 @@ def _cell_detail(cell: dict[str, Any]) -> str:
     return " · ".join(bits)
 
 
-def matrix_html(doc: dict[str, Any]) -> str:
+def earliest_fork(doc: dict[str, Any]) -> dict[str, Any] | None:
+    forks = [c for c in doc.get("cells", []) if c.get("status") == "ok" and not c.get("identical")
+             and c.get("first_mismatch") is not None]
+    return min(forks, key=lambda c: c["first_mismatch"]) if forks else None
+
+
+def _repro_html(trace: Any, cell: dict[str, Any]) -> str:
+    from .matrix import CellParams, describe
+
+    cmds = llama_commands(trace.config, trace.models, trace.prompt)
+    return (f"<h2>Reproduce the earliest fork</h2><p class=note>{esc(describe(CellParams.from_json(cell['params'])))}: "
+            f"token {esc(cell['first_mismatch'])}, from its saved trace {esc(cell.get('trace'))} "
+            "(<code>specview report</code> on that file gives its full report).</p>"
+            f"<pre>{esc(cmds['server_vanilla'])}\n\n{esc(cmds['server_speculative'])}</pre>"
+            f"<pre>{esc(cmds['request'])}</pre>")
+
+
+def _repro_md(trace: Any, cell: dict[str, Any]) -> str:
+    from .matrix import CellParams, describe
+
+    cmds = llama_commands(trace.config, trace.models, trace.prompt)
+    return ("### Reproduce the earliest fork\n\n"
+            f"{md_text(describe(CellParams.from_json(cell['params'])))}: token {cell['first_mismatch']}, from its saved "
+            f"trace {md_code(cell.get('trace'))} (`specview report` on that file gives its full report).\n\n"
+            + md_fence(cmds["server_vanilla"] + "\n\n" + cmds["server_speculative"], "sh") + "\n"
+            + md_fence(cmds["request"], "sh"))
+
+
+def matrix_html(doc: dict[str, Any], fork_trace: Any = None) -> str:
     from .matrix import describe, grid, summarize, CellParams
 
     g = grid(doc)
@@ -654,6 +682,9 @@ def matrix_html(doc: dict[str, Any]) -> str:
     if errs:
         parts.append("<h2>Failed cells</h2><ul>" + "".join(
             f"<li>{esc(describe(CellParams.from_json(c['params'])))}: {esc(c.get('error'))}</li>" for c in errs) + "</ul>")
+    cell = earliest_fork(doc)
+    if fork_trace is not None and cell is not None:
+        parts.append(_repro_html(fork_trace, cell))
     parts.append("<h2>Axes</h2>")
     parts.append(_kv_html(_spec_rows(spec)))
     ctr = doc.get("counters") or {}
@@ -686,7 +717,7 @@ def _spec_rows(spec: Mapping[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
-def matrix_markdown(doc: dict[str, Any]) -> str:
+def matrix_markdown(doc: dict[str, Any], fork_trace: Any = None) -> str:
     from .matrix import CellParams, describe, grid, summarize
 
     g = grid(doc)
@@ -715,6 +746,9 @@ def matrix_markdown(doc: dict[str, Any]) -> str:
                        f"{md_code(_quoted(f.get('speculative_piece')), table=True)} | "
                        f"{md_text(_cell_short(c).split(' · ')[-1])} | {md_text(_fmt(c.get('gap')))} |")
         out.append("")
+    cell = earliest_fork(doc)
+    if fork_trace is not None and cell is not None:
+        out.append(_repro_md(fork_trace, cell))
     out.append("<details><summary>Axes and environment</summary>\n")
     out.append(_kv_md(_spec_rows(doc.get("spec", {})), ("axis", "values")))
     out.append(_kv_md(environment_facts(doc.get("environment") or {}), ("environment", "")))

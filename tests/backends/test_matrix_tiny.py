@@ -64,8 +64,11 @@ def test_matrix_command_on_tiny_models(models, tmp_path: Path, capsys):
 
     rep = tmp_path / "rep"
     assert cli.main(["report", str(out), "-o", str(rep)]) == 0
-    check_html((rep / "report.html").read_text(encoding="utf-8"), bold=0)
+    page = (rep / "report.html").read_text(encoding="utf-8")
+    check_html(page, bold=0)
     check_markdown((rep / "report.md").read_text(encoding="utf-8"))
+    # with saved traces, the earliest fork comes with the llama.cpp commands that reproduce it
+    assert ("Reproduce the earliest fork" in page) == (rc == 1)
 
     trace_file = tmp_path / "traces" / Path(doc["cells"][0]["trace"]).name
     assert cli.main(["report", str(trace_file), "-o", str(tmp_path / "trep")]) == 0

@@ -348,6 +348,20 @@ def test_matrix_report_escapes_cell_text(tmp_path: Path):
     (tmp_path / "m.json").write_text(json.dumps(doc))
     assert cli.main(["report", str(tmp_path / "m.json"), "-o", str(tmp_path / "mr")]) == 0
     check_html((tmp_path / "mr" / "report.html").read_text(encoding="utf-8"), bold=0)
+    assert "Reproduce the earliest fork" not in page  # no trace saved for it
+
+    # with the earliest fork's trace saved beside the matrix, its llama.cpp commands are included
+    first = min((c for c in doc["cells"] if not c["identical"]), key=lambda c: c["first_mismatch"])
+    hostile_trace().save(tmp_path / "fork.json")
+    first["trace"] = "fork.json"
+    (tmp_path / "m.json").write_text(json.dumps(doc))
+    assert cli.main(["report", str(tmp_path / "m.json"), "-o", str(tmp_path / "mr2")]) == 0
+    page = (tmp_path / "mr2" / "report.html").read_text(encoding="utf-8")
+    check_html(page, bold=0)
+    assert "Reproduce the earliest fork" in page and "--spec-draft-n-max" in page
+    md = (tmp_path / "mr2" / "report.md").read_text(encoding="utf-8")
+    check_markdown(md)
+    assert "### Reproduce the earliest fork" in md
 
 
 def _tiny_png() -> bytes:
