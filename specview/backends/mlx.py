@@ -76,6 +76,8 @@ __all__ = [
     "MLXLoaded",
     "MLXModel",
     "MLXVariant",
+    "MLXDerivable",
+    "derivable_variants",
     "derive_quantized",
     "list_variants",
     "folder_quantization",
@@ -1081,6 +1083,28 @@ def list_variants(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[
             if meta.get("source") in sources and _shape(ccfg) == shape:
                 found[cand.resolve()] = _variant(cand.resolve(), ccfg, derived=True)
     return sorted(found.values(), key=lambda v: v.sort_key)
+
+
+@dataclasses.dataclass(frozen=True)
+class MLXDerivable:
+    """A precision the user does not have yet, and the folder :func:`derive_quantized` would make it from."""
+
+    label: str
+    bits: int
+    group_size: int
+    source: Path
+
+
+def derivable_variants(path: str | os.PathLike[str], *, bits: Sequence[int] = (8, 4), group_size: int = 64,
+                       cache_dir: str | os.PathLike[str] | None = None) -> list[MLXDerivable]:
+    """The ``bits`` precisions missing from :func:`list_variants`, to derive from its highest-precision
+    unquantized folder; empty when the user has no unquantized folder of this model."""
+    variants = list_variants(path, cache_dir=cache_dir)
+    sources = [v for v in variants if v.bits is None]
+    if not sources:
+        return []
+    have = {v.bits for v in variants}
+    return [MLXDerivable(f"{b}bit", int(b), group_size, sources[0].path) for b in bits if b not in have]
 
 
 _derive_lock = threading.Lock()

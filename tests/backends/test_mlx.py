@@ -23,8 +23,10 @@ from mlx_lm.utils import load as mlx_load  # noqa: E402
 
 from specview.backends.mlx import (  # noqa: E402
     MLXBackend,
+    MLXDerivable,
     MLXEngine,
     MLXModel,
+    derivable_variants,
     derive_quantized,
     list_variants,
     write_random_model,
@@ -493,6 +495,10 @@ def test_variants_and_derived_copies(models, tmp_path):
     assert models["other"].resolve() not in [v.path for v in vs]  # same shapes, another model
     # listing from the sibling finds the same set
     assert [v.path for v in list_variants(sibling, cache_dir=cache)] == [v.path for v in vs]
+    # what is missing, and where it would come from
+    assert derivable_variants(target, bits=(8, 6, 4), cache_dir=cache) == [MLXDerivable("6bit", 6, 64, target.resolve())]
+    assert derivable_variants(sibling, bits=(6,), cache_dir=cache)[0].source == target.resolve()
+    assert derivable_variants(models["draft"], cache_dir=tmp_path / "empty") == []  # no unquantized folder
 
 
 def test_variants_in_a_hugging_face_cache(models, tmp_path):
