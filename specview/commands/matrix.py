@@ -100,6 +100,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     g.add_argument("-o", "--out", "--json", dest="out", default="matrix.json",
                    help="JSON results, rewritten after every cell (default matrix.json)")
     g.add_argument("--traces", metavar="DIR", default=None, help="also save every cell's full trace in DIR")
+    g.add_argument("--resume", action="store_true",
+                   help="keep the finished cells of an interrupted run in -o (same definition) and run the rest")
     g.add_argument("--diagnose", action=argparse.BooleanOptionalAction, default=None,
                    help="diagnose every fork: near-tie, state bug or nondeterminism (default on)")
     g.add_argument("--dry-run", action="store_true", help="list the cells and exit")
@@ -186,8 +188,15 @@ def main(args: argparse.Namespace) -> int:
     if not out.parent.is_dir() and str(out.parent):
         raise SpecviewError(f"-o {out}: the folder {out.parent} does not exist")
 
-    from ..core.matrix import run_matrix
+    from ..core.matrix import load_matrix, run_matrix
     from ..core.session import Session
+
+    resume = None
+    if args.resume:
+        if out.exists():
+            resume = load_matrix(out)
+        else:
+            progress(f"--resume: {out} does not exist yet; running every cell")
 
     stop = {"asked": False}
 
@@ -203,7 +212,7 @@ def main(args: argparse.Namespace) -> int:
     progress(f"{len(cells)} cells, {spec.max_tokens} tokens per arm; results stream to {out}")
     try:
         run = run_matrix(spec, session, out=out, traces_dir=args.traces, progress=progress,
-                         cancel=lambda: stop["asked"])
+                         cancel=lambda: stop["asked"], resume=resume)
     finally:
         session.close()
         if old is not None:

@@ -593,18 +593,33 @@ def run_matrix(
     progress: Callable[[str], None] | None = None,
     on_cell: Callable[[dict[str, Any]], None] | None = None,
     cancel: Callable[[], bool] | None = None,
+    resume: dict[str, Any] | None = None,
 ) -> MatrixRun:
     """Run every cell of ``spec`` on ``session``; stream results to ``out``; return the finished run.
 
     ``cancel`` is checked between cells and inside each run; a cell cut short is
     not recorded.  KeyboardInterrupt is caught the same way: the finished cells
     are written with ``status = "interrupted"`` and the run is returned.
+    ``resume`` is an earlier (interrupted) matrix document of the same spec: its
+    finished cells are kept and only the others run.
     """
     spec.validate()
     say = progress or (lambda msg: None)
     cancel = cancel or (lambda: False)
     cells = expand(spec)
     run = MatrixRun(spec=spec, cells=cells, out=Path(out) if out is not None else None)
+    done_before: set[int] = set()
+    if resume is not None:
+        validate_matrix(resume, source="--resume")
+        if _comparable_spec(resume["spec"]) != _comparable_spec(_finite(spec.to_json())):
+            raise MatrixError("cannot resume: the matrix file was made with other axes or settings; "
+                              "give the same definition, or write to another file")
+        run.records = [r for r in resume["cells"] if r.get("status") == "ok"
+                       and 0 <= int(r.get("index", -1)) < len(cells)
+                       and r["params"] == cells[int(r["index"])].to_json()]
+        done_before = {int(r["index"]) for r in run.records}
+        if done_before:
+            say(f"resuming: {len(done_before)} of {len(cells)} cells already done")
     tdir = Path(traces_dir) if traces_dir is not None else None
     if tdir is not None:
         tdir.mkdir(parents=True, exist_ok=True)
@@ -618,8 +633,12 @@ def run_matrix(
     run.counters = counters()
     run.write()
     t_start = time.perf_counter()
+    n_run = 0
+    todo = len(cells) - len(done_before)
     try:
         for i, params in enumerate(cells):
+            if i in done_before:
+                continue
             if cancel():
                 run.status = "interrupted"
                 break
@@ -650,13 +669,15 @@ def run_matrix(
                 rec = error_record(i, params, str(exc), time.perf_counter() - t0,
                                    cfg.to_dict() if cfg is not None else None)
             run.records.append(rec)
+            run.records.sort(key=lambda r: r["index"])
             run.counters = counters()
             run.write()
             if on_cell is not None:
                 on_cell(rec)
+            n_run += 1
             done = len(run.records)
             elapsed = time.perf_counter() - t_start
-            eta = elapsed / done * (len(cells) - done)
+            eta = elapsed / n_run * (todo - n_run)
             outcome = "error: " + rec["error"] if rec["status"] == "error" else (
                 "identical" if rec["identical"] else f"fork at token {rec['first_mismatch']} ({verdict_label(rec)})")
             say(f"[{done}/{len(cells)}] {describe(params)}: {outcome} "
@@ -668,6 +689,13 @@ def run_matrix(
     run.counters = counters()
     run.write()
     return run
+
+
+def _comparable_spec(d: dict[str, Any]) -> dict[str, Any]:
+    """A spec as JSON, without what may change between a run and its resumption."""
+    d = json.loads(json.dumps(d))
+    d.pop("diagnose", None)
+    return d
 
 
 def _relative(p: Path, out: Path | None) -> str:

@@ -64,6 +64,9 @@ class FakeSession:
         self._vanilla: set = set()
         self._loaded: set = set()
 
+    def close(self):
+        pass
+
     def run(self, cfg, *, cancel=None, on_event=None):
         if self.interrupt_at is not None and len(self.calls) == self.interrupt_at:
             raise KeyboardInterrupt
@@ -355,3 +358,35 @@ def test_cli_ctrl_c_writes_the_finished_cells_and_exits_130(tmp_path: Path, monk
     captured = capsys.readouterr()
     assert "interrupted" in captured.err and "3 of 6 cells" in captured.out
     assert signal.getsignal(signal.SIGINT) is before  # the handler is restored
+
+
+def test_resume_runs_only_the_missing_cells(tmp_path: Path):
+    out = tmp_path / "m.json"
+    run_matrix(spec(), FakeSession(interrupt_at=5), out=out)
+    first = load_matrix(out)
+    fake = FakeSession()
+    run = run_matrix(spec(), fake, out=out, resume=first)
+    assert len(fake.calls) == 31  # 36 planned, 5 kept
+    doc = load_matrix(out)
+    assert doc["status"] == "complete" and [c["index"] for c in doc["cells"]] == list(range(36))
+    assert doc["cells"][:5] == first["cells"]
+    with pytest.raises(MatrixError, match="cannot resume"):
+        run_matrix(spec(max_tokens=64), FakeSession(), out=tmp_path / "other.json", resume=first)
+
+
+def test_cli_resume(tmp_path: Path, monkeypatch, capsys):
+    import specview.core.session as session_mod
+
+    out = tmp_path / "m.json"
+    argv = ["matrix", "--targets", "demo:F16,demo:Q8_0", "--drafters", "demo:Q4_0,none", "-p", "Hi", "-n", "16",
+            "--no-diagnose", "-o", str(out)]
+    monkeypatch.setattr(session_mod, "Session", lambda progress=None: FakeSession(interrupt_at=2))
+    assert cli.main(argv) == 130
+    assert len(load_matrix(out)["cells"]) == 2
+    fakes = []
+    monkeypatch.setattr(session_mod, "Session", lambda progress=None: fakes.append(FakeSession()) or fakes[-1])
+    assert cli.main(argv + ["--resume"]) == 1
+    assert len(fakes[0].calls) == 6 - 2  # per target: Q4_0 at p_min 0 and 1, none; two were done
+    doc = load_matrix(out)
+    assert doc["status"] == "complete" and [c["index"] for c in doc["cells"]] == list(range(6))
+    assert "resuming: 2 of 6 cells already done" in capsys.readouterr().err
