@@ -1210,7 +1210,6 @@ def write_random_model(
     output-layer cost in benchmarks.
     """
     mx = _mx()
-    import mlx.nn as nn  # noqa: F401
     from mlx.utils import tree_map
     from mlx_lm.models.llama import Model, ModelArgs
     from mlx_lm.utils import save_config, save_model
