@@ -38,10 +38,11 @@ def _app():
 
 
 def _png(widget) -> bytes:
-    from PySide6.QtCore import QBuffer, QByteArray, QIODevice
+    from PySide6.QtCore import QBuffer, QByteArray, QIODevice, Qt
 
+    widget.setAttribute(Qt.WidgetAttribute.WA_DontShowOnScreen)  # laid out and painted, never on screen
     widget.resize(*PLOT_SIZE)
-    widget.show()  # offscreen: lays the widget out without showing anything
+    widget.show()
     _app().processEvents()
     pix = widget.grab()
     widget.close()
@@ -227,7 +228,11 @@ def _earliest_fork_trace(doc: dict, source: Path | None) -> Trace | None:
 
 def write_report(src: str | os.PathLike[str] | Trace | dict, out_dir: str | os.PathLike[str], *,
                  name: str = "report") -> dict[str, Path]:
-    """Write ``report.html``, ``report.md`` and the PNGs the Markdown links to into ``out_dir``."""
+    """Write ``report.html``, ``report.md`` and the PNGs the Markdown links to into ``out_dir``.
+
+    In the app, call it on the GUI thread (the plots are Qt widgets); elsewhere it makes its own
+    offscreen QApplication.
+    """
     from .core import report as R
 
     if isinstance(src, Trace):
