@@ -18,8 +18,14 @@ from specview.core.engine import BackendUnavailable
 
 @pytest.fixture
 def fresh_mlx_module(monkeypatch):
-    """specview.backends.mlx imported anew, so no state from earlier imports helps it."""
+    """specview.backends.mlx imported anew, so no state from earlier imports helps it.
+
+    Both the sys.modules entry and the package attribute are put back afterwards,
+    so later tests see the module (and the classes) they imported."""
+    import specview.backends as pkg
+
     monkeypatch.delitem(sys.modules, "specview.backends.mlx", raising=False)
+    monkeypatch.setattr(pkg, "mlx", getattr(pkg, "mlx", None), raising=False)
     return lambda: importlib.import_module("specview.backends.mlx")
 
 
