@@ -175,7 +175,8 @@ class MarginPlot(pg.PlotWidget):
         pi.showGrid(x=False, y=True, alpha=0.25)
         pi.setClipToView(True)
         pi.setDownsampling(auto=True, mode="peak")
-        self.legend = pi.addLegend(offset=(-8, 6), labelTextSize="8pt")
+        pi.getViewBox().enableAutoRange(axis="y", enable=False)  # y is set with headroom for the legend
+        self.legend = pi.addLegend(offset=(-8, 4), labelTextSize="8pt", colCount=2)
         self.envelope_base = pg.PlotDataItem()
         self.envelope = pg.PlotDataItem(name="replay envelope")
         self.envelope_fill = pg.FillBetweenItem(self.envelope_base, self.envelope)
@@ -190,7 +191,7 @@ class MarginPlot(pg.PlotWidget):
         self.at_risk = pg.ScatterPlotItem(name="at risk", symbol="x", size=9)
         pi.addItem(self.at_risk)
         self.fork_line = pg.InfiniteLine(angle=90, movable=False, label="fork",
-                                         labelOpts={"position": 0.92, "anchors": [(0, 0), (0, 0)]})
+                                         labelOpts={"position": 0.55, "anchors": [(0, 0), (0, 0)]})
         self.fork_line.setVisible(False)
         pi.addItem(self.fork_line, ignoreBounds=True)
         self.select_line = pg.InfiniteLine(angle=90, movable=False)
@@ -217,6 +218,9 @@ class MarginPlot(pg.PlotWidget):
         self.at_risk.setBrush(pg.mkBrush(MISMATCH_HUE))
         self.fork_line.setPen(pg.mkPen(MISMATCH_HUE, width=2, style=Qt.PenStyle.DashLine))
         self.fork_line.label.setColor(MISMATCH_HUE.lighter(130) if dark else MISMATCH_HUE.darker(120))
+        fill = QColor(base)
+        fill.setAlpha(225)
+        self.fork_line.label.fill = pg.mkBrush(fill)  # readable over the curves
         self.select_line.setPen(pg.mkPen(palette.color(QPalette.ColorRole.Highlight), width=2))
         for ln in self.gap_lines:
             ln.setPen(pg.mkPen(ENVELOPE_HUE, width=1, style=Qt.PenStyle.DotLine))
@@ -234,15 +238,19 @@ class MarginPlot(pg.PlotWidget):
         return np.fromiter((_finite(s.margin) for s in steps), float, len(steps))
 
     def set_steps(self, vanilla: Sequence[Step], speculative: Sequence[Step]) -> None:
-        self.n_vanilla, self.n_speculative = len(vanilla), len(speculative)
-        self.vanilla.setData(np.arange(len(vanilla), dtype=float), self.margins(vanilla))
-        self.speculative.setData(np.arange(len(speculative), dtype=float), self.margins(speculative))
+        self.set_arrays(self.margins(vanilla), self.margins(speculative))
 
     def set_arrays(self, v: np.ndarray, s: np.ndarray) -> None:
-        """Streaming path: margins already collected as arrays."""
+        """Set both arms' margins (the streaming path passes arrays it already holds)."""
         self.n_vanilla, self.n_speculative = len(v), len(s)
         self.vanilla.setData(np.arange(len(v), dtype=float), v)
         self.speculative.setData(np.arange(len(s), dtype=float), s)
+        top = 1.0
+        for a in (v, s):
+            if len(a) and np.isfinite(a).any():
+                top = max(top, float(np.nanmax(a)))
+        # a free band at the top for the legend and the fork label
+        self.getPlotItem().getViewBox().setYRange(0, top * 1.32, padding=0.02)
 
     def mark_fork(self, i: int | None, margin: float | None = None) -> None:
         self.fork_line.setVisible(i is not None)

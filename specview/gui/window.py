@@ -1125,6 +1125,7 @@ class MainWindow(QMainWindow):
             return None
         if self.busy:
             self.cancel()
+            self._set_busy(False, "")  # the cancelled run's events are stale from here on
         self.request = None
         self.frame_timer.stop()
         self.live = Live()
