@@ -434,6 +434,27 @@ def test_diagnosis_on_mlx_calls_a_planted_rollback_bug_a_state_bug(models, promp
         s.close()
 
 
+def test_matrix_runs_on_mlx_folders(models, prompt, tmp_path):
+    from specview.core.matrix import MatrixError, MatrixSpec, PromptSpec, expand, run_matrix
+
+    spec = MatrixSpec(targets=[str(models["target"])], drafters=[str(models["draft"]), "ngram-simple"],
+                      n_max=[1, 3], prompts=[PromptSpec("p", tokens=tuple(prompt))], max_tokens=16,
+                      ignore_eos=True, backend="mlx", diagnose=False)
+    spec.validate()
+    s = Session()
+    try:
+        run = run_matrix(spec, s, out=tmp_path / "m.json")
+        assert run.status == "complete" and len(run.records) == len(expand(spec)) >= 3
+        assert all(r["status"] == "ok" and r["identical"] for r in run.records), run.records
+        assert (s.loads, s.vanilla_runs) == (2, 1)  # each folder loaded once, vanilla run once
+    finally:
+        s.close()
+    bad = MatrixSpec(targets=[str(tmp_path / "nope")], drafters=["ngram-simple"], backend="mlx",
+                     prompts=[PromptSpec("p", tokens=(1, 2))])
+    with pytest.raises(MatrixError, match="no such MLX model folder"):
+        bad.validate()
+
+
 def test_incompatible_draft_vocabulary(models, prompt):
     s = Session()
     try:
