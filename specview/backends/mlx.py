@@ -735,6 +735,9 @@ class MLXEngine(Engine):
         for r in rows:
             if not 0 <= r < n:
                 raise ValueError(f"row {r} is outside the {n} tokens evaluated")
+        if not rows:  # extend the cache only
+            self.eval(toks, [n - 1])
+            return np.empty((0, n_vocab), dtype=np.float32)
         mx = self._mxm
         pos0 = self.n_past
         follows = n == 1 and toks[0] == self._next_greedy

@@ -206,6 +206,7 @@ def test_eval_rows_and_truncate_rolls_back(target, prompt):
     assert not np.allclose(stale.eval(b, rows=[0]), want[[0]], atol=1e-2)
 
     assert eng.n_evals == 3 and eng.eval_seconds > 0
+    assert eng.eval([1, 2], rows=[]).shape == (0, 320) and eng.n_past == len(prompt) + 6
     with pytest.raises(ValueError):
         eng.truncate(eng.n_past + 1)
     with pytest.raises(EvalError, match="outside the vocabulary"):
