@@ -388,6 +388,7 @@ class MLXModel:
                 "the folder needs tokenizer.json or tokenizer.model with tokenizer_config.json"
             ) from exc
         self._setup(model, tokenizer, config, folder, time.perf_counter() - t0)
+        _wire_memory()
 
     @classmethod
     def from_parts(cls, model: Any, tokenizer: Any, config: dict[str, Any], *,
@@ -563,6 +564,28 @@ class MLXModel:
 
     def close(self) -> None:
         """Weights are freed when the last engine and this object are gone."""
+
+
+_wired = False
+
+
+def _wire_memory() -> None:
+    """Keep model memory wired on Apple GPUs, as mlx-lm's generate does (a no-op elsewhere).
+
+    mlx-lm raises the wired limit to the device's recommended working set while
+    it generates; specview's app keeps models loaded between runs, so it does so
+    once, when the first model is loaded.
+    """
+    global _wired
+    if _wired:
+        return
+    _wired = True
+    try:
+        from mlx_lm.utils import maybe_set_recommended_wired_limit
+
+        maybe_set_recommended_wired_limit()
+    except Exception:  # older mlx without device_info, or no Metal
+        pass
 
 
 def _kind_of(tokenizer: Any) -> str:
