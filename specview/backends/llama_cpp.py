@@ -327,6 +327,7 @@ class LlamaEngine(Engine):
         cp.n_ubatch = min(settings.n_ubatch, settings.n_batch)
         cp.n_seq_max = 1
         threads = settings.threads or default_threads()
+        self.threads = threads  # what the run really used: the thread count can move the logits
         cp.n_threads = threads
         cp.n_threads_batch = threads
         cp.flash_attn_type = _FLASH[settings.flash_attn]

@@ -209,7 +209,13 @@ class Session:
                 (lambda ev: on_event("speculative", ev)) if on_event else None,
             )
             self.speculative_runs += 1
-        return self.build_trace(cfg, target, dmodel, tokens, n_ctx, vanilla, speculative)
+        trace = self.build_trace(cfg, target, dmodel, tokens, n_ctx, vanilla, speculative)
+        # the effective thread count: with threads=0 it comes from the machine, and ggml's CPU
+        # kernels split work by thread, so the same settings can give different logits elsewhere
+        key = replace(cfg.engine, n_ctx=0)
+        eng = self._engines.get(("speculative", id(target), key)) or self._engines.get(("vanilla", id(target), key))
+        trace.config["threads_used"] = getattr(eng, "threads", None)
+        return trace
 
     def build_trace(self, cfg: RunConfig, target: LoadedModel, dmodel: LoadedModel | None, tokens: list[int],
                     n_ctx: int, vanilla: ArmResult, speculative: ArmResult) -> Trace:

@@ -175,3 +175,12 @@ def test_environment_names_versions_and_ggml_devices():
     assert env["llama_cpp_python"] == llama_cpp.__version__
     assert any(d["name"] == "CPU" for d in env["ggml_devices"])  # every build has the CPU device
     assert "CPU" in env["llama_cpp_system_info"]
+
+
+def test_trace_records_the_threads_really_used(tiny_target, monkeypatch):
+    monkeypatch.setenv("SPECVIEW_THREADS", "1")
+    s = Session()
+    t = s.run(RunConfig(target=str(tiny_target), spec_type="none", draft=None, prompt="the cat", chat=False,
+                        max_tokens=4))
+    assert t.config["engine"]["threads"] == 0 and t.config["threads_used"] == 1
+    s.close()
