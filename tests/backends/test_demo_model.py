@@ -5,6 +5,7 @@ import ctypes
 import numpy as np
 import pytest
 
+from specview.backends.llama_cpp import default_threads
 from specview.core import demo
 from specview.core.session import RunConfig, Session
 
@@ -77,6 +78,7 @@ class PlainLlama:
         self.model = ll.llama_model_load_from_file(str(path).encode(), ll.llama_model_default_params())
         cp = ll.llama_context_default_params()
         cp.n_ctx, cp.n_batch, cp.n_ubatch = n_ctx, n_batch, n_batch
+        cp.n_threads = cp.n_threads_batch = default_threads()  # the thread count can move the logits
         self.ctx = ll.llama_init_from_model(self.model, cp)
         self.n_vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(self.model))
         self.batch = ll.llama_batch_init(n_batch, 0, 1)

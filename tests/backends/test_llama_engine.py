@@ -5,7 +5,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from specview.backends.llama_cpp import LlamaEngine, LlamaModel, ModelStore
+from specview.backends.llama_cpp import LlamaEngine, LlamaModel, ModelStore, default_threads
 from specview.core.drafters import ModelDrafter
 from specview.core.engine import EngineSettings, IncompatibleVocab, ModelFileError, check_draft_compatible
 from specview.core.generate import GenOptions, run_to_end, speculative_greedy, vanilla_greedy
@@ -29,6 +29,7 @@ def independent_greedy(path, prompt, n, n_batch=64):
     model = ll.llama_model_load_from_file(str(path).encode(), mp)
     cp = ll.llama_context_default_params()
     cp.n_ctx, cp.n_batch, cp.n_ubatch = 512, n_batch, n_batch
+    cp.n_threads = cp.n_threads_batch = default_threads()  # the thread count can move the logits
     ctx = ll.llama_init_from_model(model, cp)
     n_vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(model))
     batch = ll.llama_batch_init(n_batch, 0, 1)
