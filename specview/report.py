@@ -94,7 +94,6 @@ def margin_plot_png(trace: Trace, xrange: tuple[int, int] | None = None, title: 
     _app()
     import numpy as np
     import pyqtgraph as pg
-    from PySide6.QtCore import Qt
 
     floor = 1e-3
 
@@ -148,7 +147,6 @@ def acceptance_plot_png(trace: Trace) -> bytes:
     _app()
     import numpy as np
     import pyqtgraph as pg
-    from PySide6.QtCore import Qt
 
     rounds = [r for r in trace.speculative.rounds if r.index > 0]
     w, pi = _plot_widget("drafted and accepted tokens per verify round", "tokens", "round")

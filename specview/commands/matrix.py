@@ -117,7 +117,7 @@ def _flat(values: list[list[Any]] | None) -> list[Any] | None:
 
 
 def spec_from_args(args: argparse.Namespace):
-    from ..core.matrix import MatrixSpec, PromptSpec, builtin_prompts, load_spec, prompt_from_file, spec_from_dict
+    from ..core.matrix import PromptSpec, builtin_prompts, load_spec, prompt_from_file, spec_from_dict
 
     if args.config:
         spec = load_spec(args.config)

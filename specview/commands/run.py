@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from typing import Any
 
 from ..core import demo
 from ..core.engine import SpecviewError
@@ -183,21 +181,18 @@ def main(args: argparse.Namespace) -> int:
     progress = Progress(args.quiet)
     cfg = config_from_args(args)
     t0 = time.perf_counter()
-    if args.engine == "llama-server":
-        from ..backends.server import run_server_trace  # type: ignore[import-not-found]
-
-        trace = run_server_trace(cfg, server_bin=args.server_bin, server_args=args.server_args, progress=progress,
-                                 diagnose=bool(args.diagnose))
-        session = None
-    else:
-        session = Session(progress=progress)
-        progress(f"running vanilla and speculative arms ({cfg.max_tokens} tokens each)")
-        trace = session.run(cfg)
+    session = None
     try:
-        if args.diagnose or args.controls:
-            diag = _diagnose(session, cfg, trace, args, progress)
+        if args.engine == "llama-server":
+            from ..backends.server import run_server_trace
+
+            trace = run_server_trace(cfg, server_bin=args.server_bin, server_args=args.server_args,
+                                     progress=progress, diagnose=bool(args.diagnose))
         else:
-            diag = None
+            session = Session(progress=progress)
+            progress(f"running vanilla and speculative arms ({cfg.max_tokens} tokens each)")
+            trace = session.run(cfg)
+        diag = _diagnose(session, cfg, trace, args, progress) if args.diagnose or args.controls else None
         if args.json:
             path = trace.save(args.json)
             progress(f"trace written to {path}")
@@ -214,21 +209,14 @@ def main(args: argparse.Namespace) -> int:
     return EXIT_IDENTICAL if trace.comparison.identical else EXIT_DIVERGED
 
 
-def _diagnose(session: Any, cfg: RunConfig, trace: Trace, args: argparse.Namespace, progress: Progress) -> str | None:
-    try:
-        from ..core import diagnose as dmod  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    if session is None and trace.environment.get("engine") == "llama-server":
-        from ..backends.server import format_server_verdict  # diagnosed while its servers were up
+def _diagnose(session: Session | None, cfg: RunConfig, trace: Trace, args: argparse.Namespace,
+              progress: Progress) -> str | None:
+    if session is None:  # llama-server: diagnosed from the outside while its servers were up
+        from ..backends.server import format_server_verdict
 
         return format_server_verdict(trace.diagnosis) if trace.diagnosis else None
-    if session is None:
-        fn = getattr(dmod, "diagnose_external", None)
-        if fn is None:
-            return None
-        result = fn(trace, progress=progress)
-    else:
-        progress("diagnosing: teacher-forced replays at the fork and the numeric envelope")
-        result = dmod.diagnose(session, cfg, trace, controls=args.controls, progress=progress)
+    from ..core import diagnose as dmod
+
+    progress("diagnosing: teacher-forced replays at the fork and the numeric envelope")
+    result = dmod.diagnose(session, cfg, trace, controls=args.controls, progress=progress)
     return dmod.format_verdict(result)

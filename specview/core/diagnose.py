@@ -568,7 +568,7 @@ def _explain(d: dict[str, Any], trace: Trace) -> str:
     rp = d["replays"]
     env = d["envelope"]
     th = d["thresholds"]
-    i, a, b = d["fork"], _piece(trace, d["vanilla_token"]), _piece(trace, d["speculative_token"])
+    a, b = _piece(trace, d["vanilla_token"]), _piece(trace, d["speculative_token"])
     sp = rp["speculative"]
     if verdict == "near-tie":
         how = ("within the largest shift seen before the fork" if rule == "gap-within-envelope"

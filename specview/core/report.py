@@ -17,7 +17,6 @@ import html
 import json
 import re
 import shlex
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .. import __version__

@@ -9,7 +9,6 @@ token in its context, as with a rollback bug).
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from typing import Any, Sequence
 
 import numpy as np

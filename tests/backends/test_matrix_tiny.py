@@ -6,7 +6,6 @@ included, and to check what it writes.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 

@@ -12,7 +12,6 @@ the door real backends use.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from typing import Any, Sequence
 
 import numpy as np

@@ -1,6 +1,5 @@
 """The two arms on a fake engine whose every logit is known in advance."""
 
-import numpy as np
 import pytest
 
 from fakes import EOS, FakeEngine, ToyModel

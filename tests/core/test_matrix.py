@@ -365,7 +365,7 @@ def test_resume_runs_only_the_missing_cells(tmp_path: Path):
     run_matrix(spec(), FakeSession(interrupt_at=5), out=out)
     first = load_matrix(out)
     fake = FakeSession()
-    run = run_matrix(spec(), fake, out=out, resume=first)
+    run_matrix(spec(), fake, out=out, resume=first)
     assert len(fake.calls) == 31  # 36 planned, 5 kept
     doc = load_matrix(out)
     assert doc["status"] == "complete" and [c["index"] for c in doc["cells"]] == list(range(36))
