@@ -1221,10 +1221,11 @@ _GGUF_NAMES = {
 # demo names of the llama.cpp engine -> what the MLX engine uses for them
 DEMO_MLX = {
     "Q4_1": (4, 32, "the shipped Q4_1 weights, bit for bit: MLX's affine 4-bit, group 32"),
-    "Q4_0": (4, 32, "4-bit, group 32, quantized by mlx_lm.convert from the fp16 copy"),
-    "Q4_K_M": (4, 64, "4-bit, group 64, quantized by mlx_lm.convert from the fp16 copy"),
-    "Q8_0": (8, 32, "8-bit, group 32, quantized by mlx_lm.convert from the fp16 copy"),
-    "F16": (None, None, "fp16, dequantized from the shipped Q4_1"),
+    "Q4_0": (4, 32, "4-bit, group 32, quantized by mlx_lm.convert from the fp32 copy"),
+    "Q4_K_M": (4, 64, "4-bit, group 64, quantized by mlx_lm.convert from the fp32 copy"),
+    "Q8_0": (8, 32, "8-bit, group 32, quantized by mlx_lm.convert from the fp32 copy"),
+    "F32": (None, None, "fp32, dequantized from the shipped Q4_1"),
+    "F16": (None, None, "fp16, cast from the fp32 copy"),
 }
 
 
@@ -1286,7 +1287,7 @@ def gguf_to_mlx(gguf: str | os.PathLike[str], out: str | os.PathLike[str]) -> Pa
         "tie_word_embeddings": "lm_head.weight" not in out_w,
         "bos_token_id": int(m("tokenizer.ggml.bos_token_id")),
         "eos_token_id": int(m("tokenizer.ggml.eos_token_id")),
-        "torch_dtype": "float16",
+        "torch_dtype": "float32",  # norms are f32 in GGUF; what mlx_lm.convert keeps for derived copies
     }
     # each quantized tensor: packed uint32 rows of in_dims * bits / 32 words, one scale per group
     qparams: dict[str, tuple[int, int]] = {}
@@ -1338,9 +1339,10 @@ def demo_folder(quant: str, *, cache_dir: str | os.PathLike[str] | None = None,
     """The MLX folder that stands for ``demo:QUANT`` (see :data:`DEMO_MLX`), made on first use.
 
     The shipped Q4_1 GGUF of SmolLM2-135M-Instruct is converted as it is (its
-    4-bit groups of 32 are MLX's own format); an fp16 copy is dequantized from
-    it, and the other precisions are quantized from that copy by mlx_lm.convert.
-    Every folder appears atomically in the cache.
+    4-bit groups of 32 are MLX's own format); an fp32 copy is dequantized from
+    it, and the other precisions are made from that copy by mlx_lm.convert
+    (fp32 scales and norms keep activations in fp32, which MLX's CPU build runs
+    far faster than fp16).  Every folder appears atomically in the cache.
     """
     q = quant.upper()
     if q not in DEMO_MLX:
@@ -1349,7 +1351,7 @@ def demo_folder(quant: str, *, cache_dir: str | os.PathLike[str] | None = None,
     from ..core import demo
 
     cdir = mlx_cache_dir(cache_dir)
-    base = cdir / "demo-SmolLM2-135M-Instruct-4bit-g32"
+    base = cdir / "demo-SmolLM2-135M-Instruct-Q4_1"
     with _derive_lock:
         if not (base / "config.json").exists():
             shipped = demo.shipped_path()
@@ -1358,21 +1360,31 @@ def demo_folder(quant: str, *, cache_dir: str | os.PathLike[str] | None = None,
             _atomic_folder(base, lambda tmp: gguf_to_mlx(shipped, tmp))
         if q == "Q4_1":
             return base
-        fp16 = cdir / "demo-SmolLM2-135M-Instruct-fp16"
-        if not (fp16 / "config.json").exists():
+        from mlx_lm.convert import convert
+
+        fp32 = cdir / "demo-SmolLM2-135M-Instruct-fp32"
+        if not (fp32 / "config.json").exists():
             if progress:
-                progress("dequantizing the demo model to fp16 with mlx_lm.convert")
-            from mlx_lm.convert import convert
+                progress("dequantizing the demo model to fp32 with mlx_lm.convert")
 
-            def make(tmp: Path) -> None:
+            def dequantize(tmp: Path) -> None:
                 with contextlib.redirect_stdout(io.StringIO()):
-                    convert(str(base), str(tmp), dequantize=True)
+                    convert(str(base), str(tmp), dequantize=True, dtype="float32")
 
-            _atomic_folder(fp16, make)
-    if q == "F16":
-        return fp16
+            _atomic_folder(fp32, dequantize)
+        if q == "F32":
+            return fp32
+        if q == "F16":
+            fp16 = cdir / "demo-SmolLM2-135M-Instruct-fp16"
+            if not (fp16 / "config.json").exists():
+                def cast(tmp: Path) -> None:
+                    with contextlib.redirect_stdout(io.StringIO()):
+                        convert(str(fp32), str(tmp), dtype="float16")
+
+                _atomic_folder(fp16, cast)
+            return fp16
     bits, group, _ = DEMO_MLX[q]
-    return derive_quantized(fp16, bits, group_size=group, cache_dir=cdir, progress=progress)
+    return derive_quantized(fp32, bits, group_size=group, cache_dir=cdir, progress=progress)
 
 
 def _atomic_folder(dst: Path, make: Callable[[Path], Any]) -> None:
