@@ -140,6 +140,11 @@ class MatrixSpec:
                         continue
                     if is_demo_name(name):
                         demo_quant(name)  # raises on an unknown quantization
+                    elif self.backend == "mlx":
+                        # MLX models are folders, or Hugging Face ids (org/name) fetched at load time
+                        is_id = not name.startswith(("/", ".", "~")) and name.count("/") == 1
+                        if not (Path(name).expanduser().is_dir() or is_id):
+                            raise MatrixError(f"{role} {name}: no such MLX model folder")
                     elif not Path(name).expanduser().is_file():
                         raise MatrixError(f"{role} {name}: no such file")
         if self.backend == "llama-server":
