@@ -14,7 +14,6 @@ from __future__ import annotations
 import collections
 import ctypes
 import os
-import platform
 import threading
 import time
 from pathlib import Path
@@ -548,43 +547,13 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], quant: st
     return dst_p
 
 
-def host_facts() -> dict[str, Any]:
-    return {
-        "os": f"{platform.system()} {platform.release()}",
-        "machine": platform.machine(),
-        "cpu": platform.processor() or platform.machine(),
-        "python": platform.python_version(),
-    }
-
-
 # -- registry glue ---------------------------------------------------------------
-from ..core.registry import Backend, LoadedModel  # noqa: E402
+from ..core.registry import Backend, WrappedModel  # noqa: E402
 
 
-class LlamaLoaded(LoadedModel):
-    def __init__(self, model: LlamaModel):
-        self.model = model
-        self.path = str(model.path)
-
-    def facts(self) -> dict[str, Any]:
-        return self.model.facts()
-
-    @property
-    def vocab(self) -> VocabInfo:
-        return self.model.vocab
-
-    @property
-    def n_ctx_train(self) -> int | None:
-        return self.model.n_ctx_train
-
-    def tokenize(self, text: str, *, chat: bool = False) -> list[int]:
-        return self.model.tokenize(text, chat=chat)
-
+class LlamaLoaded(WrappedModel):
     def new_engine(self, settings: EngineSettings, n_ctx: int) -> LlamaEngine:
         return LlamaEngine(self.model, settings, n_ctx=n_ctx)
-
-    def close(self) -> None:
-        self.model.close()
 
 
 class LlamaBackend(Backend):

@@ -71,7 +71,7 @@ from ..core.engine import (
     SpecviewError,
     VocabInfo,
 )
-from ..core.registry import Backend, LoadedModel
+from ..core.registry import Backend, WrappedModel
 
 __all__ = [
     "MLXBackend",
@@ -899,30 +899,9 @@ def _take_rows(mx: Any, a: Any, rows: list[int]) -> Any:
 
 
 # -- registry glue -----------------------------------------------------------------------
-class MLXLoaded(LoadedModel):
-    def __init__(self, model: MLXModel):
-        self.model = model
-        self.path = str(model.path)
-
-    def facts(self) -> dict[str, Any]:
-        return self.model.facts()
-
-    @property
-    def vocab(self) -> VocabInfo:
-        return self.model.vocab
-
-    @property
-    def n_ctx_train(self) -> int | None:
-        return self.model.n_ctx_train
-
-    def tokenize(self, text: str, *, chat: bool = False) -> list[int]:
-        return self.model.tokenize(text, chat=chat)
-
+class MLXLoaded(WrappedModel):
     def new_engine(self, settings: EngineSettings, n_ctx: int) -> MLXEngine:
         return MLXEngine(self.model, settings, n_ctx=n_ctx)
-
-    def close(self) -> None:
-        self.model.close()
 
 
 class MLXBackend(Backend):

@@ -945,11 +945,9 @@ def _props_summary(props: dict[str, Any]) -> dict[str, Any]:
 
 def _build_trace(cfg: Any, info: dict[str, Any], target: str, draft: str | None, vm: Any, dm: Any,
                  tokens: list[int], n_ctx: int, vanilla: Any, speculative: Any) -> Any:
-    import platform
-
     from .. import __version__
     from ..core.compare import compare_arms
-    from ..core.session import _cpu_name
+    from ..core.session import host_environment, prompt_record
     from ..core.trace import Trace
 
     config = cfg.to_dict()
@@ -967,23 +965,13 @@ def _build_trace(cfg: Any, info: dict[str, Any], target: str, draft: str | None,
             "list_devices": info["devices_raw"],
             "spec_types": info["spec_types"],
         },
-        "os": f"{platform.system()} {platform.release()}",
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu": _cpu_name(),
-        "python": platform.python_version(),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        **host_environment(),
     }
     return Trace(
         config=config,
         environment=env,
         models={"target": vm.facts(), "draft": dm.facts() if dm is not None else None},
-        prompt={
-            "text": cfg.prompt if not cfg.prompt_tokens else None,
-            "chat": cfg.chat if not cfg.prompt_tokens else False,
-            "raw_tokens": bool(cfg.prompt_tokens),
-            "tokens": list(tokens),
-        },
+        prompt=prompt_record(cfg, tokens),
         vanilla=vanilla,
         speculative=speculative,
         comparison=compare_arms(vanilla, speculative),

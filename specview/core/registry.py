@@ -38,6 +38,36 @@ class LoadedModel(ABC):
         pass
 
 
+class WrappedModel(LoadedModel):
+    """A :class:`LoadedModel` over a backend's own model object.
+
+    The object provides ``path``, ``facts()``, ``vocab``, ``n_ctx_train``,
+    ``tokenize(text, chat=)`` and ``close()``; a backend subclasses this and
+    adds only :meth:`new_engine`.
+    """
+
+    def __init__(self, model: Any):
+        self.model = model
+        self.path = str(model.path)
+
+    def facts(self) -> dict[str, Any]:
+        return self.model.facts()
+
+    @property
+    def vocab(self) -> VocabInfo:
+        return self.model.vocab
+
+    @property
+    def n_ctx_train(self) -> int | None:
+        return self.model.n_ctx_train
+
+    def tokenize(self, text: str, *, chat: bool = False) -> list[int]:
+        return self.model.tokenize(text, chat=chat)
+
+    def close(self) -> None:
+        self.model.close()
+
+
 class Backend(ABC):
     name: str = "abstract"
 

@@ -222,31 +222,38 @@ class Session:
         be = get_backend(cfg.backend)
         config = cfg.to_dict()
         config["n_ctx_used"] = n_ctx
-        env = {
-            "specview": __version__,
-            "backend": cfg.backend,
-            **be.environment(),
-            "os": f"{platform.system()} {platform.release()}",
-            "platform": platform.platform(),
-            "machine": platform.machine(),
-            "cpu": _cpu_name(),
-            "python": platform.python_version(),
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }
+        env = {"specview": __version__, "backend": cfg.backend, **be.environment(), **host_environment()}
         return Trace(
             config=config,
             environment=env,
             models={"target": target.facts(), "draft": dmodel.facts() if dmodel is not None else None},
-            prompt={
-                "text": cfg.prompt if not cfg.prompt_tokens else None,
-                "chat": cfg.chat if not cfg.prompt_tokens else False,
-                "raw_tokens": bool(cfg.prompt_tokens),
-                "tokens": list(tokens),
-            },
+            prompt=prompt_record(cfg, tokens),
             vanilla=vanilla,
             speculative=speculative,
             comparison=compare_arms(vanilla, speculative),
         )
+
+
+def host_environment() -> dict[str, Any]:
+    """The machine half of a trace's ``environment``, shared by every engine."""
+    return {
+        "os": f"{platform.system()} {platform.release()}",
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu": _cpu_name(),
+        "python": platform.python_version(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def prompt_record(cfg: RunConfig, tokens: list[int]) -> dict[str, Any]:
+    """A trace's ``prompt`` block: the text (or none for raw ids) and the ids both arms were fed."""
+    return {
+        "text": cfg.prompt if not cfg.prompt_tokens else None,
+        "chat": cfg.chat if not cfg.prompt_tokens else False,
+        "raw_tokens": bool(cfg.prompt_tokens),
+        "tokens": list(tokens),
+    }
 
 
 def _cpu_name() -> str:
