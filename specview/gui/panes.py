@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import html
+import time
 from bisect import bisect_right
 from typing import Sequence
 
@@ -23,6 +24,12 @@ from ..core.trace import Step
 DRAFT_HUE = QColor(40, 170, 80)
 MISMATCH_HUE = QColor(225, 45, 45)
 DIFF_HUE = QColor(230, 150, 30)
+
+
+class PaintClock:
+    """Seconds the GUI thread has spent painting the panes and plots (for the frame budget)."""
+
+    seconds = 0.0
 
 
 def blend(a: QColor, b: QColor, t: float) -> QColor:
@@ -287,6 +294,11 @@ class TokenPane(QTextEdit):
                 if st.token == tid:
                     return repr(st.piece)
         return ""
+
+    def paintEvent(self, ev) -> None:  # noqa: N802 - Qt name
+        t0 = time.perf_counter()
+        super().paintEvent(ev)
+        PaintClock.seconds += time.perf_counter() - t0
 
     def viewportEvent(self, ev: QEvent) -> bool:  # noqa: N802 - Qt name
         if ev.type() == QEvent.Type.ToolTip:

@@ -8,6 +8,7 @@ for; :meth:`mark_token` draws the selection.
 from __future__ import annotations
 
 import math
+import time
 from typing import Any, Sequence
 
 import numpy as np
@@ -16,11 +17,12 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor, QPalette
 
 from ..core.trace import Round, Step
-from .panes import DRAFT_HUE, MISMATCH_HUE, blend, is_dark
+from .panes import DRAFT_HUE, MISMATCH_HUE, PaintClock, blend, is_dark
 
 VANILLA_HUE = QColor(40, 110, 220)
 SPEC_HUE = QColor(235, 120, 20)
 ENVELOPE_HUE = QColor(150, 90, 210)
+MAX_BARS = 600  # above this many rounds the acceptance bars show means of bins of rounds
 
 
 def _finite(x: Any) -> float:
@@ -50,7 +52,16 @@ def style_plot(w: pg.PlotWidget, palette: QPalette) -> None:
     w.getPlotItem().titleLabel.setText(w.getPlotItem().titleLabel.text)
 
 
-class AcceptancePlot(pg.PlotWidget):
+class TimedPlot(pg.PlotWidget):
+    """A PlotWidget that adds its paint time to :class:`PaintClock`."""
+
+    def paintEvent(self, ev) -> None:  # noqa: N802 - Qt name
+        t0 = time.perf_counter()
+        super().paintEvent(ev)
+        PaintClock.seconds += time.perf_counter() - t0
+
+
+class AcceptancePlot(TimedPlot):
     """Drafted vs accepted tokens per speculative round (bars), with the totals in the title."""
 
     sigIndexClicked = Signal(int)  # first token index of the clicked round
@@ -77,6 +88,10 @@ class AcceptancePlot(pg.PlotWidget):
         self.fork_line.setVisible(False)
         pi.addItem(self.fork_line, ignoreBounds=True)
         self.rounds: list[Round] = []
+        self.bin = 1
+        self._x_span = 0
+        self._y_top = 0.0
+        self._title = None
         self.summary = ""
         self.apply_palette(self.palette())
         self.scene().sigMouseClicked.connect(self._clicked)
@@ -97,18 +112,45 @@ class AcceptancePlot(pg.PlotWidget):
             item[1].setAttr("color", text.name())
             item[1].setText(item[1].text)
 
-    def set_rounds(self, rounds: Sequence[Round], *, rate: float | None = None, mean: float | None = None) -> None:
+    def set_rounds(self, rounds: Sequence[Round], *, rate: float | None = None, mean: float | None = None,
+                   streaming: bool = False) -> None:
+        """Show the rounds; while ``streaming`` the x range grows in steps instead of every frame."""
+        vb = self.getPlotItem().getViewBox()
+        if streaming:
+            vb.enableAutoRange(axis="x", enable=False)
+            if len(rounds) + 1 > self._x_span:
+                self._x_span = max(16, int(len(rounds) * 1.6))
+                vb.setXRange(-0.5, self._x_span, padding=0.02)
+        else:
+            self._x_span = 0
+            vb.enableAutoRange(axis="x", enable=True)
+        self._set_rounds(rounds, rate=rate, mean=mean)
+
+    def _set_rounds(self, rounds: Sequence[Round], *, rate: float | None, mean: float | None) -> None:
         self.rounds = list(rounds)
         n = len(self.rounds)
+        self.bin = 1
         if n:
-            x = np.arange(n + 1, dtype=float) - 0.5
-            x += self.rounds[0].index
             d = np.fromiter((r.drafted for r in self.rounds), float, n)
             a = np.fromiter((r.accepted for r in self.rounds), float, n)
+            x0 = self.rounds[0].index - 0.5
+            if n > MAX_BARS:
+                # long runs: one bar per bin of rounds, its height the bin's mean
+                b = self.bin = -(-n // MAX_BARS)
+                m = -(-n // b)
+                counts = np.full(m, b, float)
+                counts[-1] = n - b * (m - 1)
+                d = np.add.reduceat(d, np.arange(0, n, b)) / counts
+                a = np.add.reduceat(a, np.arange(0, n, b)) / counts
+                x = x0 + np.minimum(np.arange(m + 1, dtype=float) * b, n)
+            else:
+                x = x0 + np.arange(n + 1, dtype=float)
             self.drafted.setData(x, d)
             self.accepted.setData(x, a)
-            top = max(1.0, float(d.max()), float(a.max()))
-            self.getPlotItem().getViewBox().setYRange(0, top * 1.45, padding=0)
+            top = max(1.0, float(d.max()), float(a.max())) * 1.45
+            if top != self._y_top:
+                self._y_top = top
+                self.getPlotItem().getViewBox().setYRange(0, top, padding=0)
         else:
             self.drafted.setData([], [])
             self.accepted.setData([], [])
@@ -125,9 +167,13 @@ class AcceptancePlot(pg.PlotWidget):
             if mean is not None:
                 self.summary += f" · mean length {mean:.2f}"
             self.summary += f" · {n} rounds"
+            if self.bin > 1:
+                self.summary += f" (bars: means of {self.bin})"
         else:
             self.summary = "draft acceptance per round"
-        self.setTitle(self.summary, size="9pt")
+        if self.summary != self._title:
+            self._title = self.summary
+            self.setTitle(self.summary, size="9pt")
 
     def round_of_token(self, i: int) -> Round | None:
         lo = None
@@ -162,7 +208,7 @@ class AcceptancePlot(pg.PlotWidget):
             self.sigIndexClicked.emit(self.rounds[idx].first_step)
 
 
-class MarginPlot(pg.PlotWidget):
+class MarginPlot(TimedPlot):
     """Top-1 minus top-2 logit per generated token, both arms; fork, envelope and at-risk positions."""
 
     sigIndexClicked = Signal(int)
@@ -185,8 +231,9 @@ class MarginPlot(pg.PlotWidget):
         pi.addItem(self.envelope)
         pi.addItem(self.envelope_fill)
         self.envelope_base.setVisible(False)
-        self.vanilla = pg.PlotDataItem(name="vanilla")
-        self.speculative = pg.PlotDataItem(name="speculative")
+        # peak downsampling to about one point per pixel keeps every spike and keeps long runs cheap
+        self.vanilla = pg.PlotDataItem(name="vanilla", autoDownsampleFactor=1.0)
+        self.speculative = pg.PlotDataItem(name="speculative", autoDownsampleFactor=1.0)
         # vanilla (the reference) on top of a wider speculative stroke: where they agree both show
         pi.addItem(self.speculative)
         pi.addItem(self.vanilla)
@@ -201,6 +248,8 @@ class MarginPlot(pg.PlotWidget):
         pi.addItem(self.select_line, ignoreBounds=True)
         self.select_line.setZValue(self.fork_line.zValue() - 1)  # the fork line stays visible on top
         self.gap_lines: list[pg.InfiniteLine] = []
+        self._x_max: int | None = None
+        self._y_top = 0.0
         self.n_vanilla = 0
         self.n_speculative = 0
         self.diagnosis: dict | None = None
@@ -212,8 +261,8 @@ class MarginPlot(pg.PlotWidget):
         base = palette.color(QPalette.ColorRole.Base)
         text = palette.color(QPalette.ColorRole.Text)
         dark = is_dark(palette)
-        self.vanilla.setPen(pg.mkPen(VANILLA_HUE.lighter(140) if dark else VANILLA_HUE, width=1.2))
-        self.speculative.setPen(pg.mkPen(SPEC_HUE.lighter(115) if dark else SPEC_HUE, width=3.0))
+        self.vanilla.setPen(pg.mkPen(VANILLA_HUE.lighter(140) if dark else VANILLA_HUE, width=1))
+        self.speculative.setPen(pg.mkPen(SPEC_HUE.lighter(115) if dark else SPEC_HUE, width=2.5))
         self.envelope.setPen(pg.mkPen(ENVELOPE_HUE, width=1))
         self.envelope_fill.setBrush(pg.mkBrush(blend(base, ENVELOPE_HUE, 0.35)))
         self.at_risk.setPen(pg.mkPen(MISMATCH_HUE, width=1.5))
@@ -242,8 +291,12 @@ class MarginPlot(pg.PlotWidget):
     def set_steps(self, vanilla: Sequence[Step], speculative: Sequence[Step]) -> None:
         self.set_arrays(self.margins(vanilla), self.margins(speculative))
 
-    def set_arrays(self, v: np.ndarray, s: np.ndarray) -> None:
-        """Set both arms' margins (the streaming path passes arrays it already holds)."""
+    def set_arrays(self, v: np.ndarray, s: np.ndarray, *, x_max: int | None = None) -> None:
+        """Set both arms' margins.
+
+        While a run streams, ``x_max`` (the run's max tokens) fixes the x range and
+        the y range only ever grows, so the axes are not laid out again every frame.
+        """
         self.n_vanilla, self.n_speculative = len(v), len(s)
         self.vanilla.setData(np.arange(len(v), dtype=float), v)
         self.speculative.setData(np.arange(len(s), dtype=float), s)
@@ -251,8 +304,18 @@ class MarginPlot(pg.PlotWidget):
         for a in (v, s):
             if len(a) and np.isfinite(a).any():
                 top = max(top, float(np.nanmax(a)))
-        # a free band at the top for the legend and the fork label
-        self.getPlotItem().getViewBox().setYRange(0, top * 1.32, padding=0.02)
+        vb = self.getPlotItem().getViewBox()
+        if x_max is None:
+            vb.enableAutoRange(axis="x", enable=True)
+            self._y_top = top * 1.32  # a free band at the top for the legend and the fork label
+            vb.setYRange(0, self._y_top, padding=0.02)
+            return
+        if self._x_max != x_max:
+            self._x_max = x_max
+            vb.setXRange(0, max(1, x_max - 1), padding=0.02)
+        if top * 1.15 > self._y_top or not self.n_vanilla:
+            self._y_top = top * 1.5
+            vb.setYRange(0, self._y_top, padding=0.02)
 
     def mark_fork(self, i: int | None, margin: float | None = None) -> None:
         self.fork_line.setVisible(i is not None)

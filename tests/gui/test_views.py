@@ -288,3 +288,20 @@ def test_gui_command_refuses_a_missing_trace(tmp_path, capsys):
 
     assert main(["gui", str(tmp_path / "nope.json")]) == 2
     assert "nope.json: no such trace file" in capsys.readouterr().err
+
+
+def test_long_runs_bin_the_acceptance_bars_by_mean(make_window):
+    from specview.core.trace import Round
+    from specview.gui.plots import MAX_BARS
+
+    w = make_window()
+    n = 2 * MAX_BARS + 7
+    rounds = [Round(index=i, drafted=3, accepted=i % 4, draft_ms=0.0, verify_ms=0.0, batch_size=4, first_step=i)
+              for i in range(n)]
+    w.acceptance.set_rounds(rounds)
+    x, a = w.acceptance.accepted.getData()
+    b = w.acceptance.bin
+    assert b == 3 and len(a) == -(-n // b) and len(x) == len(a) + 1
+    assert a[0] == (0 + 1 + 2) / 3 and a[-1] == np.mean([i % 4 for i in range(b * (len(a) - 1), n)])
+    assert x[-1] == n - 0.5  # the last bin ends at the last round
+    assert f"means of {b}" in w.acceptance.summary
