@@ -1400,3 +1400,33 @@ def format_server_verdict(diag: dict[str, Any]) -> str:
         lines.append(f"  not measured: {nm}")
     lines.append("  " + diag.get("explanation", ""))
     return "\n".join(lines)
+
+
+class ServerRunner:
+    """Runs matrix cells on the user's llama-server, with the :class:`~specview.core.session.Session` API the matrix uses.
+
+    Each cell starts its own pair of servers (llama-server loads its model at
+    start), so ``loads`` counts server starts: a llama-server matrix costs one
+    model load per server per cell, unlike the in-process engines, which load each
+    file once for the whole matrix.
+    """
+
+    def __init__(self, *, server_bin: str | None = None, server_args: str | Sequence[str] | None = "",
+                 progress: ProgressFn | None = None):
+        self.server_bin = server_bin
+        self.server_args = server_args
+        self.progress = progress
+        self.loads = 0
+        self.vanilla_runs = 0
+        self.speculative_runs = 0
+
+    def run(self, cfg: Any, *, cancel: CancelFn | None = None, **_: Any) -> Any:
+        trace = run_server_trace(cfg, server_bin=self.server_bin, server_args=self.server_args,
+                                 progress=self.progress, cancel=cancel, diagnose=True)
+        self.loads += 2
+        self.vanilla_runs += 1
+        self.speculative_runs += 1
+        return trace
+
+    def close(self) -> None:
+        _stop_all()

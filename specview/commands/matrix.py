@@ -94,8 +94,6 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     fa.default = None
     fa.help = "flash attention: auto, on, off, or a list such as on,off (an axis; default auto)"
     fa.metavar = "LIST"
-    for flag in ("--server-bin", "--server-args"):  # the matrix runs in-process only
-        p._option_string_actions[flag].help = argparse.SUPPRESS
     g = p.add_argument_group("output")
     g.add_argument("-o", "--out", "--json", dest="out", default="matrix.json",
                    help="JSON results, rewritten after every cell (default matrix.json)")
@@ -158,8 +156,6 @@ def spec_from_args(args: argparse.Namespace):
         spec.ignore_eos = True
     if args.diagnose is not None:
         spec.diagnose = bool(args.diagnose)
-    if args.engine == "llama-server":
-        raise SpecviewError("the matrix runs in-process: use --engine llama.cpp or mlx, not llama-server")
     if args.engine != "llama.cpp":
         spec.backend = args.engine
     # engine flags given on the command line win over the file's [engine] table
@@ -207,7 +203,12 @@ def main(args: argparse.Namespace) -> int:
         progress("interrupted: stopping after writing the finished cells (Ctrl-C again to abort at once)")
 
     old = signal.signal(signal.SIGINT, on_sigint) if _main_thread() else None
-    session = Session(progress=progress)
+    if args.engine == "llama-server":
+        from ..backends.server import ServerRunner
+
+        session = ServerRunner(server_bin=args.server_bin, server_args=args.server_args, progress=progress)
+    else:
+        session = Session(progress=progress)
     t0 = time.perf_counter()
     progress(f"{len(cells)} cells, {spec.max_tokens} tokens per arm; results stream to {out}")
     try:

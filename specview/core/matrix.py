@@ -147,8 +147,6 @@ class MatrixSpec:
                             raise MatrixError(f"{role} {name}: no such MLX model folder")
                     elif not Path(name).expanduser().is_file():
                         raise MatrixError(f"{role} {name}: no such file")
-        if self.backend == "llama-server":
-            raise MatrixError("the matrix runs in-process: use --engine llama.cpp or mlx, not llama-server")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -656,7 +654,9 @@ def run_matrix(
                     run.status = "interrupted"
                     break
                 diag, derr = None, None
-                if dmod is not None and not trace.comparison.identical:
+                if trace.diagnosis is not None and not trace.comparison.identical:
+                    diag = trace.diagnosis  # diagnosed by the engine itself (llama-server, from the outside)
+                elif dmod is not None and not trace.comparison.identical:
                     try:
                         diag = dmod.diagnose(session, cfg, trace, controls=False, cancel=cancel)
                     except SpecviewError as exc:
@@ -671,6 +671,9 @@ def run_matrix(
                     p = trace.save(tdir / f"cell-{i:03d}.json")
                     rec["trace"] = _relative(p, run.out)
             except SpecviewError as exc:
+                if cancel():  # a cell cut short by a cancel is not an error, and is not recorded
+                    run.status = "interrupted"
+                    break
                 rec = error_record(i, params, str(exc), time.perf_counter() - t0,
                                    cfg.to_dict() if cfg is not None else None)
             run.records.append(rec)

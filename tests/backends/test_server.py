@@ -374,3 +374,29 @@ def test_tokens_inside_a_multi_byte_character_get_no_top_k_but_keep_their_place(
             assert a.top_ids[0] == a.token and abs(a.margin - b.margin) < 1e-3
         else:
             assert a.margin is None
+
+
+def test_the_matrix_runs_on_llama_server_and_agrees_with_single_runs(server_bin, tmp_path, capsys):
+    """`specview matrix --engine llama-server`: every cell equals a single server run of the same settings."""
+    import json
+
+    from specview.cli import main
+
+    out = tmp_path / "m.json"
+    code = main(["matrix", "--engine", "llama-server", "--server-bin", server_bin, "-t", "1", "-c", "512",
+                 "--targets", "demo:Q4_K_M", "--drafters", "demo:Q4_0,none", "--n-max", "2", "--p-min", "0",
+                 "--tokens", "1,504,3458,282,1060", "-n", "24", "-o", str(out), "-q"])
+    assert code in (0, 1), capsys.readouterr().err
+    doc = json.loads(out.read_text())
+    cells = {c["params"]["drafter"]: c for c in doc["cells"]}
+    assert set(cells) == {"demo:Q4_0", "none"} and all(c["status"] == "ok" for c in cells.values())
+    assert cells["none"]["identical"]  # nothing drafted: the same passes as vanilla
+    assert doc["counters"]["loads"] == 4  # two servers per cell
+    single = srv.run_server_trace(
+        RunConfig(target="demo:Q4_K_M", draft="demo:Q4_0", spec_type="draft-simple", n_max=2, max_tokens=24,
+                  prompt_tokens=(1, 504, 3458, 282, 1060), chat=False, engine=ENG, backend="llama-server"),
+        server_bin=server_bin, diagnose=False)
+    cell = cells["demo:Q4_0"]
+    assert cell["identical"] == single.comparison.identical
+    if not single.comparison.identical:
+        assert cell["first_mismatch"] == single.comparison.first_mismatch.index
