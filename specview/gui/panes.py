@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import html
+import math
 import time
 from bisect import bisect_right
 from typing import Sequence
@@ -62,8 +63,15 @@ class Tints:
         self.selected = blend(base, palette.color(QPalette.ColorRole.Highlight), 0.55 if dark else 0.40)
 
 
-def fmt_logit(x: float) -> str:
+def fmt_logit(x: float | None) -> str:
+    """A logit or margin to 4 decimals; "n/a" where the engine reported none (llama-server)."""
+    if x is None or not math.isfinite(x):
+        return "n/a"
     return f"{x:.4f}"
+
+
+def _na(x: object) -> str:
+    return "n/a" if x is None else str(x)
 
 
 def piece_label(piece: str | None) -> str:
@@ -268,11 +276,13 @@ class TokenPane(QTextEdit):
             mark = " &#9664;" if tid == s.token else ""
             rows.append(f"<tr><td align=right>{tid}</td><td>{html.escape(self._piece_of(tid))}</td>"
                         f"<td align=right>{fmt_logit(logit)}</td><td>{mark}</td></tr>")
+        batch = f"batch T={_na(s.batch_size)} (row {_na(s.batch_index)})"
         if self.arm == "speculative":
-            origin = "accepted draft token" if s.from_draft else "target's own token"
-            where = f"round {s.round}, batch T={s.batch_size} (row {s.batch_index}) &middot; {origin}"
+            origin = ("origin n/a" if s.from_draft is None
+                      else "accepted draft token" if s.from_draft else "target's own token")
+            where = f"round {_na(s.round)}, {batch} &middot; {origin}"
         else:
-            where = f"batch T={s.batch_size} (row {s.batch_index})"
+            where = batch
         other = ""
         if self.other is not None and i < len(self.other.steps):
             o = self.other.steps[i]

@@ -124,6 +124,17 @@ def default_settings_path() -> Path:
     return Path(user_config_dir("specview", appauthor=False)) / "gui.json"
 
 
+def fmt_margin(x: float | None) -> str:
+    """A margin as the app shows it; "n/a" where the engine reported none (llama-server)."""
+    if x is None:
+        return "n/a"
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return "n/a"
+    return f"{v:.4f}" if math.isfinite(v) else "n/a"
+
+
 def mismatch_positions(a: list[int], b: list[int]) -> list[int]:
     """Indices where the arms' tokens differ, aligned by index; a length difference counts once, at its start."""
     n = min(len(a), len(b))
@@ -1044,12 +1055,9 @@ class MainWindow(QMainWindow):
             if label:
                 what += f" — <b>{html.escape(label)}</b>"
             parts.append(what + ".")
-            nums = []
-            if vm is not None and math.isfinite(vm):
-                nums.append(f"vanilla margin {vm:.4f}")
+            nums = [f"vanilla margin {fmt_margin(vm)}"]
             if sm is not None:
-                origin = "accepted draft token" if sm.from_draft else "target's own token"
-                nums.append(f"speculative margin {sm.margin:.4f} ({origin}, round {sm.round}, batch T={sm.batch_size})")
+                nums.append(f"speculative margin {fmt_margin(sm.margin)} ({step_origin(sm)})")
             if diag:
                 gap = diag.get("gap")
                 if isinstance(gap, (int, float)) and math.isfinite(gap):
@@ -1111,7 +1119,7 @@ class MainWindow(QMainWindow):
         for p in self.panes.panes:
             if i < len(p.steps):
                 st = p.steps[i]
-                bits.append(f"{p.arm} {st.piece!r} margin {st.margin:.4f}")
+                bits.append(f"{p.arm} {st.piece!r} margin {fmt_margin(st.margin)}")
         return " · ".join(bits)
 
     def mismatches(self) -> list[int]:
@@ -1241,6 +1249,17 @@ class MainWindow(QMainWindow):
         self.save_settings()
         self.shutdown()
         super().closeEvent(ev)
+
+
+def step_origin(step: Step) -> str:
+    """Where a speculative token came from, in words; "n/a" for what the engine did not report."""
+    if step.from_draft is None:
+        origin = "origin n/a"
+    else:
+        origin = "accepted draft token" if step.from_draft else "target's own token"
+    rnd = "n/a" if step.round is None else step.round
+    t = "n/a" if step.batch_size is None else step.batch_size
+    return f"{origin}, round {rnd}, batch T={t}"
 
 
 def verdict_label(diag: dict | None) -> str:
