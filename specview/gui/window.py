@@ -319,6 +319,7 @@ class MainWindow(QMainWindow):
     sigTraceShown = Signal(object)  # Trace, after it is fully displayed (live run or opened file)
     sigError = Signal(str)  # a message shown to the user
     sigBusy = Signal(bool)
+    sigReportWritten = Signal(object)  # {"html": Path, "markdown": Path, ...}
 
     def __init__(self, *, settings_path: str | os.PathLike[str] | None = None, preload: bool = False,
                  worker_host: WorkerHost | None = None):
@@ -567,8 +568,14 @@ class MainWindow(QMainWindow):
         self.act_save = QAction("&Save trace…", self, shortcut=QKeySequence.StandardKey.Save,
                                 triggered=self._save_dialog)
         self.act_save.setEnabled(False)
+        self.act_export = QAction("&Export Report…", self, shortcut=QKeySequence("Ctrl+E"),
+                                  triggered=self._export_dialog)
+        self.act_export.setToolTip("write the HTML and Markdown report of the trace on screen into a folder")
+        self.act_export.setEnabled(False)
         act_quit = QAction("&Quit", self, shortcut=QKeySequence.StandardKey.Quit, triggered=self.close)
         m_file.addActions([self.act_open, self.act_save])
+        m_file.addSeparator()
+        m_file.addAction(self.act_export)
         m_file.addSeparator()
         m_file.addAction(act_quit)
 
@@ -848,6 +855,7 @@ class MainWindow(QMainWindow):
             # a fresh run: forget the old trace's marks everywhere
             self.trace = None
             self.act_save.setEnabled(False)
+            self.act_export.setEnabled(False)
             self.panes.clear()
             self.margin_plot.mark_fork(None)
             self.margin_plot.mark_token(None)
@@ -972,6 +980,31 @@ class MainWindow(QMainWindow):
         self._set_busy(False, "")
         self.show_error(ev.message, ev.details)
 
+    # ------------------------------------------------------------ report
+    def export_report(self, folder: str | os.PathLike[str]) -> dict[str, Path] | None:
+        """Write the HTML and Markdown report of the trace on screen into ``folder`` (plots drawn here, on the
+        GUI thread)."""
+        if self.trace is None:
+            self.show_error("no trace to report yet: run both arms or open a saved trace first")
+            return None
+        from ..report import write_report
+
+        self._set_status(f"writing the report into {folder}…")
+        try:
+            written = write_report(self.trace, folder)
+        except (SpecviewError, OSError) as exc:
+            self.show_error(f"{folder}: could not write the report ({exc})")
+            return None
+        self._set_status(f"report written: {written['html']} and {written['markdown']}")
+        self.sigReportWritten.emit(written)
+        return written
+
+    def _export_dialog(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Folder for the report (report.html, report.md and plots)",
+                                                  str(Path.cwd()))
+        if folder:
+            self.export_report(folder)
+
     def _set_busy(self, busy: bool, status: str) -> None:
         self.busy = busy
         self.cancel_button.setEnabled(busy)
@@ -1005,6 +1038,7 @@ class MainWindow(QMainWindow):
         """Show a finished or opened trace: panes, plots, marks, verdict."""
         self.trace = trace
         self.act_save.setEnabled(True)
+        self.act_export.setEnabled(True)
         v, s = trace.vanilla, trace.speculative
         self.panes.vanilla.set_steps(v.steps)
         self.panes.speculative.set_steps(s.steps)
