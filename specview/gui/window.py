@@ -45,7 +45,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..core.engine import EngineSettings, SpecviewError
+from ..core.engine import BackendUnavailable, EngineSettings, SpecviewError
 from ..core.session import RunConfig
 from ..core.trace import Round, Step, Trace
 from . import models as gmodels
@@ -74,8 +74,10 @@ AUTO_RUN_MS = 450  # debounce for flip-and-see
 AUTO_RUN_PROMPT_MS = 1200  # longer while typing a prompt
 OK_HUE = QColor(40, 160, 70)
 WARN_HUE = QColor(230, 150, 30)
+ENGINES = ("llama.cpp", "mlx")  # the in-process engines the app drives
 
 DEFAULTS: dict[str, Any] = {
+    "engine": "llama.cpp",
     "target": "demo:Q8_0",
     "draft": "demo:Q4_0",
     "spec_type": "draft-simple",
@@ -133,6 +135,19 @@ def fmt_margin(x: float | None) -> str:
     except (TypeError, ValueError):
         return "n/a"
     return f"{v:.4f}" if math.isfinite(v) else "n/a"
+
+
+def engine_problem(name: str) -> str | None:
+    """Why the engine ``name`` cannot run here (its BackendUnavailable reason), or None when it can."""
+    from ..core.registry import get_backend
+
+    try:
+        get_backend(name)
+    except BackendUnavailable as exc:
+        return str(exc)
+    except Exception as exc:  # a broken installation: still a reason, never a traceback
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def mismatch_positions(a: list[int], b: list[int]) -> list[int]:
@@ -233,6 +248,22 @@ class ModelPicker(QWidget):
         self.combo.lineEdit().editingFinished.connect(self._commit)
         self._last = ""
         self.choices: list[gmodels.QuantChoice] = []
+        self.engine = "llama.cpp"
+
+    def set_engine(self, engine: str) -> None:
+        """llama.cpp takes GGUF files; mlx takes MLX model folders (the browse button picks a folder)."""
+        self.engine = engine
+        mlx = engine == "mlx"
+        self.folder.setVisible(not mlx)
+        if mlx:
+            self.browse.setIcon(self.style().standardIcon(QStyle.StandardPixmap.SP_DirOpenIcon))
+            self.browse.setToolTip(f"choose the MLX model folder of the {self.role} (written by mlx_lm.convert)")
+            self.combo.setToolTip("a demo quantization or the path of an MLX model folder")
+        else:
+            self.browse.setIcon(self.style().standardIcon(QStyle.StandardPixmap.SP_FileIcon))
+            self.browse.setToolTip(f"choose a GGUF file for the {self.role}")
+            self.combo.setToolTip("a demo quantization (derived on first use) or the path of a GGUF file")
+        self._refresh_quants(self.value())
 
     def value(self) -> str:
         return self.combo.currentText().strip()
@@ -260,7 +291,8 @@ class ModelPicker(QWidget):
 
     def _refresh_quants(self, name: str) -> None:
         self.choices = []
-        if name and not name.lower().startswith("demo") and Path(name).expanduser().exists():
+        if self.engine == "llama.cpp" and name and not name.lower().startswith("demo") \
+                and Path(name).expanduser().exists():
             self.choices = gmodels.siblings(name)
         show = len(self.choices) > 1
         self.quants.setVisible(show)
@@ -284,6 +316,11 @@ class ModelPicker(QWidget):
 
     def _browse(self) -> None:
         start = self.value() if Path(self.value()).expanduser().exists() else str(Path.home())
+        if self.engine == "mlx":
+            folder = QFileDialog.getExistingDirectory(self, f"MLX model folder of the {self.role}", start)
+            if folder:
+                self.set_value(folder, emit=True)
+            return
         path, _ = QFileDialog.getOpenFileName(self, f"Choose the {self.role} model", start,
                                               "GGUF models (*.gguf);;All files (*)")
         if path:
@@ -339,6 +376,7 @@ class MainWindow(QMainWindow):
         self._derive: DeriveRequest | None = None
         self._derive_role: str | None = None
         self._preload: PreloadRequest | None = None
+        self.engine_problem: str | None = None
         self._suspend_auto = True
         self.diffs: list[int] = []
         self.verdict_kind = "info"
@@ -360,6 +398,8 @@ class MainWindow(QMainWindow):
         self.auto_timer.timeout.connect(self._auto_run)
         self._suspend_auto = False
         self._set_verdict("Ready. Press Run (Ctrl+R / F5) to run both arms; Esc cancels.", "info")
+        if self.engine.currentText() != "llama.cpp":
+            self._check_engine()
         if preload:
             try:
                 self._preload = self.host.preload(PreloadRequest(self.build_config()))
@@ -417,6 +457,13 @@ class MainWindow(QMainWindow):
 
         models_box = QGroupBox("Models")
         mf = QFormLayout(models_box)
+        self.engine = QComboBox()
+        self.engine.setObjectName("engine")
+        self.engine.addItems(list(ENGINES))
+        self.engine.setToolTip("--engine: llama.cpp in-process (GGUF files) or mlx-lm (MLX model folders; "
+                               "Apple silicon, or mlx[cpu] on Linux)")
+        self.engine.currentIndexChanged.connect(self._engine_changed)
+        mf.addRow("Engine", self.engine)
         self.target = ModelPicker("target")
         self.target.sigChanged.connect(self._control_changed)
         self.target.sigDeriveWanted.connect(lambda c: self.derive(c, "target"))
@@ -647,6 +694,11 @@ class MainWindow(QMainWindow):
                 for picker in (self.target, self.draft):
                     if picker.combo.findText(name) < 0:
                         picker.combo.addItem(name)
+            engine = s.get("engine") if s.get("engine") in ENGINES else DEFAULTS["engine"]
+            with QSignalBlocker(self.engine):
+                self.engine.setCurrentText(engine)
+            for picker in (self.target, self.draft):
+                picker.set_engine(engine)
             self.target.set_value(str(s.get("target") or DEFAULTS["target"]))
             self.draft.set_value(str(s.get("draft") or DEFAULTS["draft"]))
             i = self.spec_type.findData(s.get("spec_type", "draft-simple"))
@@ -678,6 +730,7 @@ class MainWindow(QMainWindow):
 
     def controls_state(self) -> dict[str, Any]:
         return {
+            "engine": self.engine.currentText(),
             "target": self.target.value(),
             "draft": self.draft.value(),
             "spec_type": self.spec_type.currentData(),
@@ -753,6 +806,7 @@ class MainWindow(QMainWindow):
             prompt=prompt,
             chat=s["chat"],
             ignore_eos=s["ignore_eos"],
+            backend=s["engine"],
             engine=engine,
         )
 
@@ -761,6 +815,8 @@ class MainWindow(QMainWindow):
         s = self.controls_state()
         s.update(values)
         self._apply_settings_to_controls(s)
+        if "engine" in values and not self._check_engine():
+            return
         self._control_changed()
 
     # ---------------------------------------------------------- control changes
@@ -776,6 +832,30 @@ class MainWindow(QMainWindow):
     def _auto_run(self) -> None:
         if self.auto_run.isChecked():
             self.run()
+
+    def _engine_changed(self, *_a: Any) -> None:
+        name = self.engine.currentText()
+        for picker in (self.target, self.draft):
+            picker.set_engine(name)
+        if self._check_engine():
+            self._control_changed()
+
+    def _check_engine(self) -> bool:
+        """Show why the chosen engine cannot run here, if it cannot; True when it can."""
+        name = self.engine.currentText()
+        self.engine_problem = engine_problem(name)
+        if self.engine_problem is None:
+            if self.verdict_kind == "warn" and "engine is not available" in self.verdict.text():
+                self._set_verdict(f"Engine {html.escape(name)} ready. Press Run (Ctrl+R / F5).", "info")
+            self._set_status(f"engine {name}")
+            return True
+        self.auto_timer.stop()
+        self._set_verdict(f"<b>The {html.escape(name)} engine is not available</b>: "
+                          f"{html.escape(self.engine_problem)}<br>Choose llama.cpp in Models ▸ Engine to run here.",
+                          "warn")
+        self.verdict.setToolTip("")
+        self._set_status(f"{name} unavailable: {self.engine_problem}")
+        return False
 
     def _spec_type_changed(self, *_a: Any) -> None:
         on = self.spec_type.currentData() == "draft-simple"
@@ -814,6 +894,10 @@ class MainWindow(QMainWindow):
             cfg = self.build_config()
         except SpecviewError as exc:
             self.show_error(str(exc))
+            return None
+        problem = engine_problem(cfg.backend) if cfg.backend != "llama.cpp" else None
+        if problem is not None:
+            self.show_error(f"the {cfg.backend} engine is not available: {problem}")
             return None
         req = RunRequest(cfg, diagnose=self.diagnose.isChecked(), reuse_vanilla=reuse_vanilla)
         self.request = req
@@ -1212,6 +1296,8 @@ class MainWindow(QMainWindow):
         for key in ("target", "draft", "spec_type", "n_max", "n_min", "p_min", "max_tokens", "ignore_eos", "chat"):
             if cfg.get(key) is not None:
                 s[key] = cfg[key]
+        if cfg.get("backend") in ENGINES:
+            s["engine"] = cfg["backend"]
         for key in ("flash_attn", "gpu_layers", "n_ctx", "threads"):
             if eng.get(key) is not None:
                 s[key] = eng[key]
