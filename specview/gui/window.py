@@ -12,6 +12,7 @@ import html
 import json
 import math
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,7 @@ from PySide6.QtWidgets import (
     QSplitter,
     QStyle,
     QStyleFactory,
+    QTabWidget,
     QToolButton,
     QVBoxLayout,
     QWidget,
@@ -49,12 +51,16 @@ from ..core.engine import BackendUnavailable, EngineSettings, SpecviewError
 from ..core.session import RunConfig
 from ..core.trace import Round, Step, Trace
 from . import models as gmodels
+from .matrix_view import MatrixView
 from .panes import MISMATCH_HUE, PaintClock, PanePair, blend, is_dark
 from .plots import AcceptancePlot, MarginPlot
 from .worker import (
     ArmStarted,
     Derived,
     DeriveRequest,
+    MatrixCell,
+    MatrixFinished,
+    MatrixRequest,
     Progress,
     PreloadRequest,
     RoundEvent,
@@ -356,6 +362,8 @@ class MainWindow(QMainWindow):
     sigTraceShown = Signal(object)  # Trace, after it is fully displayed (live run or opened file)
     sigError = Signal(str)  # a message shown to the user
     sigBusy = Signal(bool)
+    sigMatrixCell = Signal(object)  # a streamed matrix cell record, after the matrix tab shows it
+    sigMatrixFinished = Signal(object)  # MatrixFinished, after the matrix tab shows the whole matrix
     sigReportWritten = Signal(object)  # {"html": Path, "markdown": Path, ...}
 
     def __init__(self, *, settings_path: str | os.PathLike[str] | None = None, preload: bool = False,
@@ -376,7 +384,9 @@ class MainWindow(QMainWindow):
         self._derive: DeriveRequest | None = None
         self._derive_role: str | None = None
         self._preload: PreloadRequest | None = None
+        self.matrix_request: MatrixRequest | None = None
         self.engine_problem: str | None = None
+        self._cell_open: dict[str, Any] | None = None  # a matrix cell being opened (see _open_cell_later)
         self._suspend_auto = True
         self.diffs: list[int] = []
         self.verdict_kind = "info"
@@ -439,7 +449,17 @@ class MainWindow(QMainWindow):
         self.vsplit.addWidget(plots)
         self.vsplit.setStretchFactor(0, 3)
         self.vsplit.setStretchFactor(1, 2)
-        lay.addWidget(self.vsplit, 1)
+        self.matrix_view = MatrixView()
+        self.matrix_view.sigOpenCell.connect(self._cell_config_wanted)
+        self.matrix_view.sigOpenTrace.connect(self._cell_trace_wanted)
+        self.tabs = QTabWidget()
+        self.tabs.setObjectName("tabs")
+        self.tabs.setDocumentMode(True)
+        self.tabs.addTab(self.vsplit, "Side by side")
+        self.tabs.addTab(self.matrix_view, "Matrix")
+        self.tabs.setTabToolTip(1, "a reproducer matrix: which targets, drafters and n_max fork; double-click a "
+                                   "cell to open it side by side")
+        lay.addWidget(self.tabs, 1)
         self.setCentralWidget(central)
 
         self.panes.sigTokenSelected.connect(self._token_selected)
@@ -615,12 +635,14 @@ class MainWindow(QMainWindow):
         self.act_save = QAction("&Save trace…", self, shortcut=QKeySequence.StandardKey.Save,
                                 triggered=self._save_dialog)
         self.act_save.setEnabled(False)
+        self.act_open_matrix = QAction("Open &Matrix…", self, shortcut=QKeySequence("Ctrl+Shift+O"),
+                                       triggered=self._open_matrix_dialog)
         self.act_export = QAction("&Export Report…", self, shortcut=QKeySequence("Ctrl+E"),
                                   triggered=self._export_dialog)
         self.act_export.setToolTip("write the HTML and Markdown report of the trace on screen into a folder")
         self.act_export.setEnabled(False)
         act_quit = QAction("&Quit", self, shortcut=QKeySequence.StandardKey.Quit, triggered=self.close)
-        m_file.addActions([self.act_open, self.act_save])
+        m_file.addActions([self.act_open, self.act_save, self.act_open_matrix])
         m_file.addSeparator()
         m_file.addAction(self.act_export)
         m_file.addSeparator()
@@ -634,10 +656,13 @@ class MainWindow(QMainWindow):
         self.act_prev = QAction("&Previous mismatch", self, shortcut=QKeySequence("Shift+F8"),
                                 triggered=self.previous_mismatch)
         self.act_fork = QAction("Go to the &fork", self, shortcut=QKeySequence("Ctrl+J"), triggered=self.jump_to_fork)
-        m_run.addActions([self.act_run, self.act_cancel])
+        self.act_matrix = QAction("Run &matrix…", self, shortcut=QKeySequence("Ctrl+M"),
+                                  triggered=lambda _checked=False: self.run_matrix())
+        self.act_matrix.setToolTip("run targets x drafters x n_max around the current settings (Esc cancels)")
+        m_run.addActions([self.act_run, self.act_matrix, self.act_cancel])
         m_run.addSeparator()
         m_run.addActions([self.act_fork, self.act_next, self.act_prev])
-        for a in (self.act_run, self.act_cancel, self.act_next, self.act_prev, self.act_fork):
+        for a in (self.act_run, self.act_cancel, self.act_next, self.act_prev, self.act_fork, self.act_matrix):
             a.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
             self.addAction(a)
 
@@ -671,6 +696,8 @@ class MainWindow(QMainWindow):
         w.sigProgress.connect(self._on_progress)
         w.sigDerived.connect(self._on_derived)
         w.sigPreloaded.connect(self._on_preloaded)
+        w.sigMatrixCell.connect(self._on_matrix_cell)
+        w.sigMatrixFinished.connect(self._on_matrix_finished)
 
     # ------------------------------------------------------------ settings
     def _read_settings(self) -> dict[str, Any]:
@@ -830,7 +857,7 @@ class MainWindow(QMainWindow):
             self.auto_timer.start(ms)
 
     def _auto_run(self) -> None:
-        if self.auto_run.isChecked():
+        if self.auto_run.isChecked() and self.matrix_request is None:  # never cancel a matrix behind the user's back
             self.run()
 
     def _engine_changed(self, *_a: Any) -> None:
@@ -895,10 +922,19 @@ class MainWindow(QMainWindow):
         except SpecviewError as exc:
             self.show_error(str(exc))
             return None
+        return self.run_config(cfg, reuse_vanilla=reuse_vanilla, apply=False)
+
+    def run_config(self, cfg: RunConfig, *, reuse_vanilla: bool = True, apply: bool = True) -> RunRequest | None:
+        """Run exactly ``cfg`` (a matrix cell's, say), showing its settings in the controls first."""
+        self.auto_timer.stop()
+        if apply:
+            self._controls_from_config(cfg)
         problem = engine_problem(cfg.backend) if cfg.backend != "llama.cpp" else None
         if problem is not None:
             self.show_error(f"the {cfg.backend} engine is not available: {problem}")
             return None
+        self.matrix_request = None  # submitting cancels a running matrix
+        self.tabs.setCurrentIndex(0)
         req = RunRequest(cfg, diagnose=self.diagnose.isChecked(), reuse_vanilla=reuse_vanilla)
         self.request = req
         self.live = Live(request=req, started=time.perf_counter())
@@ -908,7 +944,10 @@ class MainWindow(QMainWindow):
         return req
 
     def cancel(self) -> None:
-        if self.busy and self.request is not None:
+        if self.busy and self.matrix_request is not None:
+            self.host.cancel()
+            self._set_status("cancelling the matrix (stops within one forward pass)…")
+        elif self.busy and self.request is not None:
             self.host.cancel()
             self._set_status("cancelling (stops within one forward pass)…")
         self.auto_timer.stop()
@@ -1057,12 +1096,160 @@ class MainWindow(QMainWindow):
             self._set_busy(False, "")
             self.show_error(ev.message, ev.details)
             return
+        if self.matrix_request is not None and ev.request_id == self.matrix_request.id:
+            self.matrix_request = None
+            self._set_busy(False, "")
+            self.show_error(f"the matrix stopped: {ev.message}", ev.details)
+            return
         if not self._current(ev.request_id):
             return
         self.frame_timer.stop()
         self.flush()
         self._set_busy(False, "")
         self.show_error(ev.message, ev.details)
+
+    # ------------------------------------------------------------ matrix
+    def run_matrix(self, spec: Any = None, *, out_dir: str | os.PathLike[str] | None = None) -> MatrixRequest | None:
+        """Run a reproducer matrix on the model worker, streaming its cells into the Matrix tab.
+
+        Without ``spec`` a dialog offers targets, drafters and n_max around the
+        current controls.  The matrix JSON and each cell's trace are written to
+        ``out_dir`` (a fresh temporary folder by default), so a finished cell
+        opens side by side without running again.
+        """
+        from ..core.matrix import MatrixRun, expand
+
+        self.auto_timer.stop()
+        if spec is None:
+            try:
+                cfg = self.build_config()
+            except SpecviewError as exc:
+                self.show_error(str(exc))
+                return None
+            from .matrix_run import MatrixDialog
+
+            dlg = MatrixDialog(cfg, diagnose=self.diagnose.isChecked(), parent=self)
+            if dlg.exec() != MatrixDialog.DialogCode.Accepted:
+                return None
+            try:
+                spec = dlg.spec()
+            except SpecviewError as exc:
+                self.show_error(str(exc))
+                return None
+        try:
+            spec.validate()
+        except SpecviewError as exc:
+            self.show_error(str(exc))
+            return None
+        problem = engine_problem(spec.backend) if spec.backend != "llama.cpp" else None
+        if problem is not None:
+            self.show_error(f"the {spec.backend} engine is not available: {problem}")
+            return None
+        folder = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="specview-matrix-"))
+        out = folder / "matrix.json"
+        req = MatrixRequest(spec, out=str(out), traces_dir=str(folder / "traces"))
+        self.matrix_view.setMatrix(MatrixRun(spec=spec, cells=expand(spec)).to_json(), source=out)
+        self.tabs.setCurrentWidget(self.matrix_view)
+        self.request = None  # a run still streaming is cancelled by the submit below; its events are stale
+        self.frame_timer.stop()
+        self.matrix_request = req
+        self.last_error = None
+        self.host.submit_matrix(req)
+        self._set_busy(True, f"matrix: 0 of {len(expand(spec))} cells…")
+        self._set_verdict(f"Running a matrix of {len(expand(spec))} cells; Esc cancels.", "info")
+        return req
+
+    def _on_matrix_cell(self, ev: MatrixCell) -> None:
+        if self.matrix_request is None or ev.request_id != self.matrix_request.id:
+            return
+        self.matrix_view.addCell(ev.record)
+        done = len(self.matrix_view.doc.get("cells", []))
+        total = int(self.matrix_view.doc.get("n_cells", done) or done)
+        self.progress.setRange(0, max(1, total))
+        self.progress.setValue(done)
+        self._set_status(f"matrix: {done} of {total} cells")
+        self.sigMatrixCell.emit(ev.record)
+
+    def _on_matrix_finished(self, ev: MatrixFinished) -> None:
+        if self.matrix_request is None or ev.request_id != self.matrix_request.id:
+            return
+        req, self.matrix_request = self.matrix_request, None
+        self.matrix_view.setMatrix(ev.doc, source=req.out)
+        doc = ev.doc
+        n, total = len(doc.get("cells", [])), doc.get("n_cells", 0)
+        forks = sum(1 for c in doc.get("cells", []) if c.get("status") == "ok" and not c.get("identical"))
+        errors = sum(1 for c in doc.get("cells", []) if c.get("status") == "error")
+        status = doc.get("status", "")
+        head = "Matrix cancelled" if status == "interrupted" else "Matrix complete"
+        text = f"<b>{head}</b>: {n} of {total} cells, {forks} forked, {errors} failed."
+        summary = doc.get("summary") or []
+        if summary:
+            text += "<br>" + html.escape(str(summary[0]))
+        text += "<br><i>Double-click a cell to open it side by side.</i>"
+        if self.tabs.currentWidget() is self.matrix_view:  # else a cell opened meanwhile keeps its verdict
+            self._set_verdict(text, "warn" if status == "interrupted" or errors else ("bad" if forks else "ok"))
+            self.verdict.setToolTip(f"written to {req.out}")
+        self._set_busy(False, f"matrix {status} in {ev.seconds:.1f} s: {req.out}")
+        self.sigMatrixFinished.emit(ev)
+
+    def open_matrix(self, path: str | os.PathLike[str]) -> bool:
+        """Show a ``specview.matrix/1`` file in the Matrix tab."""
+        try:
+            self.matrix_view.loadFile(path)
+        except SpecviewError as exc:
+            self.show_error(str(exc))
+            return False
+        self.tabs.setCurrentWidget(self.matrix_view)
+        self._set_status(f"matrix {path}")
+        return True
+
+    def _open_matrix_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Open a specview matrix", str(Path.cwd()),
+                                              "specview matrices (*.json);;All files (*)")
+        if path:
+            self.open_matrix(path)
+
+    # a double-clicked cell emits its RunConfig and then, when the matrix saved one, its trace path;
+    # both arrive in the same call, so the choice between them is made once control returns to the loop
+    def _cell_config_wanted(self, cfg: RunConfig) -> None:
+        self._open_cell_later()["config"] = cfg
+
+    def _cell_trace_wanted(self, path: str) -> None:
+        self._open_cell_later()["trace"] = path
+
+    def _open_cell_later(self) -> dict[str, Any]:
+        if self._cell_open is None:
+            self._cell_open = {}
+            QTimer.singleShot(0, self._open_cell)
+        return self._cell_open
+
+    def _open_cell(self) -> None:
+        want, self._cell_open = self._cell_open or {}, None
+        if want.get("trace"):
+            if self.open_trace(want["trace"]) is not None:
+                self.tabs.setCurrentIndex(0)
+                return
+        cfg = want.get("config")
+        if cfg is not None:
+            self.run_config(cfg)
+
+    def _controls_from_config(self, cfg: RunConfig) -> None:
+        s = self.controls_state()
+        s.update(target=cfg.target, spec_type=cfg.spec_type, n_max=cfg.n_max, n_min=cfg.n_min, p_min=cfg.p_min,
+                 max_tokens=cfg.max_tokens, ignore_eos=cfg.ignore_eos, chat=cfg.chat,
+                 flash_attn=cfg.engine.flash_attn, gpu_layers=cfg.engine.gpu_layers, n_ctx=cfg.engine.n_ctx,
+                 threads=cfg.engine.threads)
+        if cfg.draft:
+            s["draft"] = cfg.draft
+        if cfg.backend in ENGINES:
+            s["engine"] = cfg.backend
+        if cfg.prompt is not None:
+            s["prompt"] = cfg.prompt
+        try:
+            self._apply_settings_to_controls(s)
+        except (TypeError, ValueError):
+            pass
+        self.auto_timer.stop()
 
     # ------------------------------------------------------------ report
     def export_report(self, folder: str | os.PathLike[str]) -> dict[str, Path] | None:
@@ -1276,7 +1463,7 @@ class MainWindow(QMainWindow):
         except SpecviewError as exc:
             self.show_error(str(exc))
             return None
-        if self.busy:
+        if self.busy and self.matrix_request is None:  # a running matrix goes on; its cells stay openable
             self.cancel()
             self._set_busy(False, "")  # the cancelled run's events are stale from here on
         self.request = None

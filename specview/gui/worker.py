@@ -62,6 +62,39 @@ class PreloadRequest:
     id: int = field(default_factory=lambda: next(_ids))
 
 
+@dataclass
+class MatrixRequest:
+    """Run every cell of a reproducer matrix on the worker's session (models and vanilla arms are shared)."""
+
+    spec: Any  # specview.core.matrix.MatrixSpec
+    out: str | None = None  # the matrix JSON, rewritten after every cell
+    traces_dir: str | None = None  # each cell's trace, so a cell opens without running it again
+    id: int = field(default_factory=lambda: next(_ids))
+    cancel_event: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    def cancel(self) -> None:
+        self.cancel_event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel_event.is_set()
+
+
+@dataclass(frozen=True)
+class MatrixCell:
+    """One finished matrix cell: its ``specview.matrix/1`` cell record."""
+
+    request_id: int
+    record: dict
+
+
+@dataclass(frozen=True)
+class MatrixFinished:
+    request_id: int
+    doc: dict  # the whole matrix document, status "complete" or "interrupted"
+    seconds: float
+
+
 @dataclass(frozen=True)
 class RunStarted:
     request_id: int
@@ -144,6 +177,8 @@ class ModelWorker(QObject):
     sigProgress = Signal(object)  # Progress
     sigDerived = Signal(object)  # Derived
     sigPreloaded = Signal(object)  # int request id
+    sigMatrixCell = Signal(object)  # MatrixCell
+    sigMatrixFinished = Signal(object)  # MatrixFinished
 
     def __init__(self, session_factory: Callable[[Callable[[str], None]], Session] | None = None):
         super().__init__()
@@ -248,6 +283,26 @@ class ModelWorker(QObject):
         except BaseException as exc:  # noqa: BLE001
             self._fail(req.id, exc)
 
+    @Slot(object)
+    def run_matrix(self, req: MatrixRequest) -> None:
+        if req.cancelled:
+            return
+        self._current_id = req.id
+        self.busy = True
+        t0 = time.perf_counter()
+        try:
+            from ..core.matrix import run_matrix
+
+            session = self._session()
+            run = run_matrix(req.spec, session, out=req.out, traces_dir=req.traces_dir, progress=self._progress,
+                             on_cell=lambda rec: self.sigMatrixCell.emit(MatrixCell(req.id, rec)),
+                             cancel=req.cancel_event.is_set)
+            self.sigMatrixFinished.emit(MatrixFinished(req.id, run.to_json(), time.perf_counter() - t0))
+        except BaseException as exc:  # noqa: BLE001 - every failure becomes a message
+            self._fail(req.id, exc)
+        finally:
+            self.busy = False
+
     @Slot()
     def shutdown(self) -> None:
         try:
@@ -264,6 +319,7 @@ class WorkerHost(QObject):
     _sigRun = Signal(object)
     _sigDerive = Signal(object)
     _sigPreload = Signal(object)
+    _sigMatrix = Signal(object)
     _sigShutdown = Signal()
 
     def __init__(self, worker: ModelWorker | None = None, parent: QObject | None = None):
@@ -275,9 +331,10 @@ class WorkerHost(QObject):
         self._sigRun.connect(self.worker.run)
         self._sigDerive.connect(self.worker.derive)
         self._sigPreload.connect(self.worker.preload)
+        self._sigMatrix.connect(self.worker.run_matrix)
         self._sigShutdown.connect(self.worker.shutdown)
         self.thread.start()
-        self.current: RunRequest | None = None
+        self.current: RunRequest | MatrixRequest | None = None
         self._stopped = False
 
     def submit(self, req: RunRequest) -> RunRequest:
@@ -286,6 +343,14 @@ class WorkerHost(QObject):
             self.current.cancel()
         self.current = req
         self._sigRun.emit(req)
+        return req
+
+    def submit_matrix(self, req: MatrixRequest) -> MatrixRequest:
+        """Cancel whatever is running and queue the matrix (a later run cancels it in turn)."""
+        if self.current is not None:
+            self.current.cancel()
+        self.current = req
+        self._sigMatrix.emit(req)
         return req
 
     def cancel(self) -> None:
