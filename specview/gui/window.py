@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
     QFrame,
     QGroupBox,
     QHBoxLayout,
+    QHeaderView,
     QLabel,
     QMainWindow,
     QPlainTextEdit,
@@ -141,6 +142,16 @@ def fmt_margin(x: float | None) -> str:
     except (TypeError, ValueError):
         return "n/a"
     return f"{v:.4f}" if math.isfinite(v) else "n/a"
+
+
+def is_matrix_file(path: str | os.PathLike[str]) -> bool:
+    """True for a ``specview.matrix/...`` JSON file (its schema key comes first), read from its first bytes only."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(512)
+    except OSError:
+        return False
+    return b'"specview.matrix/' in head
 
 
 def engine_problem(name: str) -> str | None:
@@ -452,6 +463,12 @@ class MainWindow(QMainWindow):
         self.matrix_view = MatrixView()
         self.matrix_view.sigOpenCell.connect(self._cell_config_wanted)
         self.matrix_view.sigOpenTrace.connect(self._cell_trace_wanted)
+        # the grid fills the tab, and every row has room for a cell's three lines
+        grid_header = self.matrix_view.table.horizontalHeader()
+        grid_header.setMinimumSectionSize(130)
+        grid_header.setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        self.matrix_view.table.verticalHeader().setMinimumSectionSize(
+            self.matrix_view.table.fontMetrics().lineSpacing() * 3 + 12)
         self.tabs = QTabWidget()
         self.tabs.setObjectName("tabs")
         self.tabs.setDocumentMode(True)
@@ -1175,22 +1192,28 @@ class MainWindow(QMainWindow):
             return
         req, self.matrix_request = self.matrix_request, None
         self.matrix_view.setMatrix(ev.doc, source=req.out)
-        doc = ev.doc
-        n, total = len(doc.get("cells", [])), doc.get("n_cells", 0)
-        forks = sum(1 for c in doc.get("cells", []) if c.get("status") == "ok" and not c.get("identical"))
-        errors = sum(1 for c in doc.get("cells", []) if c.get("status") == "error")
-        status = doc.get("status", "")
-        head = "Matrix cancelled" if status == "interrupted" else "Matrix complete"
-        text = f"<b>{head}</b>: {n} of {total} cells, {forks} forked, {errors} failed."
-        summary = doc.get("summary") or []
-        if summary:
-            text += "<br>" + html.escape(str(summary[0]))
-        text += "<br><i>Double-click a cell to open it side by side.</i>"
+        status = ev.doc.get("status", "")
         if self.tabs.currentWidget() is self.matrix_view:  # else a cell opened meanwhile keeps its verdict
-            self._set_verdict(text, "warn" if status == "interrupted" or errors else ("bad" if forks else "ok"))
-            self.verdict.setToolTip(f"written to {req.out}")
+            self._show_matrix_verdict(ev.doc, f"written to {req.out}")
         self._set_busy(False, f"matrix {status} in {ev.seconds:.1f} s: {req.out}")
         self.sigMatrixFinished.emit(ev)
+
+    def _show_matrix_verdict(self, doc: dict[str, Any], tooltip: str = "") -> None:
+        cells = doc.get("cells", [])
+        n, total = len(cells), doc.get("n_cells", len(cells))
+        forks = sum(1 for c in cells if c.get("status") == "ok" and not c.get("identical"))
+        errors = sum(1 for c in cells if c.get("status") == "error")
+        status = doc.get("status", "")
+        head = {"interrupted": "Matrix cancelled", "running": "Matrix still running"}.get(status, "Matrix complete")
+        text = f"<b>{head}</b>: {n} of {total} cells, {forks} forked, {errors} failed."
+        if n:
+            text += "<br><i>Double-click a cell (or press Enter on it) to open it side by side.</i>"
+        # a near-tie fork is expected numerics, not a bug: only a state bug, nondeterminism or an
+        # undiagnosed fork colours the bar as a mismatch
+        bad = any(c.get("verdict") in ("state", "nondeterministic", "diverged") for c in cells)
+        kind = "bad" if bad else ("warn" if forks or errors or status != "complete" else "ok")
+        self._set_verdict(text, kind)
+        self.verdict.setToolTip(tooltip)
 
     def open_matrix(self, path: str | os.PathLike[str]) -> bool:
         """Show a ``specview.matrix/1`` file in the Matrix tab."""
@@ -1200,6 +1223,7 @@ class MainWindow(QMainWindow):
             self.show_error(str(exc))
             return False
         self.tabs.setCurrentWidget(self.matrix_view)
+        self._show_matrix_verdict(self.matrix_view.doc, str(path))
         self._set_status(f"matrix {path}")
         return True
 
@@ -1457,7 +1481,10 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------ files
     def open_trace(self, path: str | os.PathLike[str]) -> Trace | None:
-        """Open a saved trace and show it as a live one (no model needed)."""
+        """Open a saved trace and show it as a live one (no model needed); a matrix file opens in the Matrix tab."""
+        if is_matrix_file(path):
+            self.open_matrix(path)
+            return None
         try:
             trace = Trace.load(path)
         except SpecviewError as exc:
@@ -1510,8 +1537,8 @@ class MainWindow(QMainWindow):
         return p
 
     def _open_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Open a specview trace", str(Path.cwd()),
-                                              "specview traces (*.json);;All files (*)")
+        path, _ = QFileDialog.getOpenFileName(self, "Open a specview trace or matrix", str(Path.cwd()),
+                                              "specview traces and matrices (*.json);;All files (*)")
         if path:
             self.open_trace(path)
 

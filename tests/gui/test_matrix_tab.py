@@ -84,6 +84,8 @@ def test_open_matrix_and_double_click_opens_the_saved_trace(matrix_file, make_wi
     doc = load_matrix(matrix_file)
     assert len(doc["cells"]) == 8  # 2 targets x (draft at n_max 1 and 3, ngram-simple, none)
     assert (view.table.rowCount(), view.table.columnCount()) == (2, 4)
+    n_forks = sum(not c["identical"] for c in doc["cells"])
+    assert f"Matrix complete</b>: 8 of 8 cells, {n_forks} forked, 0 failed" in w.verdict.text()
     # a forked cell when the tiny models fork, else the first draft-model cell
     forked = [c for c in doc["cells"] if not c["identical"]]
     want = forked[0] if forked else doc["cells"][0]
@@ -108,9 +110,11 @@ def test_a_forked_cell_opens_at_its_fork(matrix_file, synth, make_window, qtbot,
     path.write_text(json.dumps(doc))
     w = make_window()
     w.show()
-    assert w.open_matrix(path)
+    assert w.open_trace(path) is None  # File > Open (and `specview gui FILE`) sends a matrix to its tab
+    assert w.tabs.currentWidget() is w.matrix_view and w.last_error is None
     r, c, got = find_item(w.matrix_view, lambda x: x["index"] == 1)
     assert w.matrix_view.table.item(r, c).text().startswith("fork @ 25")
+    assert "1 forked" in w.verdict.text() and w.verdict_kind == "bad"  # an undiagnosed fork
     with qtbot.waitSignal(w.sigTraceShown, timeout=10_000) as blk:
         double_click(qtbot, w.matrix_view, r, c)
     assert_shows_cell(w, blk.args[0], got)
