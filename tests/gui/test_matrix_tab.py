@@ -206,3 +206,28 @@ def test_matrix_dialog_builds_the_spec_around_the_controls(make_window, tiny_dir
         box.setChecked(False)
     assert "empty" in dlg.count.text()
     assert not dlg.buttons.button(QDialogButtonBox.StandardButton.Ok).isEnabled()
+
+
+def test_run_matrix_action_runs_what_the_dialog_chose(tiny_dir, make_window, qtbot, monkeypatch):
+    from PySide6.QtWidgets import QDialog
+
+    from specview.gui.matrix_run import MatrixDialog
+
+    def choose(dlg):  # the user keeps the current target and draft, n_max 1 only, and no ngram-simple
+        for axis, keep in (("targets", str(tiny_dir / "target.gguf")), ("drafters", None), ("n_max", 1)):
+            for value, box in dlg.boxes[axis]:
+                box.setChecked(value != "ngram-simple" if axis == "drafters" else value == keep)
+        return QDialog.DialogCode.Accepted
+
+    monkeypatch.setattr(MatrixDialog, "exec", choose)
+    w = make_window()
+    w.diagnose.setChecked(False)
+    w.set_controls(target=str(tiny_dir / "target.gguf"), draft=str(tiny_dir / "draft.gguf"), n_max=3, max_tokens=16,
+                   ignore_eos=True, chat=False, prompt="the cat sat on the", threads=1, diagnose=False)
+    with qtbot.waitSignal(w.sigMatrixFinished, timeout=RUN_TIMEOUT) as blk:
+        w.act_matrix.trigger()
+    doc = blk.args[0].doc
+    assert doc["status"] == "complete" and doc["spec"]["n_max"] == [1]
+    assert [c["params"]["drafter"] for c in doc["cells"]] == [str(tiny_dir / "draft.gguf"), "none"]
+    assert {c["params"]["target"] for c in doc["cells"]} == {str(tiny_dir / "target.gguf")}
+    assert all(c["n_vanilla"] == 16 for c in doc["cells"])
