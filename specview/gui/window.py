@@ -162,7 +162,7 @@ def engine_problem(name: str) -> str | None:
         get_backend(name)
     except BackendUnavailable as exc:
         return str(exc)
-    except Exception as exc:  # a broken installation: still a reason, never a traceback
+    except Exception as exc:  # noqa: BLE001 - a broken installation: still a reason, never a traceback
         return f"{type(exc).__name__}: {exc}"
     return None
 
@@ -1249,10 +1249,9 @@ class MainWindow(QMainWindow):
 
     def _open_cell(self) -> None:
         want, self._cell_open = self._cell_open or {}, None
-        if want.get("trace"):
-            if self.open_trace(want["trace"]) is not None:
-                self.tabs.setCurrentIndex(0)
-                return
+        if want.get("trace") and self.open_trace(want["trace"]) is not None:
+            self.tabs.setCurrentIndex(0)
+            return
         cfg = want.get("config")
         if cfg is not None:
             self.run_config(cfg)
