@@ -33,6 +33,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QHeaderView,
     QLabel,
+    QLineEdit,
     QMainWindow,
     QPlainTextEdit,
     QProgressBar,
@@ -81,10 +82,13 @@ AUTO_RUN_MS = 450  # debounce for flip-and-see
 AUTO_RUN_PROMPT_MS = 1200  # longer while typing a prompt
 OK_HUE = QColor(40, 160, 70)
 WARN_HUE = QColor(230, 150, 30)
-ENGINES = ("llama.cpp", "mlx")  # the in-process engines the app drives
+ENGINES = ("llama.cpp", "mlx", "llama-server")  # in-process llama.cpp and MLX, and the user's own server
+SPEC_TYPES = ("draft-simple", "ngram-simple", "none")  # the in-process engines' drafters
 
 DEFAULTS: dict[str, Any] = {
     "engine": "llama.cpp",
+    "server_bin": "",
+    "server_args": "",
     "target": "demo:Q8_0",
     "draft": "demo:Q4_0",
     "spec_type": "draft-simple",
@@ -154,10 +158,18 @@ def is_matrix_file(path: str | os.PathLike[str]) -> bool:
     return b'"specview.matrix/' in head
 
 
-def engine_problem(name: str) -> str | None:
+def engine_problem(name: str, server_bin: str | None = None) -> str | None:
     """Why the engine ``name`` cannot run here (its BackendUnavailable reason), or None when it can."""
     from ..core.registry import get_backend
 
+    if name == "llama-server":
+        from ..backends.server import find_server_bin, server_spec_types
+
+        try:
+            server_spec_types(find_server_bin(server_bin or None))
+        except SpecviewError as exc:
+            return str(exc)
+        return None
     try:
         get_backend(name)
     except BackendUnavailable as exc:
@@ -501,6 +513,20 @@ class MainWindow(QMainWindow):
                                "Apple silicon, or mlx[cpu] on Linux)")
         self.engine.currentIndexChanged.connect(self._engine_changed)
         mf.addRow("Engine", self.engine)
+        self.server_bin = QLineEdit()
+        self.server_bin.setObjectName("server_bin")
+        self.server_bin.setPlaceholderText("llama-server on PATH")
+        self.server_bin.setToolTip("--server-bin: your llama-server binary (empty: $SPECVIEW_LLAMA_SERVER, "
+                                   "PATH, or the copy scripts/build-llama-server.sh builds)")
+        self.server_bin.editingFinished.connect(self._engine_changed)
+        self.server_args = QLineEdit()
+        self.server_args.setObjectName("server_args")
+        self.server_args.setPlaceholderText("e.g. -ngl 99 -fa on")
+        self.server_args.setToolTip("--server-args: extra llama-server flags, passed through verbatim")
+        self.server_args.editingFinished.connect(self._control_changed)
+        mf.addRow("Server binary", self.server_bin)
+        mf.addRow("Server flags", self.server_args)
+        self._server_rows = [self.server_bin, self.server_args]
         self.target = ModelPicker("target")
         self.target.sigChanged.connect(self._control_changed)
         self.target.sigDeriveWanted.connect(lambda c: self.derive(c, "target"))
@@ -741,6 +767,10 @@ class MainWindow(QMainWindow):
             engine = s.get("engine") if s.get("engine") in ENGINES else DEFAULTS["engine"]
             with QSignalBlocker(self.engine):
                 self.engine.setCurrentText(engine)
+            self.server_bin.setText(str(s.get("server_bin") or ""))
+            self.server_args.setText(str(s.get("server_args") or ""))
+            self._show_server_rows(engine)
+            self._offer_spec_types(engine, str(s.get("spec_type", "draft-simple")))
             for picker in (self.target, self.draft):
                 picker.set_engine(engine)
             self.target.set_value(str(s.get("target") or DEFAULTS["target"]))
@@ -775,6 +805,8 @@ class MainWindow(QMainWindow):
     def controls_state(self) -> dict[str, Any]:
         return {
             "engine": self.engine.currentText(),
+            "server_bin": self.server_bin.text().strip(),
+            "server_args": self.server_args.text().strip(),
             "target": self.target.value(),
             "draft": self.draft.value(),
             "spec_type": self.spec_type.currentData(),
@@ -881,13 +913,43 @@ class MainWindow(QMainWindow):
         name = self.engine.currentText()
         for picker in (self.target, self.draft):
             picker.set_engine(name)
+        self._show_server_rows(name)
         if self._check_engine():
+            self._offer_spec_types(name, self.spec_type.currentData())
             self._control_changed()
+
+    def _show_server_rows(self, engine: str) -> None:
+        form = self.engine.parentWidget().layout()
+        for w in self._server_rows:
+            w.setVisible(engine == "llama-server")
+            label = form.labelForField(w) if isinstance(form, QFormLayout) else None
+            if label is not None:
+                label.setVisible(engine == "llama-server")
+
+    def _offer_spec_types(self, engine: str, keep: str | None) -> None:
+        """The drafter list: the in-process drafters, plus every spec type the user's llama-server offers."""
+        extra: list[str] = []
+        if engine == "llama-server" and getattr(self, "engine_problem", None) is None:
+            from ..backends.server import find_server_bin, server_spec_types
+
+            try:
+                extra = [t for t in server_spec_types(find_server_bin(self.server_bin.text().strip() or None))
+                         if t not in SPEC_TYPES]
+            except SpecviewError:
+                extra = []
+        with QSignalBlocker(self.spec_type):
+            for i in range(self.spec_type.count() - 1, -1, -1):
+                if self.spec_type.itemData(i) not in SPEC_TYPES:
+                    self.spec_type.removeItem(i)
+            for t in extra:
+                self.spec_type.addItem(f"{t} (llama-server)", t)
+            i = self.spec_type.findData(keep)
+            self.spec_type.setCurrentIndex(max(0, i))
 
     def _check_engine(self) -> bool:
         """Show why the chosen engine cannot run here, if it cannot; True when it can."""
         name = self.engine.currentText()
-        self.engine_problem = engine_problem(name)
+        self.engine_problem = engine_problem(name, self.server_bin.text().strip())
         if self.engine_problem is None:
             if self.verdict_kind == "warn" and "engine is not available" in self.verdict.text():
                 self._set_verdict(f"Engine {html.escape(name)} ready. Press Run (Ctrl+R / F5).", "info")
@@ -946,13 +1008,16 @@ class MainWindow(QMainWindow):
         self.auto_timer.stop()
         if apply:
             self._controls_from_config(cfg)
-        problem = engine_problem(cfg.backend) if cfg.backend != "llama.cpp" else None
+        problem = (engine_problem(cfg.backend, self.server_bin.text().strip())
+                   if cfg.backend != "llama.cpp" else None)
         if problem is not None:
             self.show_error(f"the {cfg.backend} engine is not available: {problem}")
             return None
         self.matrix_request = None  # submitting cancels a running matrix
         self.tabs.setCurrentIndex(0)
-        req = RunRequest(cfg, diagnose=self.diagnose.isChecked(), reuse_vanilla=reuse_vanilla)
+        req = RunRequest(cfg, diagnose=self.diagnose.isChecked(), reuse_vanilla=reuse_vanilla,
+                         server_bin=self.server_bin.text().strip() or None,
+                         server_args=self.server_args.text().strip())
         self.request = req
         self.live = Live(request=req, started=time.perf_counter())
         self.last_error = None

@@ -33,6 +33,8 @@ class RunRequest:
     cfg: RunConfig
     diagnose: bool = True
     reuse_vanilla: bool = True  # False re-runs the vanilla arm even when the session has it cached
+    server_bin: str | None = None  # the llama-server engine's binary (None: PATH and friends)
+    server_args: str = ""  # extra llama-server flags, verbatim
     id: int = field(default_factory=lambda: next(_ids))
     cancel_event: threading.Event = field(default_factory=threading.Event, repr=False)
 
@@ -227,11 +229,19 @@ class ModelWorker(QObject):
                 elif isinstance(ev, Round):
                     self.sigRound.emit(RoundEvent(req.id, ev))
 
-            trace = session.run(req.cfg, on_event=on_event, cancel=req.cancel_event.is_set,
-                                reuse_vanilla=req.reuse_vanilla)
+            if req.cfg.backend == "llama-server":
+                # the user's own server: started and stopped by this thread, diagnosed from the outside
+                from ..backends.server import run_server_trace
+
+                trace = run_server_trace(req.cfg, server_bin=req.server_bin, server_args=req.server_args,
+                                         progress=self._progress, cancel=req.cancel_event.is_set,
+                                         on_event=on_event, diagnose=req.diagnose)
+            else:
+                trace = session.run(req.cfg, on_event=on_event, cancel=req.cancel_event.is_set,
+                                    reuse_vanilla=req.reuse_vanilla)
             cancelled = req.cancelled or "cancelled" in (trace.vanilla.stop_reason, trace.speculative.stop_reason)
             diag_error = None
-            fn = diagnose_function()
+            fn = diagnose_function() if req.cfg.backend != "llama-server" else None
             if req.diagnose and fn is not None and not cancelled:
                 self._progress("diagnosing the fork")
                 try:
@@ -276,6 +286,9 @@ class ModelWorker(QObject):
         try:
             s = self._session()
             cfg = req.cfg
+            if cfg.backend == "llama-server":  # the server loads its own models when it starts
+                self.sigPreloaded.emit(req.id)
+                return
             s.model(cfg.backend, cfg.target, cfg.engine)
             if cfg.uses_draft_model and cfg.draft:
                 s.model(cfg.backend, cfg.draft, cfg.engine)

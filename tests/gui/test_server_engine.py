@@ -1,0 +1,56 @@
+"""The app on the user's own llama-server: the engine choice, its spec types, a real run, a bad binary."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.demo]
+
+RUN_TIMEOUT = 300_000
+
+
+@pytest.fixture(scope="module")
+def server_bin() -> str:
+    from specview.core import demo
+
+    env = os.environ.get("SPECVIEW_LLAMA_SERVER")
+    path = Path(env) if env else demo.cache_dir() / "llama-server" / "0.3.36" / "llama-server"
+    if not path.is_file():
+        if os.environ.get("SPECVIEW_REQUIRE_SERVER") == "1":
+            pytest.fail(f"SPECVIEW_REQUIRE_SERVER=1 but {path} is missing: run scripts/build-llama-server.sh")
+        pytest.skip(f"no llama-server at {path}: build one with scripts/build-llama-server.sh")
+    return str(path)
+
+
+def test_a_run_on_the_users_llama_server_fills_both_panes(server_bin, make_window, qtbot):
+    w = make_window(settings_path=None)
+    w.set_controls(engine="llama-server", server_bin=server_bin, target="demo:Q8_0", draft="demo:Q4_0",
+                   spec_type="draft-simple", p_min=1.0, max_tokens=24, diagnose=True,
+                   prompt="Write an essay on the importance of sleep for students.", chat=True, threads=1)
+    assert w.engine_problem is None
+    assert not w.server_bin.isHidden()
+    offered = [w.spec_type.itemData(i) for i in range(w.spec_type.count())]
+    assert "draft-mtp" in offered and "ngram-mod" in offered  # the binary's own spec types
+    with qtbot.waitSignal(w.sigTraceShown, timeout=RUN_TIMEOUT) as blk:
+        w.run()
+    trace = blk.args[0]
+    assert trace.environment["engine"] == "llama-server"
+    assert len(trace.vanilla.tokens) == 24 and trace.comparison.identical  # p_min = 1 drafts nothing
+    assert w.panes.vanilla.text() == trace.vanilla.text and w.panes.speculative.text() == trace.speculative.text
+    assert "Traceback" not in w.verdict.text()
+
+
+def test_a_bad_server_binary_is_named_in_the_window(tmp_path, make_window):
+    w = make_window(settings_path=None)
+    missing = tmp_path / "no-such-llama-server"
+    w.set_controls(engine="llama-server", server_bin=str(missing))
+    assert w.engine_problem is not None and str(missing) in w.engine_problem
+    assert "not available" in w.verdict.text() and str(missing) in w.verdict.text()
+    assert w.run() is None and not w.busy
+    w.set_controls(engine="llama.cpp")
+    assert w.engine_problem is None and w.server_bin.isHidden()
+    offered = [w.spec_type.itemData(i) for i in range(w.spec_type.count())]
+    assert offered == ["draft-simple", "ngram-simple", "none"]
