@@ -202,7 +202,8 @@ def test_demo_q8_0_fork_is_a_near_tie():
     try:
         trace = session.run(cfg)
         assert not trace.comparison.identical
-        assert trace.comparison.first_mismatch.index == 243
+        # 243 on the machines this was measured on; another CPU's kernels may move it
+        i = trace.comparison.first_mismatch.index
         diag = dmod.diagnose(session, cfg, trace)
     finally:
         session.close()
@@ -213,14 +214,15 @@ def test_demo_q8_0_fork_is_a_near_tie():
     assert si["token"] == diag["vanilla_token"] and sp["token"] == diag["speculative_token"]
     assert (si["rank_a"], si["rank_b"]) == (1, 2) and (sp["rank_b"], sp["rank_a"]) == (1, 2)
     assert 0 < gap <= env["max"] <= diag["thresholds"]["far"]
-    assert gap == pytest.approx(trace.vanilla.steps[243].margin, abs=1e-4)
+    assert gap == pytest.approx(trace.vanilla.steps[i].margin, abs=1e-4)
     # the flip needs the a-b difference to move by both gaps; two logits each moving by at most the
     # fork's shift move their difference by at most twice that
     assert si["gap"] + sp["gap"] <= 2 * env["at_fork"] + 1e-4
-    assert (sp["batch_size"], sp["batch_index"]) == (4, 2)
-    assert len(env["series"]) == 244 and env["positions"] == 243
-    assert env["max"] == pytest.approx(max(env["series"][:243]))
-    assert 243 in diag["at_risk"]
+    step = trace.speculative.steps[i]
+    assert (sp["batch_size"], sp["batch_index"]) == (step.batch_size, step.batch_index) and step.batch_size > 1
+    assert len(env["series"]) == i + 1 and env["positions"] == i
+    assert env["max"] == pytest.approx(max(env["series"][:i]))
+    assert i in diag["at_risk"]
     assert all(trace.vanilla.steps[j].margin < env["max"] for j in diag["at_risk"])
 
 
