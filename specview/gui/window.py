@@ -457,6 +457,9 @@ class MainWindow(QMainWindow):
         self.speed.setObjectName("speed")
         self.speed.setTextFormat(Qt.TextFormat.RichText)
         self.speed.setMargin(2)
+        # long model paths must wrap, never widen the window past the screen
+        self.speed.setWordWrap(True)
+        self.speed.setMinimumWidth(1)
         lay.addWidget(self.verdict)
         lay.addWidget(self.speed)
         self.panes = PanePair()
@@ -1438,7 +1441,9 @@ class MainWindow(QMainWindow):
             kind = "ok"
             parts.append(f"<b>Identical</b>: both arms produced the same {c.n_vanilla} tokens.")
         else:
-            kind = "bad"
+            # amber for a near-tie (expected numerics), red for a state bug, nondeterminism or no diagnosis,
+            # the same colours as the matrix grid and the report
+            kind = "warn" if diag and str(diag.get("verdict", "")).replace("_", "-") == "near-tie" else "bad"
             i = fm.index
             vm = v.steps[i].margin if i < len(v.steps) else None
             sm = s.steps[i] if i < len(s.steps) else None
