@@ -7,7 +7,6 @@ when no QApplication exists one is created on the ``offscreen`` platform.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -187,15 +186,10 @@ def trace_plots(trace: Trace) -> dict[str, bytes]:
 
 def read_input(path: str | os.PathLike[str]) -> tuple[str, Any]:
     """("trace", Trace) or ("matrix", dict) from a JSON file, refusing anything else clearly."""
+    from .core.trace import read_json
+
     p = Path(path)
-    if not p.exists():
-        raise SpecviewError(f"{p}: no such file")
-    try:
-        d = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecviewError(f"{p}: cannot read it ({exc})") from None
-    except json.JSONDecodeError as exc:
-        raise SpecviewError(f"{p}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    d = read_json(p)
     schema = d.get("schema") if isinstance(d, dict) else None
     if isinstance(schema, str) and schema.startswith("specview.matrix/"):
         from .core.matrix import validate_matrix

@@ -67,13 +67,6 @@ class FakeEngine(Engine):
     def vocab(self) -> VocabInfo:
         return self._vocab
 
-    @property
-    def n_ctx(self) -> int:
-        return self._n_ctx
-
-    @property
-    def n_batch(self) -> int:
-        return self._n_batch
 
     def model_facts(self) -> dict[str, Any]:
         return {"path": "toy", "file": "toy", "quantization": "toy", "architecture": "toy", "n_vocab": N_VOCAB}

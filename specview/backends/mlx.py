@@ -717,13 +717,6 @@ class MLXEngine(Engine):
     def n_vocab(self) -> int:
         return self._n_vocab
 
-    @property
-    def n_ctx(self) -> int:
-        return self._n_ctx
-
-    @property
-    def n_batch(self) -> int:
-        return self._n_batch
 
     def model_facts(self) -> dict[str, Any]:
         return self.model.facts()

@@ -184,13 +184,17 @@ class Engine(ABC):
     def n_vocab(self) -> int:
         return self.vocab.n_vocab
 
-    @property
-    @abstractmethod
-    def n_ctx(self) -> int: ...
+    #: set by each engine: the context's size and the most tokens one eval may take
+    _n_ctx: int = 0
+    _n_batch: int = 1
 
     @property
-    @abstractmethod
-    def n_batch(self) -> int: ...
+    def n_ctx(self) -> int:
+        return self._n_ctx
+
+    @property
+    def n_batch(self) -> int:
+        return self._n_batch
 
     @abstractmethod
     def model_facts(self) -> dict[str, Any]:

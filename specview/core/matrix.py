@@ -737,16 +737,10 @@ def validate_matrix(d: Any, *, source: str = "<matrix>") -> None:
 
 
 def load_matrix(path: str | os.PathLike[str]) -> dict[str, Any]:
-    p = Path(path)
-    if not p.exists():
-        raise MatrixError(f"{p}: no such file")
-    try:
-        d = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise MatrixError(f"{p}: cannot read it ({exc})") from None
-    except json.JSONDecodeError as exc:
-        raise MatrixError(f"{p}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
-    validate_matrix(d, source=str(p))
+    from .trace import read_json
+
+    d = read_json(path, MatrixError)
+    validate_matrix(d, source=str(Path(path)))
     return d
 
 

@@ -268,15 +268,23 @@ class Trace:
         p = Path(path)
         if not p.exists():
             raise TraceError(f"{p}: no such file")
-        try:
-            raw = p.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise TraceError(f"{p}: cannot read it as UTF-8 text ({exc})") from exc
-        try:
-            d = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise TraceError(f"{p}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from exc
+        d = read_json(p, TraceError)
         return cls.from_json(d, source=str(p))
+
+
+def read_json(path: str | os.PathLike[str], error: type[SpecviewError] = SpecviewError) -> Any:
+    """Parse a JSON file, or raise ``error`` naming the file and what is wrong with it."""
+    p = Path(path)
+    if not p.exists():
+        raise error(f"{p}: no such file")
+    try:
+        raw = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"{p}: cannot read it as UTF-8 text ({exc})") from None
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise error(f"{p}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
 
 
 def _finite(obj: Any) -> Any:

@@ -92,13 +92,6 @@ class ScriptedEngine(Engine):
     def vocab(self) -> VocabInfo:
         return self.m.vocab
 
-    @property
-    def n_ctx(self) -> int:
-        return self._n_ctx
-
-    @property
-    def n_batch(self) -> int:
-        return self._n_batch
 
     def model_facts(self) -> dict[str, Any]:
         return self.m.facts()
