@@ -108,3 +108,18 @@ def derived_path(src: Path, quant: str) -> Path:
     if os.access(src.parent, os.W_OK):
         return src.parent / name
     return demo.cache_dir() / "derived" / name
+
+
+def mlx_siblings(folder: str | os.PathLike[str]) -> list[QuantChoice]:
+    """The precisions of the MLX model in ``folder`` the user has, plus the 8- and 4-bit copies
+    mlx-lm's conversion can derive from its unquantized folder (cached by specview)."""
+    from ..backends import mlx
+
+    try:
+        have = mlx.list_variants(folder)
+        derivable = mlx.derivable_variants(folder)
+    except Exception:  # noqa: BLE001 - not an MLX folder (yet): no choices, the run will say why
+        return []
+    out = [QuantChoice(v.label + (" (derived)" if v.derived else ""), str(v.path), True) for v in have]
+    out += [QuantChoice(d.label, "", False, source=str(d.source)) for d in derivable]
+    return out

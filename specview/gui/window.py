@@ -323,15 +323,17 @@ class ModelPicker(QWidget):
         if self.engine == "llama.cpp" and name and not name.lower().startswith("demo") \
                 and Path(name).expanduser().exists():
             self.choices = gmodels.siblings(name)
+        elif self.engine == "mlx" and name and Path(name).expanduser().is_dir():
+            self.choices = gmodels.mlx_siblings(name)
         show = len(self.choices) > 1
         self.quants.setVisible(show)
         with QSignalBlocker(self.quants):
             self.quants.clear()
             for c in self.choices:
                 self.quants.addItem(c.label)
-            cur = str(Path(name).expanduser())
+            cur = {str(Path(name).expanduser()), str(Path(name).expanduser().resolve())}
             for i, c in enumerate(self.choices):
-                if c.exists and c.path == cur:
+                if c.exists and c.path in cur:
                     self.quants.setCurrentIndex(i)
 
     def _quant_chosen(self, i: int) -> None:
@@ -1383,7 +1385,8 @@ class MainWindow(QMainWindow):
     def derive(self, choice: gmodels.QuantChoice, role: str) -> None:
         if choice.source is None:
             return
-        self._derive = self.host.derive(DeriveRequest(choice.source, choice.path, choice.quant))
+        engine = (self.target if role == "target" else self.draft).engine
+        self._derive = self.host.derive(DeriveRequest(choice.source, choice.path, choice.quant, engine=engine))
         self._derive_role = role
         self._set_busy(True, f"deriving {choice.quant} from {Path(choice.source).name}…")
 

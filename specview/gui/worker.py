@@ -53,6 +53,7 @@ class DeriveRequest:
     src: str
     dst: str
     quant: str
+    engine: str = "llama.cpp"  # "mlx": an mlx-lm conversion of an unquantized folder into the cache
     id: int = field(default_factory=lambda: next(_ids))
 
 
@@ -269,12 +270,21 @@ class ModelWorker(QObject):
         self.busy = True
         t0 = time.perf_counter()
         try:
-            from ..backends.llama_cpp import quantize
+            if req.engine == "mlx":
+                from ..backends.mlx import derive_quantized
 
-            self.sigProgress.emit(Progress(req.id, f"deriving {req.quant} from {Path(req.src).name} -> {req.dst}"))
-            Path(req.dst).parent.mkdir(parents=True, exist_ok=True)
-            quantize(req.src, req.dst, req.quant)
-            self.sigDerived.emit(Derived(req.id, req.dst, req.quant, time.perf_counter() - t0))
+                self.sigProgress.emit(Progress(req.id, f"deriving {req.quant} from {Path(req.src).name} "
+                                                       "with mlx-lm's conversion"))
+                bits = int(req.quant.lower().removesuffix("bit"))
+                dst = str(derive_quantized(req.src, bits, progress=self._progress))
+            else:
+                from ..backends.llama_cpp import quantize
+
+                self.sigProgress.emit(Progress(req.id, f"deriving {req.quant} from {Path(req.src).name} -> {req.dst}"))
+                Path(req.dst).parent.mkdir(parents=True, exist_ok=True)
+                quantize(req.src, req.dst, req.quant)
+                dst = req.dst
+            self.sigDerived.emit(Derived(req.id, dst, req.quant, time.perf_counter() - t0))
         except BaseException as exc:  # noqa: BLE001
             self._fail(req.id, exc)
         finally:
