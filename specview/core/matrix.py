@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from .. import __version__
 from .engine import EngineSettings, SpecviewError
-from .trace import write_atomic
+from .trace import json_safe, write_atomic
 
 SCHEMA = "specview.matrix/1"
 AXES = ("targets", "drafters", "n_max", "p_min", "flash_attn", "prompts")
@@ -555,17 +555,7 @@ class MatrixRun:
 
     def write(self) -> None:
         if self.out is not None:
-            write_atomic(self.out, json.dumps(_finite(self.to_json()), ensure_ascii=False, indent=1))
-
-
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
+            write_atomic(self.out, json.dumps(json_safe(self.to_json()), ensure_ascii=False, indent=1))
 
 
 def describe(params: CellParams) -> str:
@@ -614,7 +604,7 @@ def run_matrix(
     done_before: set[int] = set()
     if resume is not None:
         validate_matrix(resume, source="--resume")
-        if _comparable_spec(resume["spec"]) != _comparable_spec(_finite(spec.to_json())):
+        if _comparable_spec(resume["spec"]) != _comparable_spec(json_safe(spec.to_json())):
             raise MatrixError("cannot resume: the matrix file was made with other axes or settings; "
                               "give the same definition, or write to another file")
         run.records = [r for r in resume["cells"] if r.get("status") == "ok"

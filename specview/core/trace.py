@@ -239,7 +239,7 @@ class Trace:
         return d
 
     def dumps(self) -> str:
-        return json.dumps(_finite(self.to_json()), ensure_ascii=False, indent=1)
+        return json.dumps(json_safe(self.to_json()), ensure_ascii=False, indent=1)
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         return write_atomic(path, self.dumps())
@@ -287,14 +287,14 @@ def read_json(path: str | os.PathLike[str], error: type[SpecviewError] = Specvie
         raise error(f"{p}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
 
 
-def _finite(obj: Any) -> Any:
+def json_safe(obj: Any) -> Any:
     """JSON has no NaN/inf: write them as null rather than emit invalid JSON."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
+        return {k: json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
+        return [json_safe(v) for v in obj]
     return obj
 
 
