@@ -67,7 +67,6 @@ class FakeEngine(Engine):
     def vocab(self) -> VocabInfo:
         return self._vocab
 
-
     def model_facts(self) -> dict[str, Any]:
         return {"path": "toy", "file": "toy", "quantization": "toy", "architecture": "toy", "n_vocab": N_VOCAB}
 

@@ -358,7 +358,6 @@ class LlamaEngine(Engine):
     def n_vocab(self) -> int:
         return self._n_vocab
 
-
     def model_facts(self) -> dict[str, Any]:
         return self.model.facts()
 

@@ -187,13 +187,14 @@ class Session:
         vkey = (cfg.backend, target.path, tuple(tokens), cfg.max_tokens, cfg.ignore_eos, cfg.top_k,
                 replace(cfg.engine, n_ctx=0))
         cached = self._vanilla.get(vkey) if reuse_vanilla else None
+        used: Engine | None = None  # the target context whose settings the trace reports
         if cached is not None:
             vanilla, _ = cached
             if on_event:
                 for s in vanilla.steps:
                     on_event("vanilla", s)
         else:
-            veng = self.engine("vanilla", target, cfg.engine, n_ctx)
+            veng = used = self.engine("vanilla", target, cfg.engine, n_ctx)
             vanilla = run_to_end(vanilla_greedy(veng, tokens, opts, cancel=cancel),
                                  (lambda ev: on_event("vanilla", ev)) if on_event else None)
             self.vanilla_runs += 1
@@ -202,7 +203,7 @@ class Session:
         if vanilla.stop_reason == "cancelled":
             speculative = ArmResult(name="speculative", drafter=drafter.spec_type, stop_reason="cancelled")
         else:
-            seng = self.engine("speculative", target, cfg.engine, n_ctx)
+            seng = used = self.engine("speculative", target, cfg.engine, n_ctx)
             n_max_hint = cfg.n_max if cfg.uses_draft_model else cfg.ngram_size_m
             speculative = run_to_end(
                 speculative_greedy(seng, drafter, tokens, opts, n_max_hint=n_max_hint, cancel=cancel),
@@ -212,9 +213,7 @@ class Session:
         trace = self.build_trace(cfg, target, dmodel, tokens, n_ctx, vanilla, speculative)
         # the effective thread count: with threads=0 it comes from the machine, and ggml's CPU
         # kernels split work by thread, so the same settings can give different logits elsewhere
-        key = replace(cfg.engine, n_ctx=0)
-        eng = self._engines.get(("speculative", id(target), key)) or self._engines.get(("vanilla", id(target), key))
-        trace.config["threads_used"] = getattr(eng, "threads", None)
+        trace.config["threads_used"] = getattr(used, "threads", None)
         return trace
 
     def build_trace(self, cfg: RunConfig, target: LoadedModel, dmodel: LoadedModel | None, tokens: list[int],

@@ -92,7 +92,6 @@ class ScriptedEngine(Engine):
     def vocab(self) -> VocabInfo:
         return self.m.vocab
 
-
     def model_facts(self) -> dict[str, Any]:
         return self.m.facts()
 
