@@ -5,7 +5,8 @@ into it as they finish (``addCell``), or open a saved file (``loadFile``).
 Double-clicking a cell (or pressing Enter on it) emits ``sigOpenCell`` with the
 cell's :class:`~specview.core.session.RunConfig`, and ``sigOpenTrace`` with the
 path of its saved trace when the matrix was run with ``--traces``, so the main
-window can open it in the side-by-side view.
+window can open it in the side-by-side view.  ``sigOpenRun`` carries both at once
+(the config, and the trace path or ``None``), for a receiver that chooses between them.
 
 Embedding::
 
@@ -63,6 +64,7 @@ class MatrixView(QWidget):
 
     sigOpenCell = Signal(object)  # RunConfig of the chosen cell
     sigOpenTrace = Signal(str)  # path of the chosen cell's saved trace, when there is one
+    sigOpenRun = Signal(object, object)  # (RunConfig or None, saved trace path or None) of the chosen cell
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -143,15 +145,20 @@ class MatrixView(QWidget):
         if cell is None:
             return
         cfg = self.configAt(row, col)
-        if cfg is not None:
-            self.sigOpenCell.emit(cfg)
+        trace_path = None
         tr = cell.get("trace")
         if tr:
             p = Path(tr)
             if not p.is_absolute() and self.source is not None:
                 p = self.source.parent / p
             if p.exists():
-                self.sigOpenTrace.emit(str(p))
+                trace_path = str(p)
+        if cfg is not None:
+            self.sigOpenCell.emit(cfg)
+        if trace_path is not None:
+            self.sigOpenTrace.emit(trace_path)
+        if cfg is not None or trace_path is not None:
+            self.sigOpenRun.emit(cfg, trace_path)
 
     def eventFilter(self, obj: QObject, event: QEvent) -> bool:
         if obj is self.table and event.type() == QEvent.Type.KeyPress and event.key() in (

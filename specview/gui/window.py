@@ -411,7 +411,6 @@ class MainWindow(QMainWindow):
         self._preload: PreloadRequest | None = None
         self.matrix_request: MatrixRequest | None = None
         self.engine_problem: str | None = None
-        self._cell_open: dict[str, Any] | None = None  # a matrix cell being opened (see _open_cell_later)
         self._suspend_auto = True
         self.diffs: list[int] = []
         self.verdict_kind = "info"
@@ -478,8 +477,7 @@ class MainWindow(QMainWindow):
         self.vsplit.setStretchFactor(0, 3)
         self.vsplit.setStretchFactor(1, 2)
         self.matrix_view = MatrixView()
-        self.matrix_view.sigOpenCell.connect(self._cell_config_wanted)
-        self.matrix_view.sigOpenTrace.connect(self._cell_trace_wanted)
+        self.matrix_view.sigOpenRun.connect(self._open_cell)
         # the grid fills the tab, and every row has room for a cell's three lines
         grid_header = self.matrix_view.table.horizontalHeader()
         grid_header.setMinimumSectionSize(130)
@@ -1303,26 +1301,11 @@ class MainWindow(QMainWindow):
         if path:
             self.open_matrix(path)
 
-    # a double-clicked cell emits its RunConfig and then, when the matrix saved one, its trace path;
-    # both arrive in the same call, so the choice between them is made once control returns to the loop
-    def _cell_config_wanted(self, cfg: RunConfig) -> None:
-        self._open_cell_later()["config"] = cfg
-
-    def _cell_trace_wanted(self, path: str) -> None:
-        self._open_cell_later()["trace"] = path
-
-    def _open_cell_later(self) -> dict[str, Any]:
-        if self._cell_open is None:
-            self._cell_open = {}
-            QTimer.singleShot(0, self._open_cell)
-        return self._cell_open
-
-    def _open_cell(self) -> None:
-        want, self._cell_open = self._cell_open or {}, None
-        if want.get("trace") and self.open_trace(want["trace"]) is not None:
+    def _open_cell(self, cfg: RunConfig | None, trace_path: str | None) -> None:
+        """A double-clicked matrix cell: its saved trace when there is one, else a run of its config."""
+        if trace_path and self.open_trace(trace_path) is not None:
             self.tabs.setCurrentIndex(0)
             return
-        cfg = want.get("config")
         if cfg is not None:
             self.run_config(cfg)
 
