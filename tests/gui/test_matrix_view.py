@@ -60,9 +60,10 @@ def test_double_click_and_enter_open_the_cell(qtbot, doc):
     qtbot.addWidget(view)
     view.loadFile(doc)
     view.show()
-    cfgs, traces = [], []
+    cfgs, traces, runs = [], [], []
     view.sigOpenCell.connect(cfgs.append)
     view.sigOpenTrace.connect(traces.append)
+    view.sigOpenRun.connect(lambda c, t: runs.append((c, t)))
     target_row = next(r for r in range(view.table.rowCount()) if view.table.verticalHeaderItem(r).text() ==
                       "Q8_0 · raw")
     rect = view.table.visualItemRect(view.table.item(target_row, 2))
@@ -73,6 +74,7 @@ def test_double_click_and_enter_open_the_cell(qtbot, doc):
     assert (cfg.target, cfg.draft, cfg.n_max, cfg.p_min, cfg.prompt_tokens) == ("demo:Q8_0", "demo:Q4_0", 4, 0.0,
                                                                                 (5, 6, 7))
     assert len(traces) == 1 and Path(traces[0]).exists()
+    assert runs == [(cfg, traces[0])]  # one signal carries both
     view.table.setCurrentCell(target_row, 4)  # ngram-simple
     qtbot.keyClick(view.table, Qt.Key.Key_Return)
     assert cfgs[-1].spec_type == "ngram-simple" and cfgs[-1].target == "demo:Q8_0"
