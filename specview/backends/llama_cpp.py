@@ -540,7 +540,8 @@ def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], quant: st
 
 
 # -- registry glue ---------------------------------------------------------------
-from ..core.registry import Backend, WrappedModel  # noqa: E402
+from ..core.engine import WrappedModel  # noqa: E402
+from ..core.session import InProcessBackend  # noqa: E402
 
 
 class LlamaLoaded(WrappedModel):
@@ -548,7 +549,7 @@ class LlamaLoaded(WrappedModel):
         return LlamaEngine(self.model, settings, n_ctx=n_ctx)
 
 
-class LlamaBackend(Backend):
+class LlamaBackend(InProcessBackend):
     """GGUF files through llama-cpp-python; ``demo:QUANT`` names the bundled demo model."""
 
     name = "llama.cpp"

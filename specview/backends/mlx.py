@@ -71,7 +71,8 @@ from ..core.engine import (
     SpecviewError,
     VocabInfo,
 )
-from ..core.registry import Backend, WrappedModel
+from ..core.engine import WrappedModel
+from ..core.session import InProcessBackend
 
 __all__ = [
     "MLXBackend",
@@ -896,7 +897,7 @@ class MLXLoaded(WrappedModel):
         return MLXEngine(self.model, settings, n_ctx=n_ctx)
 
 
-class MLXBackend(Backend):
+class MLXBackend(InProcessBackend):
     """MLX model folders (or Hugging Face ids, online) through mlx-lm."""
 
     name = "mlx"

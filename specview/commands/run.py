@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import time
 
-from ..core import demo
-from ..core.engine import SpecviewError
-from ..core.session import RunConfig, Session
+from ..core.config import DEMO_DRAFT, DEMO_TARGET, RunConfig
+from ..core.demo import DEMO_PROMPT, is_demo_name
+from ..core.diagnose import format_verdict
+from ..core.errors import ConfigError, SpecviewError
+from ..core.registry import get_backend
 from ..core.trace import Step, Trace
-from .common import Progress, add_engine_flags, engine_settings, parse_tokens, read_prompt_file
+from .common import (Progress, add_engine_choice, add_setting_flags, cli_error, engine_settings, given_settings,
+                     parse_tokens, read_prompt_file)
 
 EXIT_IDENTICAL, EXIT_DIVERGED = 0, 1
 
@@ -20,43 +23,16 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="run both arms on a target and compare them (the main job)",
         description="Run plain greedy decoding (vanilla) and greedy speculative decoding on the same target, "
         "compare them token by token, and say whether and where they fork. With no --target it runs the "
-        "bundled demo model (SmolLM2-135M-Instruct: demo:Q8_0 target, demo:Q4_0 draft).",
+        f"bundled demo model (SmolLM2-135M-Instruct: {DEMO_TARGET} target, {DEMO_DRAFT} draft).",
         epilog="Exit status: 0 identical, 1 the arms diverged, 2 error.",
     )
-    g = p.add_argument_group("models")
-    g.add_argument("-m", "--target", "--model", dest="target", default=None,
-                   help=f"target GGUF file, or a demo name like demo:F16 (default {demo.DEMO_TARGET})")
-    g.add_argument("-md", "--draft", "--model-draft", dest="draft", default=None,
-                   help=f"draft GGUF for draft-simple (default {demo.DEMO_DRAFT} with the demo target)")
-    g = p.add_argument_group("speculation (llama.cpp names)")
-    g.add_argument("--spec-type", default="draft-simple", metavar="TYPE",
-                   help="how tokens are drafted: draft-simple, ngram-simple or none (default draft-simple); with "
-                   "--engine llama-server any type the binary lists in its --help (draft-mtp, draft-eagle3, "
-                   "ngram-mod, ...)")
-    g.add_argument("--n-max", "--spec-draft-n-max", dest="n_max", type=int, default=3,
-                   help="most tokens drafted per round (default 3, as llama.cpp)")
-    g.add_argument("--n-min", "--spec-draft-n-min", dest="n_min", type=int, default=0,
-                   help="drop a draft shorter than this (default 0)")
-    g.add_argument("--p-min", "--spec-draft-p-min", dest="p_min", type=float, default=0.0,
-                   help="stop drafting when the draft's top-10 softmax probability is below this; "
-                   "1 drafts nothing: the zero-draft control (default 0)")
-    g.add_argument("--spec-ngram-simple-size-n", dest="ngram_n", type=int, default=12,
-                   help="ngram-simple: n-gram looked up in the history (default 12)")
-    g.add_argument("--spec-ngram-simple-size-m", dest="ngram_m", type=int, default=48,
-                   help="ngram-simple: most tokens copied after a match (default 48)")
-    g = p.add_argument_group("prompt and stopping")
-    src = g.add_mutually_exclusive_group()
-    src.add_argument("-p", "--prompt", default=None, help=f"prompt text (default: {demo.DEMO_PROMPT!r})")
+    groups = add_setting_flags(p)
+    src = groups["prompt"].add_mutually_exclusive_group()
+    src.add_argument("-p", "--prompt", default=None, help=f"prompt text (default: {DEMO_PROMPT!r})")
     src.add_argument("-f", "--prompt-file", default=None, help="read the prompt from a file ('-' for stdin)")
     src.add_argument("--tokens", default=None,
                      help="raw prompt token ids ('1,2,3'), fed as they are: no BOS, no template")
-    g.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
-                   help="wrap the prompt in the model's chat template (default on)")
-    g.add_argument("-n", "--max-tokens", "--n-predict", dest="max_tokens", type=int, default=256,
-                   help="tokens to generate per arm (default 256)")
-    g.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-generation tokens")
-    g.add_argument("--top-k", type=int, default=8, help="alternatives recorded per token (default 8)")
-    add_engine_flags(p)
+    add_engine_choice(p, groups["engine"])
     g = p.add_argument_group("output")
     g.add_argument("--json", metavar="OUT", default=None, help="write the full trace as JSON to OUT")
     g.add_argument("--diagnose", action=argparse.BooleanOptionalAction, default=True,
@@ -70,44 +46,32 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
-    from ..core.drafters import SPEC_TYPES
-
-    if args.engine != "llama-server" and args.spec_type not in SPEC_TYPES:
-        raise SpecviewError(f"--spec-type must be one of {', '.join(SPEC_TYPES)} with --engine {args.engine} "
-                            f"(got {args.spec_type!r}); other types run with --engine llama-server")
-    target = args.target or demo.DEMO_TARGET
-    draft = args.draft
-    if draft is None and args.spec_type == "draft-simple":
-        if demo.is_demo_name(target):
-            draft = demo.DEMO_DRAFT
-        else:
+    """The run the flags describe (defaults from the settings' declarations)."""
+    kw = given_settings(args, RunConfig)
+    target = kw.get("target") or DEMO_TARGET
+    kw["target"] = target
+    spec_type = kw.get("spec_type", "draft-simple")
+    if spec_type == "draft-simple" and not args.draft:
+        if not is_demo_name(target):
             raise SpecviewError("--spec-type draft-simple needs --draft FILE (a smaller model with the same tokenizer); "
                                 "or use --spec-type ngram-simple, which needs no draft model")
-    prompt, tokens = None, None
+        kw["draft"] = DEMO_DRAFT
+    elif spec_type != "draft-simple":
+        kw["draft"] = None
     if args.tokens is not None:
-        tokens = parse_tokens(args.tokens)
+        kw["prompt_tokens"] = parse_tokens(args.tokens)
+        kw["prompt"] = None
+        kw["chat"] = False
     elif args.prompt_file is not None:
-        prompt = read_prompt_file(args.prompt_file)
+        kw["prompt"] = read_prompt_file(args.prompt_file)
     else:
-        prompt = args.prompt if args.prompt is not None else demo.DEMO_PROMPT
-    return RunConfig(
-        target=target,
-        draft=draft if args.spec_type == "draft-simple" else None,
-        spec_type=args.spec_type,
-        n_max=args.n_max,
-        n_min=args.n_min,
-        p_min=args.p_min,
-        ngram_size_n=args.ngram_n,
-        ngram_size_m=args.ngram_m,
-        max_tokens=args.max_tokens,
-        prompt=prompt,
-        prompt_tokens=tokens,
-        chat=bool(args.chat) and tokens is None,
-        ignore_eos=args.ignore_eos,
-        top_k=args.top_k,
-        backend=args.engine,
-        engine=engine_settings(args),
-    )
+        kw["prompt"] = args.prompt if args.prompt is not None else DEMO_PROMPT
+    try:
+        cfg = RunConfig(backend=args.backend, engine=engine_settings(args), **kw)
+        get_backend(cfg.backend).check(cfg)
+    except ConfigError as exc:
+        raise cli_error(exc) from None
+    return cfg
 
 
 def _show(piece: str | None) -> str:
@@ -181,42 +145,25 @@ def main(args: argparse.Namespace) -> int:
     progress = Progress(args.quiet)
     cfg = config_from_args(args)
     t0 = time.perf_counter()
-    session = None
-    try:
-        if args.engine == "llama-server":
-            from ..backends.server import run_server_trace
-
-            trace = run_server_trace(cfg, server_bin=args.server_bin, server_args=args.server_args,
-                                     progress=progress, diagnose=bool(args.diagnose))
-        else:
-            session = Session(progress=progress)
-            progress(f"running vanilla and speculative arms ({cfg.max_tokens} tokens each)")
-            trace = session.run(cfg)
-        diag = _diagnose(session, cfg, trace, args, progress) if args.diagnose or args.controls else None
-        if args.json:
-            path = trace.save(args.json)
-            progress(f"trace written to {path}")
-        print(summary(trace, context=args.context))
-        if diag is not None:
-            print()
-            print(diag)
-        progress(f"done in {time.perf_counter() - t0:.1f} s")
-    finally:
-        if session is not None:
-            session.close()
-    if trace.vanilla.stop_reason == "cancelled" or trace.speculative.stop_reason == "cancelled":
+    with get_backend(cfg.backend).runner(progress=progress) as runner:
+        progress(f"running vanilla and speculative arms ({cfg.max_tokens} tokens each)")
+        trace = runner.run(cfg)
+        diag = None
+        if (args.diagnose or args.controls) and not _cancelled(trace):
+            progress("diagnosing: teacher-forced replays at the fork and the numeric envelope")
+            diag = format_verdict(runner.diagnose(trace, cfg, controls=args.controls, progress=progress))
+    if args.json:
+        path = trace.save(args.json)
+        progress(f"trace written to {path}")
+    print(summary(trace, context=args.context))
+    if diag is not None:
+        print()
+        print(diag)
+    progress(f"done in {time.perf_counter() - t0:.1f} s")
+    if _cancelled(trace):
         return 130
     return EXIT_IDENTICAL if trace.comparison.identical else EXIT_DIVERGED
 
 
-def _diagnose(session: Session | None, cfg: RunConfig, trace: Trace, args: argparse.Namespace,
-              progress: Progress) -> str | None:
-    if session is None:  # llama-server: diagnosed from the outside while its servers were up
-        from ..backends.server import format_server_verdict
-
-        return format_server_verdict(trace.diagnosis) if trace.diagnosis else None
-    from ..core import diagnose as dmod
-
-    progress("diagnosing: teacher-forced replays at the fork and the numeric envelope")
-    result = dmod.diagnose(session, cfg, trace, controls=args.controls, progress=progress)
-    return dmod.format_verdict(result)
+def _cancelled(trace: Trace) -> bool:
+    return trace.vanilla.stop_reason == "cancelled" or trace.speculative.stop_reason == "cancelled"

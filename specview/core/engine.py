@@ -24,6 +24,16 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .config import EngineSettings  # noqa: F401  (the settings a context is opened with)
+from .errors import (  # noqa: F401  (re-exported: the engine contract names its errors)
+    BackendUnavailable,
+    ContextOverflow,
+    EvalError,
+    IncompatibleVocab,
+    ModelFileError,
+    SpecviewError,
+)
+
 __all__ = [
     "Engine",
     "EngineSettings",
@@ -35,60 +45,9 @@ __all__ = [
     "ContextOverflow",
     "EvalError",
     "check_draft_compatible",
+    "LoadedModel",
+    "WrappedModel",
 ]
-
-
-class SpecviewError(Exception):
-    """Base of every error specview reports to a user (CLI exit status 2)."""
-
-
-class ModelFileError(SpecviewError):
-    """A model file is missing, unreadable, or not a model llama.cpp/MLX can load."""
-
-
-class BackendUnavailable(SpecviewError):
-    """The engine's library is not installed or cannot run on this platform."""
-
-
-class IncompatibleVocab(SpecviewError):
-    """A draft model's vocabulary cannot be used to draft for the target."""
-
-
-class ContextOverflow(SpecviewError):
-    """The prompt plus the tokens to generate do not fit in the context."""
-
-
-class EvalError(SpecviewError):
-    """A forward pass failed inside the backend."""
-
-
-@dataclass(frozen=True)
-class EngineSettings:
-    """Context settings, named after llama.cpp's flags.
-
-    ``n_ctx = 0`` lets the runner size the context to what a run needs.
-    ``flash_attn`` is ``"auto"``, ``"on"`` or ``"off"``.  ``kv_type`` is a
-    ggml type name for both K and V caches (``f16``, ``q8_0``, ...).
-    """
-
-    n_ctx: int = 0
-    n_batch: int = 512
-    n_ubatch: int = 512
-    flash_attn: str = "auto"
-    gpu_layers: int = -1
-    threads: int = 0
-    kv_type: str = "f16"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "n_ctx": self.n_ctx,
-            "n_batch": self.n_batch,
-            "n_ubatch": self.n_ubatch,
-            "flash_attn": self.flash_attn,
-            "gpu_layers": self.gpu_layers,
-            "threads": self.threads,
-            "kv_type": self.kv_type,
-        }
 
 
 # llama.cpp's common/speculative.cpp: SPEC_VOCAB_MAX_SIZE_DIFFERENCE and
@@ -247,3 +206,67 @@ class Engine(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# -- loaded models ---------------------------------------------------------------------
+class LoadedModel(ABC):
+    """Weights loaded once; every arm, drafter and replay opens its own engine on them."""
+
+    path: str
+
+    @abstractmethod
+    def facts(self) -> dict[str, Any]: ...
+
+    @property
+    @abstractmethod
+    def vocab(self) -> VocabInfo: ...
+
+    @abstractmethod
+    def tokenize(self, text: str, *, chat: bool = False) -> list[int]: ...
+
+    @abstractmethod
+    def new_engine(self, settings: EngineSettings, n_ctx: int) -> Engine: ...
+
+    @property
+    def n_ctx_train(self) -> int | None:
+        return None
+
+    #: one line saying how ``tokenize(chat=True)`` treated a model without a chat template, else None
+    chat_note: str | None = None
+
+    def close(self) -> None:
+        pass
+
+
+class WrappedModel(LoadedModel):
+    """A :class:`LoadedModel` over a backend's own model object.
+
+    The object provides ``path``, ``facts()``, ``vocab``, ``n_ctx_train``,
+    ``tokenize(text, chat=)`` and ``close()``; a backend subclasses this and
+    adds only :meth:`new_engine`.
+    """
+
+    def __init__(self, model: Any):
+        self.model = model
+        self.path = str(model.path)
+
+    def facts(self) -> dict[str, Any]:
+        return self.model.facts()
+
+    @property
+    def vocab(self) -> VocabInfo:
+        return self.model.vocab
+
+    @property
+    def n_ctx_train(self) -> int | None:
+        return self.model.n_ctx_train
+
+    @property
+    def chat_note(self) -> str | None:  # type: ignore[override]
+        return getattr(self.model, "chat_note", None)
+
+    def tokenize(self, text: str, *, chat: bool = False) -> list[int]:
+        return self.model.tokenize(text, chat=chat)
+
+    def close(self) -> None:
+        self.model.close()

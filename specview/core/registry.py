@@ -1,109 +1,190 @@
-"""Backends by name.  Real engines and test fakes register through the same door.
+"""Backends by name.  Built-in engines, plug-ins and test fakes register through the same door.
 
-A backend turns a model name (a path, or ``demo:Q8_0``) into a loaded model,
-and a loaded model opens engines (contexts) on its shared weights.
+The registry knows names and an interface, nothing else: it imports no backend.
+Built-in backends are listed by dotted path in :data:`BUILTIN_BACKENDS` and
+imported only when asked for; third-party ones come from the entry-point group
+``specview.backends`` (``name = "package.module:BackendClass"``); tests call
+:func:`register_backend` with a factory, exactly as a plug-in's module would.
+
+A backend answers two questions:
+
+* **in-process engines** (llama.cpp, MLX): :meth:`Backend.resolve` turns a
+  model name into something :meth:`Backend.load` accepts, and a loaded model
+  opens engines (contexts) on its shared weights.  Their runner is the
+  :class:`~specview.core.session.Session`.
+* **every engine**: :meth:`Backend.runner` returns the :class:`Runner` that
+  the CLI, the matrix and the app drive: ``run(cfg)`` gives a trace,
+  ``diagnose(trace)`` explains a fork.  An engine that is a separate process
+  (llama-server) implements only this part.
 """
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from .engine import BackendUnavailable, Engine, EngineSettings, VocabInfo
+from .config import SPEC_TYPES_IN_PROCESS, EngineSettings, RunConfig
+from .engine import LoadedModel
+from .errors import BackendUnavailable, ConfigError
 
+if TYPE_CHECKING:
+    from .trace import Trace
 
-class LoadedModel(ABC):
-    """Weights loaded once; every arm, drafter and replay opens its own engine on them."""
+ProgressFn = Callable[[str], None]
+CancelFn = Callable[[], bool]
+EventFn = Callable[[str, Any], None]  # (arm name, Step or Round)
 
-    path: str
-
-    @abstractmethod
-    def facts(self) -> dict[str, Any]: ...
-
-    @property
-    @abstractmethod
-    def vocab(self) -> VocabInfo: ...
-
-    @abstractmethod
-    def tokenize(self, text: str, *, chat: bool = False) -> list[int]: ...
-
-    @abstractmethod
-    def new_engine(self, settings: EngineSettings, n_ctx: int) -> Engine: ...
-
-    @property
-    def n_ctx_train(self) -> int | None:
-        return None
-
-    def close(self) -> None:
-        pass
+#: the engines specview ships, by dotted path; none is imported until it is used
+BUILTIN_BACKENDS: dict[str, str] = {
+    "llama.cpp": "specview.backends.llama_cpp:LlamaBackend",
+    "mlx": "specview.backends.mlx:MLXBackend",
+    "llama-server": "specview.backends.llama_server:ServerBackend",
+}
+ENTRY_POINT_GROUP = "specview.backends"
 
 
-class WrappedModel(LoadedModel):
-    """A :class:`LoadedModel` over a backend's own model object.
+class Runner(ABC):
+    """What the CLI, the matrix and the app drive: runs and diagnoses on one engine.
 
-    The object provides ``path``, ``facts()``, ``vocab``, ``n_ctx_train``,
-    ``tokenize(text, chat=)`` and ``close()``; a backend subclasses this and
-    adds only :meth:`new_engine`.
+    A runner belongs to one thread (llama.cpp contexts and MLX streams must not
+    cross threads) and keeps what it can reuse between runs: loaded models,
+    cached vanilla arms, running servers.  ``loads`` counts real model loads
+    (or server starts), so a caller can show and test reuse.
     """
 
-    def __init__(self, model: Any):
-        self.model = model
-        self.path = str(model.path)
+    loads: int = 0
+    vanilla_runs: int = 0
+    speculative_runs: int = 0
 
-    def facts(self) -> dict[str, Any]:
-        return self.model.facts()
+    @abstractmethod
+    def run(self, cfg: RunConfig, *, on_event: EventFn | None = None, cancel: CancelFn | None = None,
+            reuse_vanilla: bool = True) -> "Trace":
+        """Run (or reuse) the vanilla arm and run the speculative arm; return the trace."""
 
-    @property
-    def vocab(self) -> VocabInfo:
-        return self.model.vocab
-
-    @property
-    def n_ctx_train(self) -> int | None:
-        return self.model.n_ctx_train
-
-    def tokenize(self, text: str, *, chat: bool = False) -> list[int]:
-        return self.model.tokenize(text, chat=chat)
+    @abstractmethod
+    def diagnose(self, trace: "Trace", cfg: RunConfig, *, controls: bool = False,
+                 progress: ProgressFn | None = None, cancel: CancelFn | None = None) -> dict[str, Any]:
+        """Explain the trace's fork (or confirm it has none); the result goes into ``trace.diagnosis``."""
 
     def close(self) -> None:
-        self.model.close()
+        """Free models, contexts and processes."""
+
+    def __enter__(self) -> "Runner":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class Backend(ABC):
-    name: str = "abstract"
+    """One engine: its name, what it can run, and the runner that runs it."""
 
-    def resolve(self, name: str, *, progress: Callable[[str], None] | None = None) -> str:
+    #: the name users type (``--engine``) and traces record
+    name: str = "abstract"
+    #: the app's label for it
+    label: str = ""
+    #: what a model is for this engine: "gguf" (a file) or "folder" (an MLX model folder)
+    model_kind: str = "gguf"
+    #: the app needs a binary and extra flags for it (the settings declared ``only_for`` this engine)
+    in_process: bool = True
+
+    # -- what it can run ---------------------------------------------------------------
+    def spec_types(self, settings: EngineSettings | None = None) -> list[str]:
+        """The ``--spec-type`` values this engine runs (a server asks its binary)."""
+        return list(SPEC_TYPES_IN_PROCESS)
+
+    def check(self, cfg: RunConfig) -> None:
+        """Refuse a config this engine cannot run, saying what to do instead."""
+        types = self.spec_types(cfg.engine)
+        if cfg.spec_type not in types:
+            raise ConfigError(
+                f"spec_type must be one of {', '.join(types)} with the {self.name} engine (got {cfg.spec_type!r})",
+                setting="spec_type")
+
+    # -- in-process engines --------------------------------------------------------------
+    def resolve(self, name: str, *, progress: ProgressFn | None = None) -> str:
         """Turn a user-given model name into something :meth:`load` accepts."""
         return name
 
-    @abstractmethod
-    def load(self, name: str, settings: EngineSettings) -> LoadedModel: ...
-
-    def environment(self) -> dict[str, Any]:
-        return {}
+    def load(self, name: str, settings: EngineSettings) -> LoadedModel:
+        raise BackendUnavailable(f"the {self.name} engine does not load models in-process")
 
     def model_key(self, name: str, settings: EngineSettings) -> tuple:
         """Two names with the same key share one loaded model."""
         return (name, settings.gpu_layers)
 
+    def environment(self) -> dict[str, Any]:
+        return {}
+
+    # -- every engine ----------------------------------------------------------------------
+    @abstractmethod
+    def runner(self, *, progress: ProgressFn | None = None) -> Runner:
+        """A runner for this engine (in-process engines subclass
+        :class:`~specview.core.session.InProcessBackend`, whose runner is a Session)."""
+
 
 _FACTORIES: dict[str, Callable[[], Backend]] = {}
 _INSTANCES: dict[str, Backend] = {}
+_discovered = False
 
 
-def register_backend(name: str, factory: Callable[[], Backend]) -> None:
+def register_backend(name: str, factory: Callable[[], Backend] | str) -> None:
+    """Make ``name`` an engine.  ``factory`` is a callable, or a dotted ``"module:Class"`` imported on first use."""
+    if isinstance(factory, str):
+        factory = _by_path(factory)
     _FACTORIES[name] = factory
     _INSTANCES.pop(name, None)
 
 
+def unregister_backend(name: str) -> None:
+    _FACTORIES.pop(name, None)
+    _INSTANCES.pop(name, None)
+
+
+def _by_path(path: str) -> Callable[[], Backend]:
+    def factory() -> Backend:
+        module, _, attr = path.partition(":")
+        try:
+            mod = importlib.import_module(module)
+        except ImportError as exc:
+            raise BackendUnavailable(f"the engine module {module} cannot be imported ({exc})") from exc
+        return getattr(mod, attr)()
+
+    factory.__qualname__ = f"load {path}"
+    return factory
+
+
+def _discover() -> None:
+    global _discovered
+    if _discovered:
+        return
+    _discovered = True
+    for name, path in BUILTIN_BACKENDS.items():
+        _FACTORIES.setdefault(name, _by_path(path))
+    try:
+        from importlib.metadata import entry_points
+
+        eps = entry_points(group=ENTRY_POINT_GROUP)
+    except Exception:  # a broken distribution's metadata must not take the built-in engines down
+        eps = ()
+    for ep in eps:
+        if ep.name not in _FACTORIES:
+            _FACTORIES[ep.name] = _by_path(ep.value)
+
+
 def backend_names() -> list[str]:
-    _register_builtins()
-    return sorted(_FACTORIES)
+    """Every engine name, built-in ones first in their fixed order, then plug-ins and fakes sorted."""
+    _discover()
+    builtin = [n for n in BUILTIN_BACKENDS if n in _FACTORIES]
+    return builtin + sorted(n for n in _FACTORIES if n not in BUILTIN_BACKENDS)
 
 
 def get_backend(name: str) -> Backend:
-    _register_builtins()
+    """The backend called ``name``; :class:`BackendUnavailable` if unknown or not installed."""
+    _discover()
     if name not in _FACTORIES:
-        raise BackendUnavailable(f"unknown engine {name!r}; available: {', '.join(sorted(_FACTORIES))}")
+        raise BackendUnavailable(f"unknown engine {name!r}; available: {', '.join(backend_names())}")
     b = _INSTANCES.get(name)
     if b is None:
         b = _FACTORIES[name]()
@@ -111,25 +192,10 @@ def get_backend(name: str) -> Backend:
     return b
 
 
-_builtins_done = False
-
-
-def _register_builtins() -> None:
-    global _builtins_done
-    if _builtins_done:
-        return
-    _builtins_done = True
-
-    def llama() -> Backend:
-        from ..backends.llama_cpp import LlamaBackend
-
-        return LlamaBackend()
-
-    _FACTORIES.setdefault("llama.cpp", llama)
-
-    def mlx() -> Backend:
-        from ..backends.mlx import MLXBackend  # type: ignore[import-not-found]
-
-        return MLXBackend()
-
-    _FACTORIES.setdefault("mlx", mlx)
+def backend_problem(name: str) -> str | None:
+    """Why the engine cannot be used here, in one line; None when it can."""
+    try:
+        get_backend(name)
+    except BackendUnavailable as exc:
+        return str(exc)
+    return None

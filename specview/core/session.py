@@ -13,89 +13,29 @@ from __future__ import annotations
 
 import platform
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Callable
 
 from .. import __version__
 from .compare import compare_arms
-from .drafters import SPEC_TYPES, Drafter, ModelDrafter, NgramDrafter, NoDrafter
+from .drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
+from .config import RunConfig
 from .engine import Engine, EngineSettings, SpecviewError, check_draft_compatible
 from .generate import Event, GenOptions, context_needed, run_to_end, speculative_greedy, vanilla_greedy
-from .registry import LoadedModel, get_backend
+from .engine import LoadedModel
+from .registry import Backend, Runner, get_backend
 from .trace import ArmResult, Trace
 
 ProgressFn = Callable[[str], None]
 EventFn = Callable[[str, Event], None]  # (arm name, event)
 
 
-@dataclass(frozen=True)
-class RunConfig:
-    """Everything that defines a run.  Names follow llama.cpp's flags."""
-
-    target: str = "demo:Q8_0"
-    draft: str | None = "demo:Q4_0"
-    spec_type: str = "draft-simple"
-    n_max: int = 3
-    n_min: int = 0
-    p_min: float = 0.0
-    ngram_size_n: int = 12
-    ngram_size_m: int = 48
-    max_tokens: int = 256
-    prompt: str | None = None
-    prompt_tokens: tuple[int, ...] | None = None
-    chat: bool = True
-    ignore_eos: bool = False
-    top_k: int = 8
-    backend: str = "llama.cpp"
-    engine: EngineSettings = field(default_factory=EngineSettings)
-
-    def __post_init__(self) -> None:
-        # llama-server offers its own spec types; run_server_trace checks them against the binary's --help
-        if self.spec_type not in SPEC_TYPES and self.backend != "llama-server":
-            raise SpecviewError(f"--spec-type must be one of {', '.join(SPEC_TYPES)} (got {self.spec_type!r})")
-        if self.spec_type == "draft-simple" and not self.draft:
-            raise SpecviewError("--spec-type draft-simple needs a draft model: give --draft FILE (or demo:Q4_0)")
-        if self.n_max < 0 or self.n_min < 0:
-            raise SpecviewError(f"--n-max and --n-min must be >= 0 (got {self.n_max}, {self.n_min})")
-        if not 0.0 <= self.p_min <= 1.0:
-            raise SpecviewError(f"--p-min must be between 0 and 1 (got {self.p_min})")
-        if self.max_tokens < 1:
-            raise SpecviewError(f"--max-tokens must be >= 1 (got {self.max_tokens})")
-        if self.prompt is None and not self.prompt_tokens:
-            raise SpecviewError("no prompt: give --prompt, --prompt-file or --tokens")
-
-    @property
-    def uses_draft_model(self) -> bool:
-        return self.spec_type == "draft-simple"
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["engine"] = self.engine.to_dict()
-        d["prompt_tokens"] = list(self.prompt_tokens) if self.prompt_tokens else None
-        if not self.uses_draft_model:
-            d["draft"] = None
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
-        d = dict(d)
-        eng = d.pop("engine", {}) or {}
-        toks = d.pop("prompt_tokens", None)
-        known = {f for f in cls.__dataclass_fields__}
-        kw = {k: v for k, v in d.items() if k in known}
-        return cls(engine=EngineSettings(**eng), prompt_tokens=tuple(toks) if toks else None, **kw)
-
-    def spec_cache_key(self) -> tuple:
-        return (self.spec_type, self.draft if self.uses_draft_model else None, self.n_max, self.n_min,
-                self.p_min, self.ngram_size_n, self.ngram_size_m)
-
-
 def round_up(n: int, to: int = 256) -> int:
     return ((n + to - 1) // to) * to
 
 
-class Session:
-    """Loaded models and cached arms for one owner thread."""
+class Session(Runner):
+    """Loaded models and cached arms for one owner thread: the runner of every in-process engine."""
 
     def __init__(self, progress: ProgressFn | None = None):
         self.progress = progress or (lambda msg: None)
@@ -167,6 +107,12 @@ class Session:
         deng = self.engine("draft", dmodel, cfg.engine, n_ctx)
         return ModelDrafter(deng, n_max=cfg.n_max, n_min=cfg.n_min, p_min=cfg.p_min, n_batch=cfg.engine.n_batch), dmodel
 
+    def diagnose(self, trace: Trace, cfg: RunConfig, *, controls: bool = False,
+                 progress: ProgressFn | None = None, cancel: Callable[[], bool] | None = None) -> dict[str, Any]:
+        from .diagnose import diagnose
+
+        return diagnose(self, cfg, trace, controls=controls, progress=progress or self.progress, cancel=cancel)
+
     def run(
         self,
         cfg: RunConfig,
@@ -177,6 +123,7 @@ class Session:
     ) -> Trace:
         """Run (or reuse) the vanilla arm and run the speculative arm; return the trace."""
         cancel = cancel or (lambda: False)
+        get_backend(cfg.backend).check(cfg)
         target = self.model(cfg.backend, cfg.target, cfg.engine)
         tokens = self.prompt_tokens(cfg, target)
         n_ctx = self.context_size(cfg, len(tokens), target)
@@ -264,3 +211,10 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+class InProcessBackend(Backend):
+    """A backend whose models load into this process; its runner is a :class:`Session`."""
+
+    def runner(self, *, progress: ProgressFn | None = None) -> Session:
+        return Session(progress=progress)

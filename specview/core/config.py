@@ -1,0 +1,333 @@
+"""Every setting of a run, declared once.
+
+Each field of :class:`EngineSettings` and :class:`RunConfig` carries its
+default, its allowed values, llama.cpp's flag names, a help text and the app's
+label in ``dataclasses.field(metadata=...)``.  Everything else is derived from
+that one declaration:
+
+* the CLI flags of ``run`` and ``matrix`` (``specview.commands.common``),
+* the app's controls (``specview.gui.controls``),
+* the matrix file's keys and axes (``specview.core.matrix.spec``),
+* the trace's ``config`` block (:meth:`RunConfig.to_dict` / :meth:`RunConfig.from_dict`,
+  the only converters there are).
+
+Validation is derived too (:func:`check_value`), and its errors name the
+setting by its field name (``p_min``), which is also its key in a trace or a
+matrix file; a front end adds its own way of naming it (a flag, a control).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
+from typing import Any, Iterator, Sequence
+
+from .errors import ConfigError
+
+SPEC_TYPES_IN_PROCESS = ("draft-simple", "ngram-simple", "none")
+FLASH_ATTN_VALUES = ("auto", "on", "off")
+KV_TYPES = ("f16", "f32", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
+#: the demo the CLI and the app open with (the names resolve in the llama.cpp backend)
+DEMO_TARGET = "demo:Q8_0"
+DEMO_DRAFT = "demo:Q4_0"
+
+
+def setting(
+    default: Any = MISSING,
+    *,
+    flags: Sequence[str] = (),
+    help: str = "",
+    label: str = "",
+    group: str = "",
+    min: float | None = None,
+    max: float | None = None,
+    choices: Sequence[Any] | None = None,
+    axis: bool = False,
+    gui: bool = True,
+    only_for: Sequence[str] = (),
+    default_factory: Any = MISSING,
+    metavar: str | None = None,
+    cli_default: Any = MISSING,
+) -> Any:
+    """A dataclass field that carries everything a front end needs to show and check it.
+
+    ``axis`` marks a setting a matrix may vary (its file key then takes a list);
+    ``only_for`` names the engines it applies to (the app hides it for others);
+    ``gui=False`` keeps it out of the generated controls (the app has its own
+    widget for it, or it makes no sense there); ``cli_default`` is the flag's
+    default where it differs (None: "decided from other flags").
+    """
+    meta = {
+        "flags": tuple(flags),
+        "help": help,
+        "label": label,
+        "group": group,
+        "min": min,
+        "max": max,
+        "choices": tuple(choices) if choices is not None else None,
+        "axis": axis,
+        "gui": gui,
+        "only_for": tuple(only_for),
+        "metavar": metavar,
+        "cli_default": cli_default,
+    }
+    if default_factory is not MISSING:
+        return field(default_factory=default_factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Context settings, named after llama.cpp's flags."""
+
+    n_ctx: int = setting(0, flags=("-c", "--n-ctx", "--ctx-size"), min=0, group="engine", label="Context",
+                         help="context size; 0 sizes it to the run")
+    n_batch: int = setting(512, flags=("-b", "--n-batch", "--batch-size"), min=1, group="engine",
+                           label="Batch (-b)", help="logical batch size, also the prompt prefill chunk")
+    n_ubatch: int = setting(512, flags=("-ub", "--n-ubatch", "--ubatch-size"), min=1, group="engine",
+                            label="Micro-batch (-ub)",
+                            help="physical batch size; 1 computes every row of a verify pass on its own")
+    flash_attn: str = setting("auto", flags=("-fa", "--flash-attn"), choices=FLASH_ATTN_VALUES, axis=True,
+                              group="engine", label="Flash attention", help="flash attention")
+    gpu_layers: int = setting(-1, flags=("-ngl", "--gpu-layers", "--n-gpu-layers"), min=-1, group="engine",
+                              label="GPU layers", help="layers to offload to the GPU; -1 = all")
+    threads: int = setting(0, flags=("-t", "--threads"), min=0, group="engine", label="Threads",
+                           help="CPU threads; 0 = every core, or $SPECVIEW_THREADS (the thread count can change "
+                           "the logits, so traces record it)")
+    kv_type: str = setting("f16", flags=("--kv-type", "--cache-type"), choices=KV_TYPES, group="engine",
+                           label="KV cache type", help="KV cache type for K and V")
+    server_bin: str = setting("", flags=("--server-bin",), group="engine", label="Server binary",
+                              only_for=("llama-server",), metavar="PATH",
+                              help="llama-server binary (default: $SPECVIEW_LLAMA_SERVER, then PATH, then the copy "
+                              "scripts/build-llama-server.sh builds)")
+    server_args: str = setting("", flags=("--server-args",), group="engine", label="Server flags",
+                               only_for=("llama-server",), metavar="FLAGS",
+                               help="extra llama-server flags, passed through verbatim: --spec-* and draft flags "
+                               "(-ngld, -devd, -ctkd ...) to the speculative server only, the rest to both")
+
+    def __post_init__(self) -> None:
+        check_all(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "EngineSettings":
+        return cls(**_known(cls, d, "engine"))
+
+    @property
+    def context_key(self) -> "EngineSettings":
+        """The settings that decide a context's numerics, without its size (contexts are reused across sizes)."""
+        return replace(self, n_ctx=0)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that defines a run.  Names follow llama.cpp's flags."""
+
+    target: str = setting(DEMO_TARGET, flags=("-m", "--target", "--model"), group="models", gui=False,
+                          metavar="MODEL", cli_default=None,
+                          help=f"target model: a GGUF file, an MLX folder, or a demo name like demo:F16 "
+                          f"(default {DEMO_TARGET})")
+    draft: str | None = setting(DEMO_DRAFT, flags=("-md", "--draft", "--model-draft"), group="models", gui=False,
+                                metavar="MODEL", cli_default=None,
+                                help=f"draft model for draft-simple (default {DEMO_DRAFT} with a demo target)")
+    spec_type: str = setting("draft-simple", flags=("--spec-type",), group="speculation", gui=False, metavar="TYPE",
+                             help="how tokens are drafted: draft-simple, ngram-simple or none; with --engine "
+                             "llama-server any type the binary lists in its --help (draft-mtp, ngram-mod, ...)")
+    n_max: int = setting(3, flags=("--n-max", "--spec-draft-n-max"), min=0, axis=True, group="speculation",
+                         label="n_max", help="most tokens drafted per round (llama.cpp's default)")
+    n_min: int = setting(0, flags=("--n-min", "--spec-draft-n-min"), min=0, group="speculation", label="n_min",
+                         help="drop a draft shorter than this")
+    p_min: float = setting(0.0, flags=("--p-min", "--spec-draft-p-min"), min=0.0, max=1.0, axis=True,
+                           group="speculation", label="p_min",
+                           help="stop drafting when the draft's top-10 softmax probability is below this; "
+                           "1 drafts nothing: the zero-draft control")
+    ngram_size_n: int = setting(12, flags=("--spec-ngram-simple-size-n",), min=1, group="speculation",
+                                label="n-gram size", only_for=(), help="ngram-simple: n-gram looked up in the history")
+    ngram_size_m: int = setting(48, flags=("--spec-ngram-simple-size-m",), min=1, group="speculation",
+                                label="n-gram draft", help="ngram-simple: most tokens copied after a match")
+    serial_verify: bool = setting(False, flags=("--serial-verify",), group="speculation", label="Serial verify",
+                                  help="compute every verify pass as single-token passes, one per row: the "
+                                  "control that must reproduce vanilla exactly when only the batched numerics differ")
+    max_tokens: int = setting(256, flags=("-n", "--max-tokens", "--n-predict"), min=1, group="prompt",
+                              label="Tokens", help="tokens to generate per arm")
+    prompt: str | None = setting(None, flags=("-p", "--prompt"), group="prompt", gui=False,
+                                 help="prompt text")
+    prompt_tokens: tuple[int, ...] | None = setting(None, flags=("--tokens",), group="prompt", gui=False,
+                                                    metavar="IDS", help="raw prompt token ids ('1,2,3'), fed as "
+                                                    "they are: no BOS, no template")
+    chat: bool = setting(True, flags=("--chat",), group="prompt", label="Chat template",
+                         help="wrap the prompt in the model's chat template (a model without one gets the plain text)")
+    ignore_eos: bool = setting(False, flags=("--ignore-eos",), group="prompt", label="Ignore EOS",
+                               help="keep generating past end-of-generation tokens")
+    top_k: int = setting(8, flags=("--top-k",), min=2, max=64, group="prompt", gui=False,
+                         help="alternatives recorded per token")
+    backend: str = setting("llama.cpp", flags=("--engine",), group="engine", gui=False, metavar="ENGINE",
+                           help="inference engine: llama.cpp (in-process), mlx, llama-server, or a plug-in's")
+    engine: EngineSettings = field(default_factory=EngineSettings)
+
+    def __post_init__(self) -> None:
+        check_all(self)
+        if self.spec_type == "draft-simple" and not self.draft:
+            raise ConfigError("spec_type draft-simple needs a draft model: give a draft (or demo:Q4_0), or use "
+                              "ngram-simple, which needs none", setting="draft")
+        if self.prompt is None and not self.prompt_tokens:
+            raise ConfigError("no prompt: give a prompt text, a prompt file or token ids", setting="prompt")
+        if self.prompt_tokens is not None:
+            for t in self.prompt_tokens:
+                if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+                    raise ConfigError(f"prompt_tokens: {t!r} is not a token id (an integer >= 0)",
+                                      setting="prompt_tokens")
+
+    @property
+    def uses_draft_model(self) -> bool:
+        return self.spec_type == "draft-simple"
+
+    @property
+    def draft_width(self) -> int:
+        """The most tokens one verify pass can carry beyond the target's own (for sizing the context)."""
+        if self.uses_draft_model:
+            return self.n_max
+        if self.spec_type == "ngram-simple":
+            return self.ngram_size_m
+        return 0 if self.spec_type == "none" else self.n_max
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["engine"] = self.engine.to_dict()
+        d["prompt_tokens"] = list(self.prompt_tokens) if self.prompt_tokens else None
+        if not self.uses_draft_model:
+            d["draft"] = None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "RunConfig":
+        """The inverse of :meth:`to_dict` (keys it does not know, like ``threads_used``, are ignored)."""
+        kw = _known(cls, d, "config")
+        eng = kw.pop("engine", None)
+        toks = kw.pop("prompt_tokens", None)
+        if toks is not None and not isinstance(toks, (list, tuple)):
+            raise ConfigError(f"prompt_tokens must be a list of token ids (got {type(toks).__name__})",
+                              setting="prompt_tokens")
+        return cls(engine=EngineSettings.from_dict(eng or {}), prompt_tokens=tuple(toks) if toks else None, **kw)
+
+    def spec_cache_key(self) -> tuple:
+        return (self.spec_type, self.draft if self.uses_draft_model else None, self.n_max, self.n_min,
+                self.p_min, self.ngram_size_n, self.ngram_size_m, self.serial_verify)
+
+
+# -- derived checks ------------------------------------------------------------------
+def declared(cls: type) -> Iterator[Field]:
+    """The declared settings of ``cls`` (fields with a flag or a label), in declaration order."""
+    for f in fields(cls):
+        if f.metadata.get("flags") or f.metadata.get("label"):
+            yield f
+
+
+def field_of(cls: type, name: str) -> Field:
+    for f in fields(cls):
+        if f.name == name:
+            return f
+    raise KeyError(name)
+
+
+def default_of(f: Field) -> Any:
+    if f.default is not MISSING:
+        return f.default
+    if f.default_factory is not MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    return None
+
+
+def _kind(f: Field) -> type:
+    """The value type a field takes: int, float, str or bool (None also allowed where the default is None)."""
+    d = default_of(f)
+    if isinstance(d, bool):
+        return bool
+    if isinstance(d, (int, float, str)):
+        return type(d)
+    ann = str(f.type)
+    for name, t in (("bool", bool), ("int", int), ("float", float), ("str", str)):
+        if ann.startswith(name):
+            return t
+    return object
+
+
+def check_value(cls: type, name: str, value: Any) -> Any:
+    """Check one value against its declaration; return it normalized (an int given for a float becomes a float).
+
+    Raises :class:`ConfigError` naming the setting.
+    """
+    f = field_of(cls, name)
+    meta = f.metadata
+    kind = _kind(f)
+    if value is None:
+        if default_of(f) is None:
+            return None
+        raise ConfigError(f"{name} needs a value", setting=name)
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name} must be true or false (got {value!r})", setting=name)
+    elif kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{name} must be an integer (got {value!r})", setting=name)
+    elif kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(f"{name} must be a finite number (got {value!r})", setting=name)
+        value = float(value)
+    elif kind is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{name} must be text (got {value!r})", setting=name)
+    lo, hi = meta.get("min"), meta.get("max")
+    if lo is not None and hi is not None and not lo <= value <= hi:
+        raise ConfigError(f"{name} must be between {lo:g} and {hi:g} (got {value!r})", setting=name)
+    if lo is not None and value < lo:
+        raise ConfigError(f"{name} must be >= {lo:g} (got {value!r})", setting=name)
+    if hi is not None and value > hi:
+        raise ConfigError(f"{name} must be <= {hi:g} (got {value!r})", setting=name)
+    choices = meta.get("choices")
+    if choices and value not in choices:
+        raise ConfigError(f"{name} must be one of {', '.join(map(str, choices))} (got {value!r})", setting=name)
+    return value
+
+
+def check_all(obj: Any) -> None:
+    """Check every declared setting of a frozen dataclass instance, normalizing values in place."""
+    for f in declared(type(obj)):
+        v = getattr(obj, f.name)
+        nv = check_value(type(obj), f.name, v)
+        if type(nv) is not type(v):  # an int given for a float setting
+            object.__setattr__(obj, f.name, nv)
+
+
+def _known(cls: type, d: Any, what: str) -> dict[str, Any]:
+    if not isinstance(d, dict):
+        raise ConfigError(f"the {what} block must be an object (got {type(d).__name__})")
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in d.items() if k in names}
+
+
+def axes() -> tuple[str, ...]:
+    """The scalar settings a matrix may vary (besides targets, drafters and prompts)."""
+    return tuple(f.name for c in (RunConfig, EngineSettings) for f in declared(c) if f.metadata.get("axis"))
+
+
+def settings_class(name: str) -> type:
+    """Which class declares ``name``: RunConfig or EngineSettings."""
+    for c in (RunConfig, EngineSettings):
+        if any(f.name == name for f in fields(c)):
+            return c
+    raise KeyError(name)
+
+
+def with_setting(cfg: RunConfig, name: str, value: Any) -> RunConfig:
+    """``cfg`` with one setting changed, wherever it is declared (checked as declared)."""
+    if settings_class(name) is EngineSettings:
+        return replace(cfg, engine=replace(cfg.engine, **{name: value}))
+    return replace(cfg, **{name: value})
+
+
+def get_setting(cfg: RunConfig, name: str) -> Any:
+    return getattr(cfg.engine if settings_class(name) is EngineSettings else cfg, name)
