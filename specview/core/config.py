@@ -264,7 +264,7 @@ def check_value(cls: type, name: str, value: Any) -> Any:
     meta = f.metadata
     kind = _kind(f)
     if value is None:
-        if default_of(f) is None:
+        if default_of(f) is None or str(f.type).replace(" ", "").endswith("|None"):
             return None
         raise ConfigError(f"{name} needs a value", setting=name)
     if kind is bool:
