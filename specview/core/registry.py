@@ -115,7 +115,19 @@ class Backend(ABC):
         return (name, settings.gpu_layers)
 
     def environment(self) -> dict[str, Any]:
+        """Versions and devices, merged into every trace's ``environment`` block."""
         return {}
+
+    def setup_facts(self, settings: EngineSettings, *, deep: bool = True) -> list[Any]:
+        """What ``specview doctor`` says of this engine: a list of :class:`specview.core.doctor.Fact`.
+
+        ``deep`` allows slower checks (loading a small model).  The default
+        reports the engine usable, with its :meth:`environment`.
+        """
+        from .doctor import Fact
+
+        env = self.environment()
+        return [Fact(self.name, "usable", True, f"{self.label or self.name}: usable", "ok", extra=env)]
 
     # -- every engine ----------------------------------------------------------------------
     @abstractmethod

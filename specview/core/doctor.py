@@ -1,0 +1,152 @@
+"""What specview will run on, in plain words: ``specview doctor`` and the app's "About this setup".
+
+Each engine answers for itself (:meth:`specview.core.registry.Backend.setup_facts`);
+this module adds the machine's facts that move the numerics (CPU, its
+features, the thread count a run uses) and turns the whole into lines a user
+can read, or JSON.  An engine that cannot be used here is a fact too, with its
+reason, never an error.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable
+
+from .config import EngineSettings
+from .registry import backend_names, get_backend
+
+#: statuses, in order of concern
+STATUSES = ("ok", "info", "warn", "problem")
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One line of the setup report."""
+
+    topic: str  # "llama.cpp", "mlx", "llama-server", "machine"
+    name: str  # short key: "version", "devices", "offload" ...
+    value: Any  # what was found (JSON-able)
+    text: str  # the sentence a user reads
+    status: str = "ok"  # ok / info / warn / problem
+    advice: str | None = None  # what to do about a warn or problem
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def threads_default() -> tuple[int, str]:
+    """The thread count a run with ``-t 0`` uses, and where it comes from."""
+    env = os.environ.get("SPECVIEW_THREADS", "").strip()
+    if env.isdigit() and int(env) > 0:
+        return int(env), "$SPECVIEW_THREADS"
+    return max(1, os.cpu_count() or 1), "every core"
+
+
+def machine_facts() -> list[Fact]:
+    n, source = threads_default()
+    return [
+        Fact("machine", "cpu", cpu_name(), f"CPU: {cpu_name()} ({os.cpu_count() or '?'} cores, {platform.machine()})",
+             "info"),
+        Fact("machine", "os", f"{platform.system()} {platform.release()}",
+             f"OS: {platform.system()} {platform.release()}, Python {platform.python_version()}", "info"),
+        Fact("machine", "threads", n,
+             f"threads: a run with -t 0 uses {n} ({source}); the thread count can change the logits on the CPU, "
+             "so every trace records the one it used", "info"),
+    ]
+
+
+def gather(settings: EngineSettings | None = None, *, engines: Iterable[str] | None = None,
+           deep: bool = True) -> list[Fact]:
+    """Every engine's facts, then the machine's.  ``deep`` allows slower checks (loading a model)."""
+    settings = settings or EngineSettings()
+    facts: list[Fact] = []
+    for name in engines or backend_names():
+        try:
+            be = get_backend(name)
+        except Exception as exc:  # an engine that cannot even be constructed is reported, not raised
+            facts.append(Fact(name, "usable", False, f"{name}: not usable here: {exc}", "info"))
+            continue
+        try:
+            facts.extend(be.setup_facts(settings, deep=deep))
+        except Exception as exc:
+            facts.append(Fact(name, "usable", False, f"{name}: its check failed: {type(exc).__name__}: {exc}",
+                              "warn"))
+    facts.extend(machine_facts())
+    return facts
+
+
+def worst(facts: Iterable[Fact]) -> str:
+    order = {s: i for i, s in enumerate(STATUSES)}
+    return max((f.status for f in facts), key=lambda s: order.get(s, 0), default="ok")
+
+
+MARK = {"ok": "ok  ", "info": "    ", "warn": "WARN", "problem": "FAIL"}
+
+
+def format_facts(facts: Iterable[Fact]) -> str:
+    lines: list[str] = []
+    topic = None
+    for f in facts:
+        if f.topic != topic:
+            topic = f.topic
+            lines.append("" if lines else "")
+            lines.append(f"[{topic}]")
+        lines.append(f"  {MARK.get(f.status, '    ')}  {f.text}")
+        if f.advice:
+            for ln in f.advice.splitlines():
+                lines.append(f"          {ln}")
+    return "\n".join(lines).strip("\n")
+
+
+def environment_facts(facts: Iterable[Fact]) -> dict[str, Any]:
+    """The facts as a trace's ``environment["setup"]`` block: {topic.name: value}."""
+    return {f"{f.topic}.{f.name}": f.value for f in facts}
+
+
+# -- GPU builds ----------------------------------------------------------------------------
+GPU_BUILDS = {
+    "vulkan": ('CMAKE_ARGS="-DGGML_VULKAN=on"', "Vulkan (AMD incl. Strix Halo, Intel, NVIDIA)"),
+    "rocm": ('CMAKE_ARGS="-DGGML_HIP=on -DAMDGPU_TARGETS=<your gfx target, e.g. gfx1151>"', "ROCm / HIP (AMD)"),
+    "cuda": ('CMAKE_ARGS="-DGGML_CUDA=on"', "CUDA (NVIDIA)"),
+    "metal": ('CMAKE_ARGS="-DGGML_METAL=on"', "Metal (Apple silicon)"),
+}
+REINSTALL = "pip install --force-reinstall --no-cache-dir --no-binary llama-cpp-python llama-cpp-python==0.3.36"
+
+
+def likely_gpu_apis() -> list[str]:
+    """The GPU APIs this machine probably wants, most likely first (a guess from what is visible)."""
+    if platform.system() == "Darwin":
+        return ["metal"]
+    apis: list[str] = []
+    if os.path.exists("/proc/driver/nvidia") or os.path.exists("/dev/nvidiactl"):
+        apis.append("cuda")
+    if os.path.exists("/dev/kfd"):
+        apis.append("rocm")
+    apis.append("vulkan")
+    for a in ("cuda", "rocm"):
+        if a not in apis:
+            apis.append(a)
+    return apis
+
+
+def gpu_build_advice() -> str:
+    """The rebuild lines for a GPU build, the likely one first (``--no-cache-dir`` so pip cannot reuse a CPU wheel)."""
+    lines = []
+    for api in likely_gpu_apis():
+        cmake, what = GPU_BUILDS[api]
+        lines.append(f"{what}: {cmake} {REINSTALL}")
+    return "\n".join(lines)
