@@ -499,7 +499,7 @@ def test_quantized_kv_cache_setting(target, prompt, tmp_path):
     eng.truncate(len(prompt))
     assert eng.n_past == len(prompt) and {c.offset for c in eng.cache} == {len(prompt)}
     with pytest.raises(SpecviewError, match="KV cache type"):
-        MLXEngine(target, EngineSettings(kv_type="q3_k"))
+        MLXEngine(target, EngineSettings(kv_type="iq4_nl"))  # a llama.cpp KV type MLX has no counterpart of
 
 
 # -- quantization variants ---------------------------------------------------------------------------

@@ -18,13 +18,15 @@ from specview.core.engine import BackendUnavailable
 
 @pytest.fixture
 def fresh_mlx_module(monkeypatch):
-    """specview.backends.mlx imported anew, so no state from earlier imports helps it.
+    """specview.backends.mlx (the package and its modules) imported anew, so no state from
+    earlier imports helps it.
 
-    Both the sys.modules entry and the package attribute are put back afterwards,
-    so later tests see the module (and the classes) they imported."""
+    The sys.modules entries and the package attribute are put back afterwards,
+    so later tests see the modules (and the classes) they imported."""
     import specview.backends as pkg
 
-    monkeypatch.delitem(sys.modules, "specview.backends.mlx", raising=False)
+    for name in [m for m in sys.modules if m == "specview.backends.mlx" or m.startswith("specview.backends.mlx.")]:
+        monkeypatch.delitem(sys.modules, name)
     monkeypatch.setattr(pkg, "mlx", getattr(pkg, "mlx", None), raising=False)
     return lambda: importlib.import_module("specview.backends.mlx")
 
@@ -69,6 +71,6 @@ def test_through_the_registry(monkeypatch, fresh_mlx_module):
 def test_unsupported_platform(monkeypatch, fresh_mlx_module, plat, machine, why):
     mod = fresh_mlx_module()
     monkeypatch.setattr(sys, "platform", plat)
-    monkeypatch.setattr(mod.platform, "machine", lambda: machine)
+    monkeypatch.setattr(mod.lib.platform, "machine", lambda: machine)
     with pytest.raises(BackendUnavailable, match=why):
         mod.MLXBackend()

@@ -12,7 +12,7 @@ REASON = "MLX is not usable here (ImportError: no mlx in this test). Install it 
 
 @pytest.fixture
 def mlx_unavailable(monkeypatch):
-    import specview.backends.mlx as mlx_mod
+    import specview.backends.mlx.lib as mlx_mod
 
     def no_mlx():
         raise BackendUnavailable(REASON)
