@@ -1,13 +1,29 @@
-"""A fake engine over a tiny deterministic numpy "model", entering through the same registry as real backends."""
+"""Fake engines for the tests, entering through the same registry as real backends.
+
+* :class:`ToyModel` / :class:`FakeEngine` -- a tiny deterministic numpy "model"
+  whose every logit is known in advance (``shape_eps`` adds an error to rows of
+  passes wider than one token: batched-versus-single numerics of known size).
+* :class:`FaultyEngine` -- wraps ANY engine (a fake, a tiny GGUF, the demo) and
+  plants a KV-cache fault at its first rollback of each run: it keeps a rejected
+  draft's entry, or drops an accepted token's entry.
+* :func:`accepting_unpicked` -- a faulty acceptance rule for the speculative
+  loop (``monkeypatch.setattr(generate, "accepted_prefix", ...)``): it also
+  accepts the first draft token the target did not pick.
+* :class:`FaultyBackend` -- wraps a backend so the engines opened on chosen
+  model files are :class:`FaultyEngine` contexts.
+* :class:`BrokenBackend` -- fake engines whose GPU side (or all-threads side)
+  computes garbage: what the backend check must flag.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from specview.core.engine import Engine, EngineSettings, VocabInfo
 from specview.core.registry import Backend, LoadedModel
+from specview.core.session import InProcessBackend
 
 N_VOCAB = 40
 EOS = 2
@@ -100,8 +116,9 @@ class FakeEngine(Engine):
 class FakeLoaded(LoadedModel):
     def __init__(self, name: str):
         seed, _, rest = name.partition(":")
+        noise, _, eps = rest.partition(":")
         self.path = name
-        self.toy = ToyModel(int(seed or 0), noise=float(rest or 0.0))
+        self.toy = ToyModel(int(seed or 0), noise=float(noise or 0.0), shape_eps=float(eps or 0.0))
 
     def facts(self) -> dict[str, Any]:
         return {"path": self.path, "file": self.path, "quantization": "toy", "architecture": "toy"}
@@ -117,8 +134,8 @@ class FakeLoaded(LoadedModel):
         return FakeEngine(self.toy, n_ctx=n_ctx, n_batch=settings.n_batch)
 
 
-class FakeBackend(Backend):
-    """Model names are 'SEED' or 'SEED:NOISE'."""
+class FakeBackend(InProcessBackend):
+    """Model names are 'SEED', 'SEED:NOISE' or 'SEED:NOISE:SHAPE_EPS'."""
 
     name = "fake"
 
@@ -128,3 +145,191 @@ class FakeBackend(Backend):
     def load(self, name: str, settings: EngineSettings) -> FakeLoaded:
         self.loaded.append(name)
         return FakeLoaded(name)
+
+
+# -- planted faults --------------------------------------------------------------------------
+FAULTS = ("keep-rejected", "drop-accepted")
+
+
+class FaultyEngine(Engine):
+    """Any engine, with one KV-cache fault planted at its first rollback of each run.
+
+    * ``keep-rejected``: the rollback keeps the first rejected draft token's KV entry;
+    * ``drop-accepted``: the rollback also drops the entry of the last token it
+      should keep (an accepted token).
+
+    Engines like llama.cpp's need a sequence's positions to stay consecutive, so
+    the wrapper shifts every later token by one position in the inner engine:
+    callers see ``n_past`` as they expect, the model sees one token too many (or
+    too few) in its context.  ``truncate(0)``, the start of every prefill,
+    re-arms the fault; ``faults`` counts how often it fired.
+    """
+
+    def __init__(self, inner: Engine, fault: str):
+        if fault not in FAULTS:
+            raise ValueError(f"unknown fault {fault!r}; one of {FAULTS}")
+        super().__init__()
+        self.inner = inner
+        self.fault = fault
+        self.backend = f"faulty-{inner.backend}"
+        self.shift = 0
+        self.armed = True
+        self.faults = 0
+
+    @property
+    def vocab(self) -> VocabInfo:
+        return self.inner.vocab
+
+    @property
+    def n_ctx(self) -> int:
+        return self.inner.n_ctx - 1
+
+    @property
+    def n_batch(self) -> int:
+        return self.inner.n_batch
+
+    @property
+    def threads(self) -> Any:
+        return getattr(self.inner, "threads", None)
+
+    def model_facts(self) -> dict[str, Any]:
+        return self.inner.model_facts()
+
+    def tokenize(self, text: str, *, chat: bool = False) -> list[int]:
+        return self.inner.tokenize(text, chat=chat)
+
+    def piece(self, token: int) -> str:
+        return self.inner.piece(token)
+
+    def eval(self, tokens: Sequence[int], rows: Sequence[int]) -> np.ndarray:
+        e0 = self.inner.eval_seconds
+        out = self.inner.eval(tokens, rows)
+        self.eval_seconds += self.inner.eval_seconds - e0
+        self.n_past += len(tokens)
+        self.n_evals += 1
+        return out
+
+    def truncate(self, n: int) -> None:
+        if n == 0:
+            self.shift, self.armed = 0, True
+            self.inner.truncate(0)
+        elif self.armed and n < self.n_past and (self.fault == "keep-rejected" or n > 1):
+            self.shift = 1 if self.fault == "keep-rejected" else -1
+            self.inner.truncate(n + self.shift)
+            self.armed = False
+            self.faults += 1
+        else:
+            self.inner.truncate(n + self.shift)
+        self.n_past = n
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def accepting_unpicked(real: Callable[[Sequence[int], Sequence[int]], int]) -> Callable[..., int]:
+    """An acceptance rule with a bug: it also accepts the first draft token the target did not pick."""
+
+    def accepted_prefix(draft: Sequence[int], argmax: Sequence[int]) -> int:
+        n = real(draft, argmax)
+        return n + 1 if n < len(draft) else n
+
+    return accepted_prefix
+
+
+class _FaultyLoaded(LoadedModel):
+    def __init__(self, inner: LoadedModel, owner: "FaultyBackend"):
+        self.inner = inner
+        self.owner = owner
+        self.path = inner.path
+
+    def facts(self) -> dict[str, Any]:
+        return self.inner.facts()
+
+    @property
+    def vocab(self) -> VocabInfo:
+        return self.inner.vocab
+
+    @property
+    def n_ctx_train(self) -> int | None:
+        return self.inner.n_ctx_train
+
+    def tokenize(self, text: str, *, chat: bool = False) -> list[int]:
+        return self.inner.tokenize(text, chat=chat)
+
+    def new_engine(self, settings: EngineSettings, n_ctx: int) -> Engine:
+        fault = self.owner.faults.get(self.path)
+        if fault is None:
+            return self.inner.new_engine(settings, n_ctx)
+        eng = FaultyEngine(self.inner.new_engine(settings, n_ctx + 1), fault)
+        self.owner.engines.append(eng)
+        return eng
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class FaultyBackend(InProcessBackend):
+    """``base`` (a backend) with :class:`FaultyEngine` contexts on the files named in ``faults`` (path -> fault).
+
+    Register it with ``register_backend(name, lambda: FaultyBackend(base))``
+    and set ``faults`` (keyed by the loaded model's ``path``) before a run.
+    """
+
+    def __init__(self, base: Backend, name: str = "faulty"):
+        self.base = base
+        self.name = name
+        self.faults: dict[str, str] = {}
+        self.engines: list[FaultyEngine] = []
+
+    def resolve(self, name: str, *, progress=None) -> str:
+        return self.base.resolve(name, progress=progress)
+
+    def model_key(self, name: str, settings: EngineSettings) -> tuple:
+        return self.base.model_key(name, settings)
+
+    def environment(self) -> dict[str, Any]:
+        return self.base.environment()
+
+    def load(self, name: str, settings: EngineSettings) -> LoadedModel:
+        return _FaultyLoaded(self.base.load(name, settings), self)
+
+
+# -- a broken backend ----------------------------------------------------------------------
+class BrokenEngine(FakeEngine):
+    """A fake engine that computes the model wrongly: its logits are the toy model's scrambled and scaled."""
+
+    def eval(self, tokens: Sequence[int], rows: Sequence[int]) -> np.ndarray:
+        out = super().eval(tokens, rows)
+        return (out[:, ::-1] * np.float32(3.0)).astype(np.float32)
+
+
+class _BrokenLoaded(FakeLoaded):
+    def __init__(self, name: str, broken: Callable[[EngineSettings], bool]):
+        super().__init__(name)
+        self.broken = broken
+
+    def new_engine(self, settings: EngineSettings, n_ctx: int) -> FakeEngine:
+        cls = BrokenEngine if self.broken(settings) else FakeEngine
+        return cls(self.toy, n_ctx=n_ctx, n_batch=settings.n_batch)
+
+
+class BrokenBackend(InProcessBackend):
+    """Fake engines that claim a GPU; contexts opened with ``-ngl`` != 0 are :class:`BrokenEngine` contexts.
+
+    With ``gpu=False`` it is a CPU-only build whose multi-threaded contexts are broken instead.
+    """
+
+    def __init__(self, *, gpu: bool = True, name: str = "broken"):
+        self.gpu = gpu
+        self.name = name
+
+    def environment(self) -> dict[str, Any]:
+        return {"gpu_offload": self.gpu}
+
+    def load(self, name: str, settings: EngineSettings) -> LoadedModel:
+        if self.gpu:
+            return _BrokenLoaded(name, lambda s: s.gpu_layers != 0)
+        return _BrokenLoaded(name, lambda s: s.threads > 1)
+
+    def model_key(self, name: str, settings: EngineSettings) -> tuple:
+        return (name, settings.gpu_layers != 0)

@@ -15,6 +15,13 @@ Shapes are the point of specview, so they are exact and recorded:
   (T = 1 + len(draft)), accepts the longest prefix of the draft equal to the
   target's argmax plus one target token, and truncates the KV cache to exactly
   the accepted tokens.  So ``len(tokens) == n_accepted + n_rounds``.
+* serial verify (``serial_verify=True``, the diagnosis' control): the same loop,
+  but each verify pass is computed as T single-token passes on the same
+  context, in order, one per row of ``[id_last] + draft``.  Drafting,
+  acceptance, rollback and positions are unchanged; every KV entry and every
+  row is then computed exactly as vanilla computes it, so a correct loop on a
+  deterministic backend reproduces the vanilla arm token for token.  Rounds and
+  steps keep the verify width T as ``batch_size`` and say ``serial=True``.
 """
 
 from __future__ import annotations
@@ -86,6 +93,7 @@ def make_step(
     from_draft: bool = False,
     batch_size: int = 1,
     batch_index: int = 0,
+    serial: bool = False,
 ) -> Step:
     ids, vals = topk(row, k)
     return Step(
@@ -100,7 +108,28 @@ def make_step(
         from_draft=from_draft,
         batch_size=batch_size,
         batch_index=batch_index,
+        serial=serial,
     )
+
+
+def accepted_prefix(draft: Sequence[int], argmax: Sequence[int]) -> int:
+    """How many leading draft tokens the target accepts: those equal to its argmax at their row.
+
+    ``argmax[j]`` is the target's pick after row j of ``[id_last] + draft``, so
+    draft token j is accepted when it equals ``argmax[j]`` and every earlier one
+    was accepted.
+    """
+    n = 0
+    while n < len(draft) and int(argmax[n]) == int(draft[n]):
+        n += 1
+    return n
+
+
+def verify(engine: Engine, batch: Sequence[int], *, serial: bool = False) -> np.ndarray:
+    """The logits of every row of ``batch``: one T-token pass, or T single-token passes in order."""
+    if not serial:
+        return engine.eval(batch, rows=range(len(batch)))
+    return np.stack([engine.eval([t], rows=[0])[0] for t in batch])
 
 
 def prefill(engine: Engine, prompt: Sequence[int], n_batch: int, cancel: CancelCheck = _never):
@@ -173,12 +202,15 @@ def speculative_greedy(
     opts: GenOptions,
     *,
     n_max_hint: int = 16,
+    serial_verify: bool = False,
     cancel: CancelCheck = _never,
 ) -> Generator[Event, None, ArmResult]:
     """Greedy speculative decoding with llama.cpp's draft-simple semantics.
 
     ``n_max_hint`` is only used for the up-front context check (the most
-    tokens a verify batch can carry beyond the generated ones).
+    tokens a verify batch can carry beyond the generated ones).  With
+    ``serial_verify`` every verify pass is computed as single-token passes
+    (see the module docstring); nothing else changes.
     """
     prompt = list(prompt)
     check_fits(engine, len(prompt), opts.max_tokens, n_max_hint)
@@ -233,16 +265,14 @@ def speculative_greedy(
         batch = [id_last, *draft]
         T = len(batch)
         n_past = engine.n_past
-        logits = engine.eval(batch, rows=range(T))
+        logits = verify(engine, batch, serial=serial_verify)
         td2 = time.perf_counter()
         argmax = np.argmax(logits, axis=1)
-        n_acc = 0
-        while n_acc < len(draft) and int(argmax[n_acc]) == draft[n_acc]:
-            n_acc += 1
+        n_acc = accepted_prefix(draft, argmax)
         emitted = [*draft[:n_acc], int(argmax[n_acc])]
         rnd = Round(index=r, drafted=len(draft), accepted=n_acc,
                     draft_ms=(td1 - td0) * 1000.0, verify_ms=(td2 - td1) * 1000.0,
-                    batch_size=T, first_step=len(tokens), draft_tokens=list(draft))
+                    batch_size=T, first_step=len(tokens), draft_tokens=list(draft), serial=serial_verify)
         # keep [id_last] + accepted drafts; drop the rejected tail exactly
         engine.truncate(n_past + n_acc + 1)
         history.extend(batch[: n_acc + 1])
@@ -250,7 +280,7 @@ def speculative_greedy(
         for j, t in enumerate(emitted):
             step = make_step(
                 logits[j], t, index=len(tokens), pos=n_prompt + len(tokens), piece=engine.piece(t), k=k,
-                round=r, from_draft=j < n_acc, batch_size=T, batch_index=j,
+                round=r, from_draft=j < n_acc, batch_size=T, batch_index=j, serial=serial_verify,
             )
             tokens.append(t)
             arm.steps.append(step)

@@ -153,7 +153,8 @@ class Session(Runner):
             seng = used = self.engine("speculative", target, cfg.engine, n_ctx)
             n_max_hint = cfg.n_max if cfg.uses_draft_model else cfg.ngram_size_m
             speculative = run_to_end(
-                speculative_greedy(seng, drafter, tokens, opts, n_max_hint=n_max_hint, cancel=cancel),
+                speculative_greedy(seng, drafter, tokens, opts, n_max_hint=n_max_hint,
+                                   serial_verify=cfg.serial_verify, cancel=cancel),
                 (lambda ev: on_event("speculative", ev)) if on_event else None,
             )
             self.speculative_runs += 1

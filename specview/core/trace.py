@@ -53,11 +53,15 @@ class Step:
     from_draft: bool | None = False  # speculative arm: an accepted draft token
     batch_size: int | None = 1  # T of the forward pass whose logits chose it
     batch_index: int | None = 0  # row of that pass
+    # the row was computed as its own single-token pass of a serial verify (written only when true)
+    serial: bool = False
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["top_logits"] = [round(float(x), 5) for x in self.top_logits]
         d["margin"] = None if self.margin is None else round(float(self.margin), 5)
+        if not self.serial:
+            del d["serial"]
         return d
 
 
@@ -73,11 +77,15 @@ class Round:
     batch_size: int  # T of the verify pass (1 + drafted), prefill chunk for round 0
     first_step: int  # index of the first token this round emitted
     draft_tokens: list[int] = field(default_factory=list)
+    # the verify pass ran as batch_size single-token passes (serial verify; written only when true)
+    serial: bool = False
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["draft_ms"] = round(self.draft_ms, 3)
         d["verify_ms"] = round(self.verify_ms, 3)
+        if not self.serial:
+            del d["serial"]
         return d
 
 

@@ -169,3 +169,82 @@ def test_options_are_validated():
         GenOptions(top_k=1)
     with pytest.raises(ValueError):
         ModelDrafter(FakeEngine(ToyModel(0)), n_max=-1)
+
+
+# -- serial verify ------------------------------------------------------------------------------
+def run_serial(target, draft_model, prompt, opts, *, serial=True, wrap=None, **kw):
+    eng = FakeEngine(target)
+    outer = wrap(eng) if wrap else eng
+    drafter = ModelDrafter(FakeEngine(draft_model), **kw)
+    arm = run_to_end(speculative_greedy(outer, drafter, prompt, opts, serial_verify=serial))
+    return arm, eng
+
+
+def test_serial_verify_reproduces_vanilla_where_batched_verify_forks():
+    """Rows of T > 1 passes are off by a planted epsilon: batched verify forks, serial verify never does."""
+    target = ToyModel(0, shape_eps=0.5)
+    opts = GenOptions(max_tokens=120, ignore_eos=True)
+    forked = 0
+    for seed in range(8):
+        prompt = [1, 3 + seed, 9, 4]
+        ref = target.greedy(prompt, 120)
+        batched, _ = run_serial(target, ToyModel(0, noise=1.0), prompt, opts, serial=False, n_max=4)
+        serial, eng = run_serial(target, ToyModel(0, noise=1.0), prompt, opts, n_max=4)
+        forked += batched.tokens != ref
+        assert serial.tokens == ref
+        # every verify row was its own single-token pass: after the prefill the engine saw only T = 1
+        assert eng.batch_sizes[1:] == [1] * (len(eng.batch_sizes) - 1)
+        rounds = serial.rounds[1:]
+        assert all(r.serial and r.batch_size == 1 + r.drafted for r in rounds)
+        assert len(eng.batch_sizes) - 1 == sum(r.batch_size for r in rounds)
+        assert [s.serial for s in serial.steps] == [False] + [True] * (len(serial.steps) - 1)
+        assert len(serial.tokens) == serial.n_accepted + len(serial.rounds)
+        assert eng.kv == prompt + serial.tokens[:-1]  # rollbacks exactly as in the batched loop
+        assert serial.n_drafted > serial.n_accepted  # drafts were rejected and rolled back
+    assert forked, "the planted batched error must fork at least one prompt for this test to mean anything"
+
+
+def test_serial_and_batched_verify_make_the_same_rounds_on_a_shape_independent_model():
+    target = ToyModel(2)
+    opts = GenOptions(max_tokens=60, ignore_eos=True)
+    batched, beng = run_serial(target, ToyModel(2, noise=2.0), PROMPT, opts, serial=False, n_max=3)
+    serial, seng = run_serial(target, ToyModel(2, noise=2.0), PROMPT, opts, n_max=3)
+    assert serial.tokens == batched.tokens == target.greedy(PROMPT, 60)
+    key = [(r.drafted, r.accepted, r.batch_size, r.draft_tokens, r.first_step) for r in batched.rounds]
+    assert [(r.drafted, r.accepted, r.batch_size, r.draft_tokens, r.first_step) for r in serial.rounds] == key
+    assert [(s.batch_size, s.batch_index, s.from_draft) for s in serial.steps] == \
+        [(s.batch_size, s.batch_index, s.from_draft) for s in batched.steps]
+    assert not any(r.serial for r in batched.rounds) and not any(s.serial for s in batched.steps)
+    assert seng.truncations == beng.truncations
+
+
+def test_a_serial_round_round_trips_through_json_and_a_batched_one_stays_as_before():
+    target = ToyModel(4)
+    serial, _ = run_serial(target, ToyModel(4, noise=1.0), PROMPT, GenOptions(max_tokens=20, ignore_eos=True), n_max=3)
+    r = serial.rounds[1]
+    assert r.to_json()["serial"] is True and Round(**r.to_json()).to_json() == r.to_json()
+    st = serial.steps[1]
+    assert st.to_json()["serial"] is True and Step(**st.to_json()).serial
+    assert "serial" not in serial.rounds[0].to_json() and "serial" not in serial.steps[0].to_json()
+
+
+@pytest.mark.parametrize("fault", ["keep-rejected", "drop-accepted", "accept-unpicked"])
+def test_planted_faults_make_the_serial_loop_differ_from_plain_greedy(fault, monkeypatch):
+    from fakes import FaultyEngine, accepting_unpicked
+    from specview.core import generate
+
+    target = ToyModel(2)
+    opts = GenOptions(max_tokens=60, ignore_eos=True)
+    wrap = None
+    if fault == "accept-unpicked":
+        monkeypatch.setattr(generate, "accepted_prefix", accepting_unpicked(generate.accepted_prefix))
+    else:
+        wrap = lambda e: FaultyEngine(e, fault)  # noqa: E731
+    differs = 0
+    for seed in range(6):
+        prompt = [1, 3 + seed, 9 + seed, 4 + 2 * seed]
+        serial, _ = run_serial(target, ToyModel(2, noise=2.0), prompt, opts, wrap=wrap, n_max=4)
+        assert serial.n_drafted > serial.n_accepted
+        differs += serial.tokens != target.greedy(prompt, 60)
+    # the toy model looks at two tokens of context, so a fault can go unseen on a prompt, not on all of them
+    assert differs > 0
