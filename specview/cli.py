@@ -20,6 +20,7 @@ COMMANDS = {
     "matrix": ("specview.commands.matrix", "run a reproducer matrix over quantizations, drafters and settings"),
     "report": ("specview.commands.report", "write an HTML and Markdown bug report from a trace or matrix"),
     "compare": ("specview.commands.compare", "compare two saved traces (e.g. from two machines)"),
+    "kernels": ("specview.commands.kernels", "map which draft widths are bit-identical to single-token passes"),
     "doctor": ("specview.commands.doctor", "say what specview will run on: engines, GPU backends, CPU"),
     "gui": ("specview.commands.gui", "open the desktop app"),
 }
