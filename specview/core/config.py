@@ -162,6 +162,10 @@ class RunConfig:
                          help="wrap the prompt in the model's chat template (a model without one gets the plain text)")
     ignore_eos: bool = setting(False, flags=("--ignore-eos",), group="prompt", label="Ignore EOS",
                                help="keep generating past end-of-generation tokens")
+    stop_after_fork: int | None = setting(None, min=0, group="prompt", label="Stop after fork", gui=False,
+                                          help="stop the speculative arm this many tokens after its first "
+                                          "difference from vanilla (a rate needs only the fork); none: run "
+                                          "max_tokens")
     top_k: int = setting(8, flags=("--top-k",), min=2, max=64, group="prompt", gui=False,
                          help="alternatives recorded per token")
     backend: str = setting("llama.cpp", flags=("--engine",), group="engine", gui=False, metavar="ENGINE",
