@@ -1,4 +1,10 @@
-"""``specview matrix``: run both arms over every combination of a few settings and say what flips the outcome."""
+"""``specview matrix``: run both arms over every combination of a few settings and say what flips the outcome.
+
+The flags of the axes and of the settings every cell shares are generated from
+the settings' declarations (:func:`~specview.commands.common.add_setting_flags`
+with ``matrix=True``: an axis setting takes a comma-separated list); only the
+matrix's own axes (targets, drafters, prompts, the suite) are written here.
+"""
 
 from __future__ import annotations
 
@@ -6,43 +12,47 @@ import argparse
 import signal
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..core.engine import SpecviewError
-from .common import Progress, add_engine_flags, engine_settings, parse_tokens
+from ..core.config import DEMO_DRAFT, DEMO_TARGET, EngineSettings, RunConfig, axes, field_of, settings_class
+from ..core.errors import SpecviewError
+from ..core.verdicts import cell_text
+from .common import Progress, add_engine_choice, add_setting_flags, given_settings, parse_tokens
 
 EXIT_IDENTICAL, EXIT_DIVERGED, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 DEFAULT_TARGETS = ["demo:F16", "demo:Q8_0", "demo:Q4_K_M"]
 DEFAULT_DRAFTERS = ["demo:Q4_0", "ngram-simple"]
+DEFAULT_P_MIN = [0.0, 1.0]
+#: settings a matrix gives each cell through its own axes (targets, drafters, prompts)
+OWN_AXES = ("target", "draft", "spec_type")
 
 
-def _csv(kind: type):
-    def parse(text: str) -> list[Any]:
-        out = []
-        for part in text.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            try:
-                out.append(kind(part))
-            except ValueError:
-                raise argparse.ArgumentTypeError(f"{part!r} is not a valid {kind.__name__}") from None
-        if not out:
-            raise argparse.ArgumentTypeError("empty list")
-        return out
-
-    parse.__name__ = f"{kind.__name__} list"
-    return parse
+def _csv(text: str) -> list[str]:
+    out = [x.strip() for x in text.split(",") if x.strip()]
+    if not out:
+        raise argparse.ArgumentTypeError("empty list")
+    return out
 
 
-def _fa_list(text: str) -> list[str]:
-    vals = _csv(str)(text)
-    for v in vals:
-        if v not in ("auto", "on", "off"):
-            raise argparse.ArgumentTypeError(f"flash attention is auto, on or off (got {v!r})")
-    return vals
+def _with_choices(parse: Any, name: str) -> Any:
+    """An axis list parser that also refuses values outside the setting's declared choices."""
+    f = field_of(settings_class(name), name)
+    choices = list(f.metadata.get("choices") or ())
+    label = (f.metadata.get("label") or name).lower()
+
+    def checked(text: str) -> list[Any]:
+        vals = parse(text)
+        for v in vals:
+            if v not in choices:
+                words = ", ".join(map(str, choices[:-1])) + f" or {choices[-1]}"
+                raise argparse.ArgumentTypeError(f"{label} is {words} (got {v!r})")
+        return vals
+
+    checked.__name__ = getattr(parse, "__name__", name)
+    return checked
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -50,8 +60,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "matrix",
         help="run a reproducer matrix over quantizations, drafters and settings",
         description="Run vanilla and speculative decoding for every combination of targets, drafters, "
-        "n_max, p_min, flash attention and prompts; record identical / first mismatch, the verdict, "
+        f"{', '.join(axes())} and prompts; record identical / first mismatch, the verdict, "
         "acceptance and speedup per cell; and say in plain words which setting flips the outcome. "
+        "With --suite it runs the built-in prompt suite and reports, per setting, the divergence rate with a "
+        "95%% interval, where the forks fall and how large the gaps at the forks are. "
         "Each model file is loaded once; the vanilla arm runs once per target, prompt and settings. "
         "Results are rewritten to the JSON file after every cell (schema specview.matrix/1). "
         "List values are comma-separated; list flags may be repeated. Flags override the --config file.",
@@ -61,15 +73,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument("--config", metavar="TOML", default=None, help="read the axes from a TOML file (docs/matrix.md)")
     g = p.add_argument_group("axes")
-    g.add_argument("-m", "--targets", "--target", dest="targets", action="append", type=_csv(str), default=None, metavar="LIST",
-                   help=f"target GGUF files or demo names (default {','.join(DEFAULT_TARGETS)})")
-    g.add_argument("-md", "--drafters", "--draft", dest="drafters", action="append", type=_csv(str), default=None, metavar="LIST",
-                   help="draft models (files or demo names: draft-simple), ngram-simple, none "
-                   f"(default {','.join(DEFAULT_DRAFTERS)})")
-    g.add_argument("--n-max", "--spec-draft-n-max", dest="n_max", action="append", type=_csv(int), default=None, metavar="LIST",
-                   help="n_max values for draft-simple cells (default 3)")
-    g.add_argument("--p-min", "--spec-draft-p-min", dest="p_min", action="append", type=_csv(float), default=None, metavar="LIST",
-                   help="p_min values for draft-simple cells; 1 is the zero-draft control (default 0,1)")
+    g.add_argument("-m", "--targets", "--target", dest="targets", action="append", type=_csv, default=None,
+                   metavar="LIST", help=f"target GGUF files or demo names (default {','.join(DEFAULT_TARGETS)}; "
+                   f"{DEMO_TARGET} with --suite)")
+    g.add_argument("-md", "--drafters", "--draft", dest="drafters", action="append", type=_csv, default=None,
+                   metavar="LIST", help="draft models (files or demo names: draft-simple), ngram-simple, none "
+                   f"(default {','.join(DEFAULT_DRAFTERS)}; {DEMO_DRAFT} with --suite)")
     g.add_argument("-p", "--prompt", dest="prompts", action="append", default=None, metavar="TEXT",
                    help="a prompt text (repeatable)")
     g.add_argument("-f", "--prompt-file", dest="prompt_files", action="append", default=None, metavar="FILE",
@@ -79,21 +88,16 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     g.add_argument("--builtin-prompts", action=argparse.BooleanOptionalAction, default=None,
                    help="include the four built-in prompts (essay, technical, code, list); "
                    "default: on when no other prompt is given")
-    g = p.add_argument_group("every cell")
-    g.add_argument("-n", "--max-tokens", "--n-predict", dest="max_tokens", type=int, default=None,
-                   help="tokens to generate per arm (default 128)")
-    g.add_argument("--n-min", "--spec-draft-n-min", dest="n_min", type=int, default=None,
-                   help="drop a draft shorter than this (default 0)")
-    g.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
-                   help="wrap text prompts in the chat template (default on)")
-    g.add_argument("--ignore-eos", action="store_true", default=None, help="keep generating past end-of-generation")
-    add_engine_flags(p)
-    fa = p._option_string_actions["--flash-attn"]  # the shared flag becomes an axis here
-    fa.choices = None
-    fa.type = _fa_list
-    fa.default = None
-    fa.help = "flash attention: auto, on, off, or a list such as on,off (an axis; default auto)"
-    fa.metavar = "LIST"
+    g.add_argument("--suite", nargs="?", const="all", default=None, metavar="CATEGORIES",
+                   help="run the built-in prompt suite (all of it, or a comma-separated list of categories) and "
+                   "report divergence rates; defaults to the demo's setting and its run length")
+    groups = add_setting_flags(p, matrix=True, skip=OWN_AXES)
+    for name in axes():
+        f = field_of(settings_class(name), name)
+        if f.metadata.get("choices"):
+            act = p._option_string_actions[f.metadata["flags"][0]]
+            act.type = _with_choices(act.type, name)
+    add_engine_choice(p, groups.get("engine"), matrix=True)
     g = p.add_argument_group("output")
     g.add_argument("-o", "--out", "--json", dest="out", default="matrix.json",
                    help="JSON results, rewritten after every cell (default matrix.json)")
@@ -102,6 +106,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="keep the finished cells of an interrupted run in -o (same definition) and run the rest")
     g.add_argument("--diagnose", action=argparse.BooleanOptionalAction, default=None,
                    help="diagnose every fork: near-tie, state bug or nondeterminism (default on)")
+    g.add_argument("--stop-after-fork", type=int, default=None, metavar="N",
+                   help="stop each cell's speculative arm N tokens after its fork (default: 16 with --suite, "
+                   "else never)")
+    g.add_argument("--full-text", action="store_true",
+                   help="generate every cell's full text, even after a fork")
     g.add_argument("--dry-run", action="store_true", help="list the cells and exit")
     g.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=main)
@@ -114,63 +123,86 @@ def _flat(values: list[list[Any]] | None) -> list[Any] | None:
     return [v for group in values for v in group]
 
 
-def spec_from_args(args: argparse.Namespace):
-    from ..core.matrix import PromptSpec, builtin_prompts, load_spec, prompt_from_file, spec_from_dict
+def _prompts(args: argparse.Namespace, chat: bool) -> list:
+    from ..core.matrix import PromptSpec, prompt_from_file
+    from ..core.prompts import PromptError
 
-    if args.config:
-        spec = load_spec(args.config)
-        from_file = True
-    else:
-        spec = spec_from_dict({"targets": DEFAULT_TARGETS, "drafters": DEFAULT_DRAFTERS, "p_min": [0.0, 1.0],
-                               "builtin_prompts": False})
-        from_file = False
-    for key in ("targets", "drafters", "n_max", "p_min"):
-        v = _flat(getattr(args, key))
-        if v is not None:
-            setattr(spec, key, v)
-    if args.flash_attn is not None:
-        spec.flash_attn = list(args.flash_attn)
-    chat = True if args.chat is None else bool(args.chat)
     given: list[PromptSpec] = []
     for i, text in enumerate(args.prompts or []):
         given.append(PromptSpec(name=f"prompt{i + 1}", text=text, chat=chat))
     for f in args.prompt_files or []:
-        ps = prompt_from_file(f, chat=chat)
+        try:
+            ps = prompt_from_file(f, chat=chat)
+        except PromptError as exc:
+            raise SpecviewError(f"--prompt-file: {exc}") from None
         name, k = ps.name, 2
         while any(q.name == name for q in given):
             name, k = f"{ps.name}-{k}", k + 1
-        given.append(PromptSpec(name=name, text=ps.text, chat=chat))
+        given.append(replace(ps, name=name))
     for i, t in enumerate(args.tokens or []):
         given.append(PromptSpec(name=f"tokens{i + 1}" if len(args.tokens) > 1 else "tokens", tokens=parse_tokens(t),
                                 chat=False))
+    return given
+
+
+def spec_from_args(args: argparse.Namespace):
+    from ..core.matrix import MatrixSpec, builtin_prompts, load_spec, spec_from_dict
+    from ..core.matrix.suite import STOP_AFTER_FORK, SUITE_MAX_TOKENS, suite
+
+    suite_cats = None
+    if args.suite is not None:
+        suite_cats = None if args.suite == "all" else _csv(args.suite)
+    if args.config:
+        spec = load_spec(args.config)
+        from_file = True
+    elif args.suite is not None:
+        spec = MatrixSpec(targets=[DEMO_TARGET], drafters=[DEMO_DRAFT], max_tokens=SUITE_MAX_TOKENS,
+                          stop_after_fork=STOP_AFTER_FORK)
+        from_file = False
+    else:
+        spec = spec_from_dict({"targets": DEFAULT_TARGETS, "drafters": DEFAULT_DRAFTERS, "p_min": DEFAULT_P_MIN,
+                               "builtin_prompts": False})
+        from_file = False
+    for key in ("targets", "drafters"):
+        v = _flat(getattr(args, key))
+        if v is not None:
+            setattr(spec, key, v)
+    chat = True if args.chat is None else bool(args.chat)
+    given = _prompts(args, chat)
+    if suite_cats is not None or args.suite is not None:
+        given = suite(suite_cats) + given
     if given or args.builtin_prompts is not None or not from_file:
         use_builtin = args.builtin_prompts if args.builtin_prompts is not None else not given
         spec.prompts = (builtin_prompts() if use_builtin else []) + given
     if not spec.prompts:
-        raise SpecviewError("no prompt: give --prompt, --prompt-file, --tokens or --builtin-prompts")
-    if args.max_tokens is not None:
-        spec.max_tokens = args.max_tokens
-    if args.n_min is not None:
-        spec.n_min = args.n_min
-    if args.ignore_eos:
-        spec.ignore_eos = True
+        raise SpecviewError("no prompt: give --prompt, --prompt-file, --tokens, --suite or --builtin-prompts")
+    # settings given on the command line win over the file's
+    ax = set(axes())
+    for name, v in given_settings(args, RunConfig).items():
+        if name == "chat":
+            continue  # the prompts' own (above)
+        setattr(spec, name, _flat(v) if name in ax else v)
+    eng = given_settings(args, EngineSettings)
+    for name in [n for n in eng if n in ax]:
+        setattr(spec, name, _flat(eng.pop(name)))
+    spec.engine = replace(spec.engine, **eng)
+    if args.full_text:
+        spec.stop_after_fork = None
+    elif args.stop_after_fork is not None:
+        spec.stop_after_fork = args.stop_after_fork
     if args.diagnose is not None:
         spec.diagnose = bool(args.diagnose)
-    if args.engine != "llama.cpp":
-        spec.backend = args.engine
-    # engine flags given on the command line win over the file's [engine] table
-    defaults = {"n_ctx": 0, "n_batch": 512, "n_ubatch": 512, "gpu_layers": -1, "threads": 0, "kv_type": "f16"}
-    args.flash_attn = "auto"
-    cli = engine_settings(args)
-    from dataclasses import replace
-
-    spec.engine = replace(spec.engine, **{k: getattr(cli, k) for k, d in defaults.items() if getattr(cli, k) != d})
+    if args.backend is not None:
+        spec.backend = args.backend
+    if spec.source and (given_settings(args, RunConfig) or given_settings(args, EngineSettings) or given
+                        or args.targets or args.drafters):
+        spec.source = f"{spec.source} with the flags given"
     spec.validate()
     return spec
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..core.matrix import describe, expand, summarize
+    from ..core.matrix import describe, expand, format_rates, summarize
 
     progress = Progress(args.quiet)
     spec = spec_from_args(args)
@@ -185,7 +217,7 @@ def main(args: argparse.Namespace) -> int:
         raise SpecviewError(f"-o {out}: the folder {out.parent} does not exist")
 
     from ..core.matrix import load_matrix, run_matrix
-    from ..core.session import Session
+    from ..core.registry import get_backend
 
     resume = None
     if args.resume:
@@ -203,19 +235,14 @@ def main(args: argparse.Namespace) -> int:
         progress("interrupted: stopping after writing the finished cells (Ctrl-C again to abort at once)")
 
     old = signal.signal(signal.SIGINT, on_sigint) if _main_thread() else None
-    if args.engine == "llama-server":
-        from ..backends.server import ServerRunner
-
-        session = ServerRunner(server_bin=args.server_bin, server_args=args.server_args, progress=progress)
-    else:
-        session = Session(progress=progress)
     t0 = time.perf_counter()
     progress(f"{len(cells)} cells, {spec.max_tokens} tokens per arm; results stream to {out}")
+    runner = get_backend(spec.backend).runner(progress=progress)
     try:
-        run = run_matrix(spec, session, out=out, traces_dir=args.traces, progress=progress,
+        run = run_matrix(spec, runner, out=out, traces_dir=args.traces, progress=progress,
                          cancel=lambda: stop["asked"], resume=resume)
     finally:
-        session.close()
+        runner.close()
         if old is not None:
             signal.signal(signal.SIGINT, old)
     doc = run.to_json()
@@ -226,6 +253,11 @@ def main(args: argparse.Namespace) -> int:
     print()
     for line in summarize(doc):
         print(line)
+    if len(spec.prompts) > 1:
+        print()
+        print("rates over the prompts (95% Wilson interval):")
+        for line in format_rates(doc["rates"]):
+            print(line)
     progress(f"results written to {out}")
     if run.status == "interrupted":
         return EXIT_INTERRUPTED
@@ -243,27 +275,13 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def cell_text(cell: dict[str, Any] | None) -> str:
-    from ..core.matrix import verdict_label
-
-    if cell is None:
-        return "(not run)"
-    if cell.get("status") == "error":
-        return "error"
-    if cell["identical"]:
-        return "identical"
-    v = verdict_label(cell)
-    v = "diverged" if v.startswith("diverged") else v
-    return f"fork@{cell['first_mismatch']} {v}"
-
-
 def format_grid(doc: dict[str, Any]) -> str:
     """The grid as plain text for the terminal."""
     from ..core.matrix import grid
 
     g = grid(doc)
     head = [" · ".join(g.row_axes)] + [g.col_label(c) for c in g.cols]
-    rows = [[g.row_label(r)] + [cell_text(g.at.get((r, c))) for c in g.cols] for r in g.rows]
+    rows = [[g.row_label(r)] + [cell_text(g.at.get((r, c)), sep=" ") for c in g.cols] for r in g.rows]
     widths = [max(len(x[i]) for x in [head] + rows) for i in range(len(head))]
     fmt = lambda row: "  ".join(x.ljust(w) for x, w in zip(row, widths)).rstrip()  # noqa: E731
     return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from typing import Any
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -12,7 +14,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         description="Write a self-contained HTML report (plots embedded) and a GitHub-ready Markdown file "
         "(PNG plots beside it) from a trace saved by `specview run --json` or a matrix file from "
         "`specview matrix`: the verdict and its numbers, the fork in context, the plots, acceptance, "
-        "settings, models, environment and the equivalent llama.cpp commands.",
+        "settings, models, environment and the equivalent llama.cpp commands; for a matrix the grid, the "
+        "forks and the divergence rates.",
         epilog="Exit status: 0 written, 2 error.",
     )
     p.add_argument("input", metavar="TRACE_OR_MATRIX.json", help="a specview trace or matrix JSON file")
@@ -22,10 +25,25 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return p
 
 
-def main(args: argparse.Namespace) -> int:
-    from ..report import write_report
+def plot_renderer():
+    """The app's plot renderer, imported when a trace report first needs it; without Qt, no plots and a note."""
 
-    written = write_report(args.input, args.out, name=args.name)
+    def render(trace: Any) -> dict[str, bytes]:
+        try:
+            from ..gui.export import trace_plots
+        except ImportError as exc:
+            print(f"specview: the report has no plots: the app's plotting (PySide6, pyqtgraph) cannot be imported "
+                  f"({exc})", file=sys.stderr)
+            return {}
+        return trace_plots(trace)
+
+    return render
+
+
+def main(args: argparse.Namespace) -> int:
+    from ..core.report.write import write_report
+
+    written = write_report(args.input, args.out, name=args.name, plots=plot_renderer())
     for key, path in written.items():
         print(f"{key:<10} {path}")
     return 0

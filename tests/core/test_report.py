@@ -301,7 +301,8 @@ def test_raw_token_and_template_free_prompts_get_no_cli_command():
 
 
 def test_written_report_has_real_plots(tmp_path: Path):
-    from specview.report import write_report
+    from specview.commands.report import plot_renderer
+    from specview.core.report.write import write_report
 
     t = hostile_trace(n=40, fork=9)
     src = tmp_path / "t.json"
@@ -316,7 +317,7 @@ def test_written_report_has_real_plots(tmp_path: Path):
     check_markdown(md)
     for name in re.findall(r"\]\(([^)]+\.png)\)", md):
         assert check_png((out / name).read_bytes())[0] >= 600
-    written = write_report(src, tmp_path / "again", name="bug")
+    written = write_report(src, tmp_path / "again", name="bug", plots=plot_renderer())
     assert {p.name for p in written.values()} == {"bug.html", "bug.md", "bug-margins.png", "bug-acceptance.png"}
 
 

@@ -1,0 +1,404 @@
+"""A matrix's definition: its axes, the settings every cell shares, its prompts; read from TOML or JSON.
+
+Nothing here lists a setting by hand.  The scalar axes are the settings
+:mod:`specview.core.config` declares with ``axis=True`` (:func:`~specview.core.config.axes`);
+every other declared setting of a run is a value all cells share (a top-level
+key of a matrix TOML file, or of its ``[engine]`` table for an engine setting),
+checked by :func:`~specview.core.config.check_value`.  Only the matrix's own
+structure is named here: the targets, drafters and prompts axes (which give a
+cell its model, draft, spec type and prompt) and the engine choice.
+"""
+
+from __future__ import annotations
+
+import os
+import reprlib
+from dataclasses import Field, field, make_dataclass
+from pathlib import Path
+from typing import Any
+
+from ..config import (DEMO_DRAFT, DEMO_TARGET, SPEC_TYPES_IN_PROCESS, EngineSettings, RunConfig, _kind, axes,
+                      check_value, declared, default_of, field_of, settings_class)
+from ..errors import ConfigError, SpecviewError
+from ..prompts import PromptError, PromptSpec, builtin_prompts, prompt_from_file, read_toml, suite_prompts
+
+#: drafters that are a spec type rather than a draft model
+NON_MODEL_DRAFTERS = tuple(t for t in SPEC_TYPES_IN_PROCESS if t != "draft-simple")
+#: what a cell gets from the matrix's structure (its target, drafter and prompt) rather than from a setting
+STRUCTURAL = ("target", "draft", "spec_type", "prompt", "prompt_tokens", "chat", "backend")
+#: where a matrix's default differs from a single run's
+MATRIX_DEFAULTS: dict[str, Any] = {"max_tokens": 128}
+#: the group of the axes that only mean something for a draft model (n_max, p_min)
+DRAFT_GROUP = "speculation"
+#: top-level TOML keys that are not settings
+OWN_KEYS = ("targets", "drafters", "prompts", "builtin_prompts", "suite", "chat", "backend", "engine", "diagnose")
+
+_short = reprlib.Repr()
+_short.maxlevel, _short.maxstring, _short.maxother, _short.maxlist = 2, 60, 60, 6
+
+
+def show(value: Any) -> str:
+    """A short repr of an untrusted value (bounded in depth and length, whatever it holds)."""
+    return _short.repr(value)
+
+
+class MatrixError(SpecviewError):
+    """A matrix definition or a matrix file is unusable."""
+
+
+# -- what is derived from the declarations ----------------------------------------------
+def axis_fields() -> list[Field]:
+    """The declared settings a matrix may vary, in declaration order."""
+    return [field_of(settings_class(n), n) for n in axes()]
+
+
+def draft_axes() -> tuple[str, ...]:
+    """Axes that apply only to draft-model cells (n_max, p_min): None in ngram-simple and none cells."""
+    return tuple(f.name for f in axis_fields() if f.metadata.get("group") == DRAFT_GROUP)
+
+
+def engine_axes() -> tuple[str, ...]:
+    """Axes that apply to every cell (flash attention)."""
+    return tuple(f.name for f in axis_fields() if f.metadata.get("group") != DRAFT_GROUP)
+
+
+def cell_settings(cls: type) -> list[Field]:
+    """``cls``'s declared settings that every cell shares (neither an axis nor part of the matrix's structure)."""
+    ax = set(axes())
+    return [f for f in declared(cls) if f.name not in ax and f.name not in STRUCTURAL]
+
+
+def matrix_default(f: Field) -> Any:
+    return MATRIX_DEFAULTS.get(f.name, default_of(f))
+
+
+def axis_label(name: str) -> str:
+    """How a summary names an axis: the setting's label in lower case ("flash attention", "n_max")."""
+    f = field_of(settings_class(name), name)
+    label = f.metadata.get("label") or name
+    return label if label == name else label.lower()
+
+
+def axis_short(name: str) -> str:
+    """The short name a cell label gives an engine axis: its short flag without dashes ("fa")."""
+    f = field_of(settings_class(name), name)
+    flags = [x for x in f.metadata.get("flags", ()) if not x.startswith("--")]
+    return flags[0].lstrip("-") if flags else name
+
+
+# -- the spec ----------------------------------------------------------------------------
+class _SpecMethods:
+    """The behaviour of :class:`MatrixSpec`; its fields are generated from the settings' declarations."""
+
+    targets: list[str]
+    drafters: list[str]
+    prompts: list[PromptSpec]
+    backend: str
+    engine: EngineSettings
+    diagnose: bool
+    source: str | None
+
+    def _where(self) -> str:
+        return f"{self.source}: " if self.source else ""
+
+    def axis_values(self, name: str) -> list[Any]:
+        return list(getattr(self, name))
+
+    def prompt_named(self, name: str) -> PromptSpec:
+        for p in self.prompts:
+            if p.name == name:
+                return p
+        raise MatrixError(f"{self._where()}no prompt called {name!r}")
+
+    def validate(self, *, check_files: bool = True) -> None:
+        """Refuse empty axes, values outside their declared range, duplicate prompt names and missing models."""
+        where = self._where()
+        for name in ("targets", "drafters", *axes(), "prompts"):
+            if not getattr(self, name):
+                raise MatrixError(f"{where}the matrix axis '{name}' is empty: give at least one value")
+        for f in axis_fields():
+            cls = settings_class(f.name)
+            for v in getattr(self, f.name):
+                _checked(cls, f.name, v, f"{where}{f.name} values", plural=True)
+        for cls in (RunConfig, EngineSettings):
+            for f in cell_settings(cls):
+                obj = self.engine if cls is EngineSettings else self
+                _checked(cls, f.name, getattr(obj, f.name), f"{where}{f.name}")
+        for key in ("targets", "drafters"):
+            for v in getattr(self, key):
+                if not isinstance(v, str) or not v:
+                    raise MatrixError(f"{where}{key} values must be non-empty text (got {show(v)})")
+        names = [p.name for p in self.prompts]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise MatrixError(f"{where}two prompts share the name {dup[0]!r}; give each a distinct name")
+        if check_files:
+            self._check_models(where)
+
+    def _check_models(self, where: str) -> None:
+        from ..demo import demo_quant, is_demo_name
+        from ..registry import get_backend
+
+        kind = get_backend(self.backend).model_kind
+        for role, names_ in (("target", self.targets), ("drafter", self.drafters)):
+            for name in names_:
+                if role == "drafter" and name in NON_MODEL_DRAFTERS:
+                    continue
+                if is_demo_name(name):
+                    demo_quant(name)  # raises on an unknown quantization
+                elif kind == "folder":
+                    # model folders, or Hugging Face ids (org/name) fetched at load time
+                    is_id = not name.startswith(("/", ".", "~")) and name.count("/") == 1
+                    if not (Path(name).expanduser().is_dir() or is_id):
+                        raise MatrixError(f"{where}{role} {name}: no such {self.backend} model folder")
+                elif kind == "gguf" and not Path(name).expanduser().is_file():
+                    raise MatrixError(f"{where}{role} {name}: no such file")
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"targets": list(self.targets), "drafters": list(self.drafters)}
+        for f in axis_fields():
+            d[f.name] = [float(v) if _kind(f) is float else v for v in getattr(self, f.name)]
+        d["prompts"] = [p.to_json() for p in self.prompts]
+        for f in cell_settings(RunConfig):
+            d[f.name] = getattr(self, f.name)
+        d["backend"] = self.backend
+        d["engine"] = self.engine.to_dict()
+        d["diagnose"] = self.diagnose
+        return d
+
+    @classmethod
+    def from_json(cls, d: Any, *, source: str = "<matrix>") -> "MatrixSpec":
+        """A spec from a matrix document's ``spec`` block (what :meth:`to_json` wrote; missing settings default)."""
+        if not isinstance(d, dict):
+            raise MatrixError(f"{source}: spec must be an object")
+        kw: dict[str, Any] = {}
+        for key in ("targets", "drafters", *axes()):
+            if key in d:
+                kw[key] = _as_list(key, d[key], source)
+        ps = _as_list("prompts", d.get("prompts", []), source)
+        try:
+            kw["prompts"] = [PromptSpec.from_json(p, where=f"{source}: spec.prompts[{i}]") for i, p in enumerate(ps)]
+        except PromptError as exc:
+            raise MatrixError(str(exc)) from None
+        for f in cell_settings(RunConfig):
+            if d.get(f.name) is not None:
+                kw[f.name] = _checked(RunConfig, f.name, d[f.name], f"{source}: spec.{f.name}")
+        eng = d.get("engine") or {}
+        if not isinstance(eng, dict):
+            raise MatrixError(f"{source}: spec.engine must be an object")
+        kw["engine"] = _engine(eng, f"{source}: spec.engine", strict=False)
+        for key, typ in (("backend", str), ("diagnose", bool)):
+            if key in d:
+                if not isinstance(d[key], typ):
+                    raise MatrixError(f"{source}: spec.{key} must be {typ.__name__} (got {show(d[key])})")
+                kw[key] = d[key]
+        spec = MatrixSpec(**kw)
+        spec.validate(check_files=False)
+        return spec
+
+
+def _spec_fields() -> list[tuple[str, Any, Any]]:
+    out: list[tuple[str, Any, Any]] = [
+        ("targets", list, field(default_factory=lambda: [DEMO_TARGET])),
+        ("drafters", list, field(default_factory=lambda: [DEMO_DRAFT])),
+    ]
+    for f in axis_fields():
+        out.append((f.name, list, field(default_factory=lambda d=default_of(f): [d])))
+    out.append(("prompts", list, field(default_factory=list)))
+    for f in cell_settings(RunConfig):
+        out.append((f.name, f.type, field(default=matrix_default(f))))
+    out += [
+        ("backend", str, field(default=default_of(field_of(RunConfig, "backend")))),
+        ("engine", EngineSettings, field(default_factory=EngineSettings)),
+        ("diagnose", bool, field(default=True)),
+        ("source", Any, field(default=None, compare=False, repr=False)),
+    ]
+    return out
+
+
+#: What to run: the axes and the settings every cell shares.  Its fields are generated from the
+#: declarations in :mod:`specview.core.config`: ``targets``, ``drafters``, one list per axis
+#: (``n_max``, ``p_min``, ``flash_attn``), ``prompts``, one value per shared run setting
+#: (``max_tokens``, ``n_min``, ``top_k`` ...), ``backend``, ``engine`` (the shared engine settings)
+#: and ``diagnose``.
+MatrixSpec = make_dataclass("MatrixSpec", _spec_fields(), bases=(_SpecMethods,),
+                            namespace={"__module__": __name__})
+
+
+# -- checking values ------------------------------------------------------------------------
+_KIND_WORDS = {int: "integers", float: "numbers", str: "strings", bool: "true or false"}
+
+
+def _scalar(v: Any) -> bool:
+    return v is None or isinstance(v, (bool, int, float, str))
+
+
+def _checked(cls: type, name: str, value: Any, what: str, *, plural: bool = False) -> Any:
+    """``value`` checked against the declaration of ``name``, or a MatrixError starting with ``what``."""
+    f = field_of(cls, name)
+    if not _scalar(value):  # never hand a nested value to a message that repr()s it
+        raise MatrixError(f"{what} must be {_KIND_WORDS.get(_kind(f), 'single values') if plural else 'a single value'}"
+                          f" (got {type(value).__name__} {show(value)})")
+    try:
+        return check_value(cls, name, value)
+    except ConfigError as exc:
+        msg = str(exc)
+        if msg.startswith(name + " "):
+            msg = msg[len(name) + 1:]
+        raise MatrixError(f"{what} {msg}") from None
+
+
+def _as_list(key: str, value: Any, source: str) -> list[Any]:
+    if isinstance(value, list):
+        return value
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return [value]
+    raise MatrixError(f"{source}: '{key}' must be a list (got {type(value).__name__})")
+
+
+def _engine(eng: dict[str, Any], where: str, *, strict: bool) -> EngineSettings:
+    allowed = {f.name for f in cell_settings(EngineSettings)}
+    if strict:
+        bad = set(eng) - allowed
+        if bad:
+            hint = [a for a in engine_axes() if a in bad]
+            raise MatrixError(f"{where}: unknown [engine] key(s) {', '.join(sorted(map(str, bad)))}; known: "
+                              f"{', '.join(sorted(allowed))}"
+                              + (f" ({', '.join(hint)} is an axis: a top-level key)" if hint else ""))
+    kw = {k: _checked(EngineSettings, k, v, f"{where}.{k}") for k, v in eng.items() if k in allowed}
+    return EngineSettings(**kw)
+
+
+# -- reading a definition -----------------------------------------------------------------
+def toml_keys() -> list[str]:
+    """Every top-level key a matrix TOML file may hold."""
+    return [*OWN_KEYS, *axes(), *(f.name for f in cell_settings(RunConfig))]
+
+
+def _prompt_entry(i: int, entry: Any, base: Path, chat: bool, source: str) -> PromptSpec:
+    where = f"{source}: prompts[{i}]"
+    if isinstance(entry, str):
+        return PromptSpec(name=f"prompt{i + 1}", text=entry, chat=chat)
+    if not isinstance(entry, dict):
+        raise MatrixError(f"{where} must be a string or a table with text, file or tokens")
+    known = ("name", "text", "file", "tokens", "chat", "category")
+    unknown = set(entry) - set(known)
+    if unknown:
+        raise MatrixError(f"{where} has unknown key(s) {', '.join(sorted(map(str, unknown)))}; known: "
+                          f"{', '.join(known)}")
+    kinds = [k for k in ("text", "file", "tokens") if k in entry]
+    if len(kinds) != 1:
+        raise MatrixError(f"{where} needs exactly one of text, file, tokens (got {kinds or 'none'})")
+    name, cat, c = entry.get("name"), entry.get("category"), entry.get("chat", chat)
+    for key, val, typ in (("name", name, str), ("category", cat, str), ("chat", c, bool)):
+        if val is not None and not isinstance(val, typ):
+            raise MatrixError(f"{where}.{key} must be {'text' if typ is str else 'true or false'}")
+    if "tokens" in entry:
+        toks = entry["tokens"]
+        if (not isinstance(toks, list) or not toks
+                or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in toks)):
+            raise MatrixError(f"{where}.tokens must be a non-empty list of token ids >= 0")
+        return PromptSpec(name=name or f"tokens{i + 1}", tokens=tuple(toks), chat=False, category=cat)
+    if "file" in entry:
+        if not isinstance(entry["file"], str):
+            raise MatrixError(f"{where}.file must be a file name")
+        f = Path(entry["file"]).expanduser()
+        if not f.is_absolute():
+            f = base / f
+        try:
+            return prompt_from_file(f, chat=c, name=name, category=cat)
+        except PromptError as exc:
+            raise MatrixError(f"{where}: {exc}") from None
+    if not isinstance(entry["text"], str):
+        raise MatrixError(f"{where}.text must be text")
+    return PromptSpec(name=name or f"prompt{i + 1}", text=entry["text"], chat=c, category=cat)
+
+
+def _model_path(name: str, base: Path) -> str:
+    from ..demo import is_demo_name
+
+    if name in NON_MODEL_DRAFTERS or is_demo_name(name):
+        return name
+    p = Path(name).expanduser()
+    if not p.is_absolute():
+        p = base / p
+    return str(p)
+
+
+def spec_from_dict(d: Any, *, base: Path | None = None, source: str | None = None) -> MatrixSpec:
+    """Build a spec from a TOML-shaped mapping; relative paths are taken from ``base``.
+
+    ``source`` (the file's name) starts every error message, and the spec's own later ones.
+    """
+    base = base or Path(".")
+    spec_source, source = source, source or "<matrix>"
+    if not isinstance(d, dict):
+        raise MatrixError(f"{source}: a matrix definition is a table of keys")
+    known = toml_keys()
+    unknown = set(d) - set(known)
+    if unknown:
+        raise MatrixError(f"{source}: unknown key(s) {', '.join(sorted(map(str, unknown)))}; "
+                          f"the axes are targets, drafters, {', '.join(axes())}, prompts; other keys: "
+                          f"{', '.join(k for k in known if k not in ('targets', 'drafters', 'prompts', *axes()))}")
+    chat = d.get("chat", True)
+    if not isinstance(chat, bool):
+        raise MatrixError(f"{source}: 'chat' must be true or false")
+    try:
+        prompts = [_prompt_entry(i, e, base, chat, source) for i, e in enumerate(_as_list("prompts", d.get("prompts", []), source))]
+        suite = d.get("suite", False)
+        if suite is True:
+            prompts = suite_prompts() + prompts
+        elif isinstance(suite, list) and all(isinstance(x, str) for x in suite):
+            prompts = suite_prompts(suite) + prompts
+        elif suite is not False:
+            raise MatrixError(f"{source}: 'suite' must be true, false or a list of categories")
+        bp = d.get("builtin_prompts", not prompts)
+        if bp is True:
+            prompts = builtin_prompts() + prompts
+        elif isinstance(bp, list) and all(isinstance(x, str) for x in bp):
+            prompts = builtin_prompts(bp) + prompts
+        elif bp is not False:
+            raise MatrixError(f"{source}: 'builtin_prompts' must be true, false or a list of names")
+    except PromptError as exc:
+        raise MatrixError(f"{source}: {exc}") from None
+
+    eng = d.get("engine", {})
+    if not isinstance(eng, dict):
+        raise MatrixError(f"{source}: [engine] must be a table")
+    kw: dict[str, Any] = {"prompts": prompts, "engine": _engine(eng, source, strict=True), "source": spec_source}
+    for key in ("targets", "drafters"):
+        vals = _as_list(key, d.get(key, [DEMO_TARGET if key == "targets" else DEMO_DRAFT]), source)
+        if not all(isinstance(v, str) for v in vals):
+            raise MatrixError(f"{source}: '{key}' values must be strings (got {show(vals)})")
+        kw[key] = [_model_path(v, base) for v in vals]
+    for f in axis_fields():
+        if f.name not in d:
+            continue
+        kind, choices = _kind(f), f.metadata.get("choices") or ()
+        vals = _as_list(f.name, d[f.name], source)
+        if kind is str and {"on", "off"} <= set(choices):  # TOML's true/false for an on/off setting
+            vals = [("on" if v else "off") if isinstance(v, bool) else v for v in vals]
+        ok = {int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+              float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+              str: lambda v: isinstance(v, str)}.get(kind, _scalar)
+        if not all(ok(v) for v in vals):
+            raise MatrixError(f"{source}: '{f.name}' values must be {_KIND_WORDS.get(kind, 'values')} "
+                              f"(got {show(vals)})")
+        kw[f.name] = [_checked(settings_class(f.name), f.name, v, f"{source}: '{f.name}' values", plural=True)
+                      for v in vals]
+    for f in cell_settings(RunConfig):
+        if f.name in d:
+            kw[f.name] = _checked(RunConfig, f.name, d[f.name], f"{source}: '{f.name}'")
+    for key, typ in (("backend", str), ("diagnose", bool)):
+        if key in d:
+            if not isinstance(d[key], typ):
+                raise MatrixError(f"{source}: '{key}' must be {typ.__name__} (got {show(d[key])})")
+            kw[key] = d[key]
+    return MatrixSpec(**kw)
+
+
+def load_spec(path: str | os.PathLike[str]) -> MatrixSpec:
+    """Read a matrix definition from a TOML file (``docs/matrix.md`` shows one)."""
+    p = Path(path).expanduser()
+    return spec_from_dict(read_toml(p, MatrixError), base=p.parent, source=str(p))
+

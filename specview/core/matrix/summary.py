@@ -1,0 +1,307 @@
+"""The grid and the plain-words summary of a matrix, computed from its cells, never canned.
+
+The grid's rows are target × prompt × the engine axes (flash attention), its
+columns drafter × the draft-model axes (n_max, p_min); both lists of axes come
+from the settings' declarations.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from ..config import default_of
+from ..errors import SpecviewError
+from ..verdicts import cell_label
+from .cells import CellParams, describe, expand, model_label
+from .spec import MatrixSpec, axis_fields, axis_label, axis_short, draft_axes, engine_axes
+
+ROW_AXES = ("target", "prompt", *engine_axes())
+COL_AXES = ("drafter", *draft_axes())
+AXIS_NAMES = {"target": "target", "drafter": "drafter", "prompt": "prompt",
+              **{a: axis_label(a) for a in (*draft_axes(), *engine_axes())}}
+#: every axis a summary sentence may name, in the order it names them
+ALL_AXES = ("target", "drafter", *draft_axes(), *engine_axes(), "prompt")
+_DEFAULTS = {f.name: default_of(f) for f in axis_fields()}
+
+
+def axis_value_label(axis: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if axis in ("target", "drafter"):
+        return model_label(value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _varying(cells: Sequence[dict[str, Any]], axes: Sequence[str]) -> list[str]:
+    return [a for a in axes if len({c["params"].get(a) for c in cells}) > 1]
+
+
+@dataclass
+class Grid:
+    """Cells laid out as rows (target, prompt, flash attention) by columns (drafter, n_max, p_min)."""
+
+    row_axes: list[str]
+    col_axes: list[str]
+    rows: list[tuple]
+    cols: list[tuple]
+    at: dict[tuple[tuple, tuple], dict[str, Any]]
+
+    def row_label(self, row: tuple) -> str:
+        return " · ".join(_part(a, v) for a, v in zip(self.row_axes, row)) or "all"
+
+    def col_label(self, col: tuple) -> str:
+        return " ".join(_part(a, v) for a, v in zip(self.col_axes, col) if v is not None) or "all"
+
+
+def _part(axis: str, value: Any) -> str:
+    label = axis_value_label(axis, value)
+    if axis in draft_axes():
+        return f"{axis}={label}"
+    if axis in engine_axes():
+        return f"{axis_short(axis)}={label}"
+    return label
+
+
+def grid(doc: dict[str, Any]) -> Grid:
+    """Lay out a matrix document's cells (planned cells not yet run are absent from ``at``)."""
+    cells = doc.get("cells", [])
+    spec = doc.get("spec") or {}
+    planned: list[dict[str, Any]] = []
+    try:
+        planned = [{"params": c.to_json()} for c in expand(MatrixSpec.from_json(spec))]
+    except SpecviewError:
+        planned = []
+    every = planned or cells
+    row_axes = _varying(every, ROW_AXES) or ["target"]
+    col_axes = _varying(every, COL_AXES) or ["drafter"]
+    rows: list[tuple] = []
+    cols: list[tuple] = []
+    for c in every:
+        r = tuple(c["params"].get(a) for a in row_axes)
+        k = tuple(c["params"].get(a) for a in col_axes)
+        if r not in rows:
+            rows.append(r)
+        if k not in cols:
+            cols.append(k)
+    at = {}
+    for c in cells:
+        r = tuple(c["params"].get(a) for a in row_axes)
+        k = tuple(c["params"].get(a) for a in col_axes)
+        at[(r, k)] = c
+        if r not in rows:
+            rows.append(r)
+        if k not in cols:
+            cols.append(k)
+    return Grid(row_axes, col_axes, rows, cols, at)
+
+
+def _join(words: Sequence[str], conj: str = "and") -> str:
+    words = list(words)
+    if len(words) <= 1:
+        return "".join(words)
+    return ", ".join(words[:-1]) + f" {conj} " + words[-1]
+
+
+def _mixed_phrase(axis: str, values: Sequence[Any]) -> str:
+    return _value_phrase(axis, values).removeprefix("the ").replace(" drafters", " drafter")
+
+
+def _cap(s: str) -> str:
+    return s if s.startswith(draft_axes()) else s[:1].upper() + s[1:]
+
+
+def _uncap(s: str) -> str:
+    return s[:1].lower() + s[1:] if s[:2] != s[:2].upper() else s
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def _value_phrase(axis: str, values: Sequence[Any]) -> str:
+    labels = [axis_value_label(axis, v) for v in values]
+    if axis in draft_axes():
+        return f"{axis} = {_join(labels)}"
+    if axis in engine_axes():
+        return f"{AXIS_NAMES[axis].replace(' ', '-')}-{_join(labels)}"
+    if axis == "drafter":
+        return "the " + _join(labels) + " drafter" + ("s" if len(labels) > 1 else "")
+    if axis == "prompt":
+        return _join([f"'{x}'" for x in labels]) + " prompt"
+    return _join(labels)
+
+
+def summarize(doc: dict[str, Any]) -> list[str]:
+    """Plain sentences naming what the matrix shows, computed from its cells."""
+    cells = doc.get("cells", [])
+    ok = [c for c in cells if c.get("status") == "ok"]
+    errors = [c for c in cells if c.get("status") == "error"]
+    n_total = doc.get("n_cells", len(cells))
+    lines: list[str] = []
+    if not cells:
+        return ["No cell has finished yet."]
+    forks = [c for c in ok if not c["identical"]]
+    same = [c for c in ok if c["identical"]]
+    head = f"{_plural(len(cells), 'cell')}"
+    if n_total and n_total != len(cells):
+        head += f" of {n_total} finished"
+    parts = [f"{len(forks)} fork", f"{len(same)} identical"]
+    if errors:
+        parts.append(f"{len(errors)} failed")
+    verdicts: dict[str, int] = {}
+    for c in forks:
+        verdicts[cell_label(c)] = verdicts.get(cell_label(c), 0) + 1
+    vtxt = "; forks: " + ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items(), key=lambda x: -x[1])) if forks else ""
+    lines.append(f"{head}: {', '.join(parts)}{vtxt}.")
+    if not ok:
+        return lines
+    if not forks:
+        lines.append("Every cell is identical: no setting here makes speculative decoding differ from plain greedy.")
+    elif not same:
+        lines.append("Every cell forks: no setting here keeps speculative decoding equal to plain greedy.")
+    else:
+        lines.extend(_determinants(ok))
+        lines.extend(_by_setting(ok))
+        lines.extend(_flips(ok))
+    if forks:
+        first = min(forks, key=lambda c: c["first_mismatch"] if c["first_mismatch"] is not None else 1 << 30)
+        lines.append(f"Earliest fork: token {first['first_mismatch']} ({describe(CellParams.from_json(first['params']))}).")
+        gaps = [c["gap"] for c in forks if isinstance(c.get("gap"), (int, float))]
+        if gaps:
+            lines.append(f"Top-1/top-2 gap at the diagnosed forks: {min(gaps):.4g} to {max(gaps):.4g} logits.")
+    if errors:
+        lines.append(f"{_plural(len(errors), 'cell')} failed: " + "; ".join(
+            f"{describe(CellParams.from_json(c['params']))}: {c.get('error')}" for c in errors[:3])
+            + (" ..." if len(errors) > 3 else "") + ".")
+    return lines
+
+
+def _outcome(c: dict[str, Any]) -> bool:
+    return bool(c["identical"])
+
+
+def _uniform_values(ok: Sequence[dict[str, Any]], axis: str) -> tuple[list, list, list]:
+    """Values of ``axis`` whose cells all fork, all are identical, or go both ways."""
+    values = []
+    for c in ok:
+        v = c["params"].get(axis)
+        if v is not None and v not in values:
+            values.append(v)
+    fork_vals, same_vals, mixed = [], [], []
+    if len(values) < 2:
+        return fork_vals, same_vals, mixed
+    for v in values:
+        outs = {_outcome(c) for c in ok if c["params"].get(axis) == v}
+        (same_vals if outs == {True} else fork_vals if outs == {False} else mixed).append(v)
+    return fork_vals, same_vals, mixed
+
+
+#: the axes a control sits on (p_min = 1, no drafter): set aside to see what decides the rest
+SETTING_AXES = ("drafter", *draft_axes())
+
+
+def _determinants(ok: Sequence[dict[str, Any]], axes: Sequence[str] = ALL_AXES) -> list[str]:
+    """Sentences for axis values whose cells all share one outcome while other cells do not."""
+    out: list[tuple[int, str]] = []
+    for axis in axes:
+        fork_vals, same_vals, mixed = _uniform_values(ok, axis)
+        if not fork_vals and not same_vals:
+            continue
+        phrases = []
+        if fork_vals:
+            phrase = _value_phrase(axis, fork_vals).removeprefix("the ")
+            phrases.append(f"{'every' if len(fork_vals) == 1 else 'all'} {phrase} "
+                           f"cell{'s' if len(fork_vals) > 1 else ''} fork{'s' if len(fork_vals) == 1 else ''}")
+        if same_vals:
+            if axis in SETTING_AXES:
+                phrases.append(f"{_value_phrase(axis, same_vals)} {'is' if len(same_vals) == 1 else 'are'} "
+                               "identical everywhere")
+            else:
+                phrases.append(f"every {_value_phrase(axis, same_vals)} cell is identical")
+        sentence = "; ".join(phrases)
+        if not mixed:
+            out.append((0, f"The {AXIS_NAMES[axis]} alone decides the outcome: {sentence}."))
+        else:
+            out.append((1, f"{_cap(sentence)}; {_mixed_phrase(axis, mixed)} cells go both ways."))
+    out.sort(key=lambda x: x[0])
+    lines = [s for _, s in out]
+    # the controls (settings identical everywhere, e.g. p_min = 1 or no drafter) set aside: what decides the rest?
+    controls = [(a, v) for a in SETTING_AXES if a in axes for v in _uniform_values(ok, a)[1]]
+    if controls:
+        rest = [c for c in ok if not any(c["params"].get(a) == v for a, v in controls)]
+        if rest and len({_outcome(c) for c in rest}) == 2:
+            sub = _determinants(rest, [a for a in axes if not any(a == ca for ca, _ in controls)])
+            if sub:
+                names = _join([_value_phrase(a, [v]) for a, v in controls])
+                lines.append(f"Setting aside {names}: " + " ".join([_uncap(sub[0])] + sub[1:]))
+    return lines
+
+
+def _setting_label(params: dict[str, Any]) -> str:
+    """A cell's setting without its prompt: ``Q8_0 with Q4_0 n_max=1 p_min=0`` (engine axes where not default)."""
+    p = CellParams.from_json(params)
+    d = " ".join(_part(a, getattr(p, a)) for a in ("drafter", *draft_axes()) if getattr(p, a) is not None)
+    eng = "".join(f" {_part(a, getattr(p, a))}" for a in engine_axes() if getattr(p, a) != _DEFAULTS[a])
+    return f"{model_label(p.target)} with {d}{eng}"
+
+
+def setting_key(params: dict[str, Any]) -> tuple:
+    """What identifies a cell's setting across prompts: every axis but the prompt."""
+    return tuple(params.get(a) for a in ALL_AXES if a != "prompt")
+
+
+def _by_setting(ok: Sequence[dict[str, Any]]) -> list[str]:
+    """Across prompts: the settings that fork on every prompt, and those that fork on some."""
+    prompts = {c["params"].get("prompt") for c in ok}
+    if len(prompts) < 2:
+        return []
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for c in ok:
+        groups.setdefault(setting_key(c["params"]), []).append(c)
+    every, some = [], []
+    for cs in groups.values():
+        n_fork = sum(not _outcome(c) for c in cs)
+        if n_fork and len(cs) >= 2:
+            label = f"{_setting_label(cs[0]['params'])} ({n_fork} of {len(cs)})"
+            (every if n_fork == len(cs) else some).append(label)
+    lines = []
+    if every:
+        lines.append("Forks on every prompt: " + "; ".join(every) + ".")
+    if some:
+        lines.append("Forks on some prompts: " + "; ".join(some) + ".")
+    return lines
+
+
+def _flips(ok: Sequence[dict[str, Any]]) -> list[str]:
+    """For each axis: among pairs of cells differing only in it, how often the outcome flips."""
+    axes = ALL_AXES
+    res: list[tuple[str, int, int]] = []
+    for axis in axes:
+        others = [a for a in axes if a != axis]
+        groups: dict[tuple, list[dict[str, Any]]] = {}
+        for c in ok:
+            if c["params"].get(axis) is None:
+                continue
+            key = tuple(c["params"].get(a) for a in others)
+            groups.setdefault(key, []).append(c)
+        pairs = flips = 0
+        for g in groups.values():
+            for a, b in itertools.combinations(g, 2):
+                pairs += 1
+                flips += _outcome(a) != _outcome(b)
+        if pairs:
+            res.append((axis, flips, pairs))
+    if not res:
+        return []
+    flipping = [f"{AXIS_NAMES[a]} in {f} of {_plural(n, 'pair')}" for a, f, n in sorted(res, key=lambda x: -x[1] / x[2]) if f]
+    never = [AXIS_NAMES[a] for a, f, n in res if not f]
+    lines = []
+    if flipping:
+        lines.append("Changing one setting alone turns identical into a fork (or back): " + _join(flipping) + ".")
+    if never:
+        lines.append(f"Changing only the {_join(never, 'or')} never does.")
+    return lines

@@ -1,0 +1,271 @@
+"""The self-contained HTML report of a trace or a matrix (plots embedded as ``data:`` URIs)."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any, Mapping, Sequence
+
+from ... import __version__
+from ..llama_flags import llama_commands
+from ..verdicts import CATEGORIES, COLOURS, WORDS, category, cell_text
+from ..matrix.rates import pct, positions_text, rate_text
+from .escape import esc, visible
+from .facts import (PLOT_CAPTIONS, acceptance_facts, cell_colour, cell_detail, config_facts, earliest_fork,
+                    environment_facts, fmt, fork_context, headline, model_facts, prompt_block, quoted, spec_rows,
+                    trace_title, verdict_facts, verdict_of)
+
+CSS = """
+body{font:15px/1.45 -apple-system,'Segoe UI',Roboto,'DejaVu Sans',sans-serif;margin:0;color:#1d1d1f;background:#fff}
+main{max-width:1080px;margin:0 auto;padding:22px 28px 40px}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:26px 0 8px;border-bottom:1px solid #ddd;padding-bottom:3px}
+.sub{color:#666;font-size:13px;margin-bottom:14px}
+.verdict{padding:12px 16px;border-radius:6px;font-size:16px;margin:12px 0 6px;border:1px solid rgba(0,0,0,.12)}
+.verdict b{font-size:17px}
+table.kv{border-collapse:collapse;font-size:13.5px}table.kv td,table.kv th{padding:3px 12px 3px 0;vertical-align:top;text-align:left}
+table.kv td:first-child{color:#555;white-space:nowrap}table.kv td+td{overflow-wrap:anywhere}
+table.kv{max-width:100%}
+table.kv th{color:#333;border-bottom:1px solid #ddd}
+code,pre,.tok{font-family:'DejaVu Sans Mono',Menlo,Consolas,monospace;font-size:13px}
+pre{background:#f6f8fa;border:1px solid #e1e4e8;border-radius:5px;padding:9px 11px;white-space:pre-wrap;word-break:break-all;margin:6px 0}
+table.fork{border-collapse:collapse;margin:6px 0}table.fork td{padding:4px 8px;vertical-align:baseline}
+table.fork td.arm{color:#555;font-size:13px;white-space:nowrap}
+.tok{white-space:pre-wrap;border-right:1px solid rgba(0,0,0,.13);padding:0 1px}
+.shared{color:#444}.at{background:#f3a0a0;font-weight:bold;border-radius:2px}.after{color:#777}
+.ell{color:#aaa}
+figure{margin:10px 0}figure img{max-width:100%;border:1px solid #e5e5e5}figcaption{color:#666;font-size:12.5px}
+table.grid{border-collapse:collapse;font-size:13px}table.grid th,table.grid td{border:1px solid #ccc;padding:4px 7px;text-align:center}
+table.grid th{background:#f4f4f4}table.grid td.row{text-align:left;font-weight:600;background:#f8f8f8}
+.legend span{display:inline-block;padding:2px 8px;margin-right:6px;border-radius:3px;font-size:12.5px;border:1px solid rgba(0,0,0,.1)}
+ul.summary li{margin:3px 0}
+.note{color:#666;font-size:13px}
+"""
+
+
+def _kv_html(rows: Sequence[tuple[str, str]]) -> str:
+    return "<table class=kv>" + "".join(f"<tr><td>{esc(a)}</td><td>{esc(b)}</td></tr>" for a, b in rows) + "</table>"
+
+
+def _tok_html(tok: tuple[int, str] | None, cls: str) -> str:
+    if tok is None:
+        return f"<span class='tok {cls}' title='no token'>(end of output)</span>"
+    t, piece = tok
+    return f"<span class='tok {cls}' title='{esc(f'token {t}')}'>{esc(visible(piece))}</span>"
+
+
+def _fork_html(ctx: dict[str, Any]) -> str:
+    rows = []
+    for arm in ("vanilla", "speculative"):
+        a = ctx[arm]
+        before = "".join(_tok_html(t, "shared") for t in ctx["before"])
+        ell = "<span class=ell>…</span>" if ctx["truncated"] else ""
+        after = "".join(_tok_html(t, "after") for t in a["after"])
+        rows.append(f"<tr><td class=arm>{arm}</td><td>{ell}{before}{_tok_html(a['at'], 'at')}{after}"
+                    f"<span class=ell>…</span></td></tr>")
+    return ("<table class=fork>" + "".join(rows) + "</table>"
+            "<p class=note>Token boundaries are drawn as thin lines; ⏎ is a newline. "
+            "The highlighted token is the first one the arms disagree on; the tokens before it are shared.</p>")
+
+
+def _img_html(png: bytes, alt: str, caption: str) -> str:
+    data = base64.b64encode(png).decode("ascii")
+    return (f"<figure><img alt='{esc(alt)}' src='data:image/png;base64,{data}'>"
+            f"<figcaption>{esc(caption)}</figcaption></figure>")
+
+
+def _page(title: str, body: str) -> str:
+    return ("<!DOCTYPE html>\n<html lang=en><head><meta charset='utf-8'>"
+            "<meta name='viewport' content='width=device-width,initial-scale=1'>"
+            "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; img-src data:; "
+            "style-src 'unsafe-inline'\">"
+            f"<title>{esc(title)}</title><style>{CSS}</style></head><body><main>\n{body}\n</main></body></html>\n")
+
+
+def trace_html(trace: Any, plots: Mapping[str, bytes]) -> str:
+    v = verdict_of(trace)
+    parts = [f"<h1>specview report: {esc(trace_title(trace))}</h1>",
+             f"<div class=sub>specview {esc(trace.environment.get('specview', __version__))} · "
+             f"{esc(trace.environment.get('created', ''))} · greedy speculative decoding against plain greedy</div>",
+             f"<div class=verdict style='background:{COLOURS.get(v, '#fff')}'><b>{esc(v.upper())}</b> — "
+             f"{esc(headline(trace))}</div>"]
+    d = trace.diagnosis
+    if d and d.get("explanation"):
+        parts.append(f"<p>{esc(d['explanation'])}</p>")
+    parts.append(_kv_html(verdict_facts(trace)))
+    ctx = fork_context(trace)
+    if ctx is not None:
+        parts.append(f"<h2>The fork, token {ctx['index']}</h2>")
+        parts.append(_fork_html(ctx))
+    for key in PLOT_CAPTIONS:
+        if key in plots:
+            title, cap = PLOT_CAPTIONS[key]
+            parts.append(f"<h2>{esc(title)}</h2>")
+            parts.append(_img_html(plots[key], title, cap))
+    parts.append("<h2>Acceptance and speed</h2>")
+    parts.append(_kv_html(acceptance_facts(trace)))
+    cmds = llama_commands(trace.config, trace.models, trace.prompt)
+    parts.append("<h2>Reproduce with llama.cpp</h2>")
+    parts.append("<p class=note>Start both servers, send the same prompt token ids to each, compare the tokens. "
+                 "The flags are llama.cpp's own (common/arg.cpp).</p>")
+    parts.append(f"<pre>{esc(cmds['server_vanilla'])}\n\n{esc(cmds['server_speculative'])}</pre>")
+    parts.append(f"<pre>{esc(cmds['request'])}</pre>")
+    if "cli_vanilla" in cmds:
+        parts.append("<p class=note>Or with the command-line tool (it applies the chat template itself):</p>")
+        parts.append(f"<pre>{esc(cmds['cli_vanilla'])}\n\n{esc(cmds['cli_speculative'])}</pre>")
+    label, text = prompt_block(trace)
+    parts.append("<h2>Prompt</h2>")
+    parts.append(f"<p class=note>{esc(label)}</p><pre>{esc(text)}</pre>")
+    parts.append("<h2>Settings</h2>")
+    parts.append(_kv_html(config_facts(trace)))
+    parts.append("<h2>Models</h2>")
+    parts.append("<table class=kv><tr><th></th><th>target</th><th>draft</th></tr>" + "".join(
+        f"<tr><td>{esc(a)}</td><td>{esc(b)}</td><td>{esc(c)}</td></tr>" for a, b, c in model_facts(trace))
+        + "</table>")
+    parts.append("<h2>Environment</h2>")
+    parts.append(_kv_html(environment_facts(trace.environment)))
+    parts.append("<h2>Both texts</h2>")
+    for arm in (trace.vanilla, trace.speculative):
+        parts.append(f"<p class=note>{esc(arm.name)} ({len(arm.tokens)} tokens)</p><pre>{esc(arm.text)}</pre>")
+    return _page(f"specview: {v}", "\n".join(parts))
+
+
+def _repro_html(trace: Any, cell: dict[str, Any]) -> str:
+    from ..matrix import CellParams, describe
+
+    cmds = llama_commands(trace.config, trace.models, trace.prompt)
+    return (f"<h2>Reproduce the earliest fork</h2><p class=note>{esc(describe(CellParams.from_json(cell['params'])))}: "
+            f"token {esc(cell['first_mismatch'])}, from its saved trace {esc(cell.get('trace'))} "
+            "(<code>specview report</code> on that file gives its full report).</p>"
+            f"<pre>{esc(cmds['server_vanilla'])}\n\n{esc(cmds['server_speculative'])}</pre>"
+            f"<pre>{esc(cmds['request'])}</pre>")
+
+
+def matrix_html(doc: dict[str, Any], fork_trace: Any = None) -> str:
+    from ..matrix import CellParams, describe, grid, rates, summarize
+
+    g = grid(doc)
+    cells = doc.get("cells", [])
+    spec = doc.get("spec", {})
+    parts = [f"<h1>specview matrix: {len(cells)} cells</h1>",
+             f"<div class=sub>specview {esc(doc.get('specview', ''))} · {esc(doc.get('created', ''))} · "
+             f"status {esc(doc.get('status'))} · {esc(spec.get('max_tokens'))} tokens per arm</div>",
+             "<h2>What it shows</h2><ul class=summary>"
+             + "".join(f"<li>{esc(s)}</li>" for s in summarize(doc)) + "</ul>",
+             "<h2>Grid</h2>",
+             "<div class=legend>" + "".join(
+                 f"<span style='background:{COLOURS[k]}'>{esc(WORDS[k] if k == 'diverged' else k)}</span>"
+                 for k in CATEGORIES) + "</div>"]
+    head = "<tr><th>" + esc(" · ".join(g.row_axes)) + "</th>" + "".join(
+        f"<th>{esc(g.col_label(c))}</th>" for c in g.cols) + "</tr>"
+    body = []
+    for r in g.rows:
+        tds = []
+        for c in g.cols:
+            cell = g.at.get((r, c))
+            detail = cell_detail(cell) if cell and cell.get("status") == "ok" else (
+                cell.get("error", "") if cell else "")
+            tds.append(f"<td style='background:{cell_colour(cell)}' title='{esc(detail)}'>{esc(cell_text(cell))}"
+                       + (f"<br><small>{esc(detail)}</small>" if detail and cell and cell.get('status') == 'ok' else "")
+                       + "</td>")
+        body.append(f"<tr><td class=row>{esc(g.row_label(r))}</td>{''.join(tds)}</tr>")
+    parts.append(f"<table class=grid>{head}{''.join(body)}</table>")
+    forks = [c for c in cells if c.get("status") == "ok" and not c.get("identical")]
+    if forks:
+        parts.append("<h2>Forks</h2><table class=kv><tr><th>cell</th><th>token</th><th>vanilla</th>"
+                     "<th>speculative</th><th>verdict</th><th>gap</th><th>trace</th></tr>")
+        for c in forks:
+            f = c.get("fork") or {}
+            parts.append(
+                f"<tr><td>{esc(describe(CellParams.from_json(c['params'])))}</td><td>{esc(c.get('first_mismatch'))}</td>"
+                f"<td><code>{esc(quoted(f.get('vanilla_piece')))}</code></td>"
+                f"<td><code>{esc(quoted(f.get('speculative_piece')))}</code></td>"
+                f"<td>{esc(category(c))}</td><td>{esc(fmt(c.get('gap')))}</td>"
+                f"<td>{esc(c.get('trace') or '')}</td></tr>")
+        parts.append("</table>")
+    errs = [c for c in cells if c.get("status") == "error"]
+    if errs:
+        parts.append("<h2>Failed cells</h2><ul>" + "".join(
+            f"<li>{esc(describe(CellParams.from_json(c['params'])))}: {esc(c.get('error'))}</li>" for c in errs) + "</ul>")
+    parts.append(rates_html(rates(doc)))
+    cell = earliest_fork(doc)
+    if fork_trace is not None and cell is not None:
+        parts.append(_repro_html(fork_trace, cell))
+    parts.append("<h2>Axes</h2>")
+    parts.append(_kv_html(spec_rows(spec)))
+    ctr = doc.get("counters") or {}
+    parts.append(f"<p class=note>{esc(ctr.get('loads'))} model loads, {esc(ctr.get('vanilla_runs'))} vanilla runs, "
+                 f"{esc(ctr.get('speculative_runs'))} speculative runs, {esc(doc.get('elapsed_s'))} s.</p>")
+    parts.append("<h2>Environment</h2>")
+    parts.append(_kv_html(environment_facts(doc.get("environment") or {})))
+    return _page("specview matrix", "\n".join(parts))
+
+
+# -- rates -------------------------------------------------------------------------------
+SEVERITY_COLOURS = {"near-tie": COLOURS["near-tie"], "material": COLOURS["state"], "undiagnosed": COLOURS["diverged"]}
+
+
+def _bar(count: int, most: int, colour: str, width: int = 160) -> str:
+    if count <= 0 or most <= 0:
+        return ""
+    return (f"<span style='display:inline-block;height:11px;width:{max(2, round(width * count / most))}px;"
+            f"background:{colour};border:1px solid rgba(0,0,0,.25);vertical-align:middle'></span>")
+
+
+def _interval(g: dict[str, Any], width: int = 160) -> str:
+    """The rate as a dot on a [0, 1] line, its 95% interval as a band."""
+    if not g["n"]:
+        return ""
+    lo, hi, r = g["low"], g["high"], g["rate"]
+    return (f"<span style='display:inline-block;position:relative;width:{width}px;height:11px;"
+            f"background:#f1f1f1;border:1px solid #ccc;vertical-align:middle'>"
+            f"<span style='position:absolute;left:{lo * width:.1f}px;width:{max(1.0, (hi - lo) * width):.1f}px;"
+            f"top:0;bottom:0;background:{COLOURS['diverged']}'></span>"
+            f"<span style='position:absolute;left:{max(0.0, r * width - 1):.1f}px;width:2px;top:0;bottom:0;"
+            f"background:#333'></span></span>")
+
+
+def _rate_row(label: str, g: dict[str, Any]) -> str:
+    sev = g["severity"]
+    return (f"<tr><td>{esc(label)}</td><td>{g['n']}</td><td>{g['forks']}</td><td>{esc(pct(g['rate']))}</td>"
+            f"<td>{esc(pct(g['low']))} – {esc(pct(g['high']))}</td><td>{_interval(g)}</td>"
+            f"<td>{esc(positions_text(g))}</td><td>{sev['near-tie']} / {sev['material']} / {sev['undiagnosed']}</td>"
+            "</tr>")
+
+
+def rates_html(r: dict[str, Any]) -> str:
+    """Per setting and category: the divergence rate with its interval; fork positions; the gap histogram."""
+    settings = [g for g in r["settings"] if g["n"] >= 2]
+    if not settings:
+        return ""
+    head = ("<tr><th>setting</th><th>prompts</th><th>forks</th><th>rate</th><th>95% interval</th><th></th>"
+            "<th>fork positions</th><th>near-tie / material / undiagnosed</th></tr>")
+    parts = ["<h2>Divergence rates</h2>",
+             "<p class=note>Per setting, over the prompts it ran: the share of prompts whose arms fork, with a 95% "
+             "Wilson interval (the band; the dark line is the rate). A fork is a near-tie when its teacher-forced "
+             "gap is within its cell's replay envelope, material when it is above it.</p>",
+             "<table class=kv>" + head + "".join(_rate_row(g["label"], g) for g in settings) + "</table>"]
+    cats = [(g["label"], c) for g in settings for c in g["categories"]]
+    if cats:
+        parts.append("<h2>Rates by prompt category</h2><table class=kv>" + head.replace("setting", "setting · category")
+                     + "".join(_rate_row(f"{label} · {c['category']}", c) for label, c in cats) + "</table>")
+    forked = [g for g in settings if g["forks"]]
+    if forked:
+        parts.append("<h2>Where the forks fall, and how large the gaps are</h2>")
+        for g in forked:
+            pos = g["positions"]
+            most = max(pos["histogram"])
+            rows = "".join(
+                f"<tr><td>tokens {i * pos['bin_width']}–{(i + 1) * pos['bin_width'] - 1}</td><td>{n}</td>"
+                f"<td>{_bar(n, most, COLOURS['diverged'])}</td></tr>" for i, n in enumerate(pos["histogram"]))
+            gmost = max((sum(b.values()) for b in g["gaps"]), default=0)
+            grows = "".join(
+                f"<tr><td>{esc(lab)} logits</td><td>{b['near-tie']} / {b['material']}</td>"
+                f"<td>{_bar(b['near-tie'], gmost, SEVERITY_COLOURS['near-tie'])}"
+                f"{_bar(b['material'], gmost, SEVERITY_COLOURS['material'])}</td></tr>"
+                for lab, b in zip(r["gap_bins"], g["gaps"]))
+            parts.append(f"<p class=note>{esc(g['label'])}: {esc(rate_text(g))}</p>"
+                         "<table class=kv><tr><th>fork position</th><th>forks</th><th></th></tr>" + rows + "</table>"
+                         "<table class=kv><tr><th>gap at the fork</th><th>near-tie / material</th><th></th></tr>"
+                         + grows + "</table>"
+                         + (f"<p class=note>{g['severity']['undiagnosed']} fork(s) not diagnosed: no gap.</p>"
+                            if g["severity"]["undiagnosed"] else ""))
+    return "\n".join(parts)

@@ -1,0 +1,100 @@
+"""Writing a report to a folder: ``report.html``, ``report.md`` and the PNG plots the Markdown links to.
+
+Qt-free: the plots come from a renderer passed in, a callable ``trace ->
+{name: PNG bytes}`` (the app's own plot widgets draw them, in
+:mod:`specview.gui.export`); without one the report has no plots.  The names
+a renderer may return are the keys of :data:`~specview.core.report.facts.PLOT_CAPTIONS`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from ..errors import SpecviewError
+from ..trace import SCHEMA as TRACE_SCHEMA, Trace, write_atomic
+from .facts import PLOT_CAPTIONS, earliest_fork
+from .html import matrix_html, trace_html
+from .markdown import matrix_markdown, trace_markdown
+
+PlotRenderer = Callable[[Trace], Mapping[str, bytes]]
+
+
+def read_input(path: str | os.PathLike[str]) -> tuple[str, Any]:
+    """("trace", Trace) or ("matrix", dict) from a JSON file, refusing anything else clearly."""
+    from ..matrix import validate_matrix
+    from ..trace import read_json
+
+    p = Path(path)
+    d = read_json(p)
+    schema = d.get("schema") if isinstance(d, dict) else None
+    if isinstance(schema, str) and schema.startswith("specview.matrix/"):
+        validate_matrix(d, source=str(p))
+        return "matrix", d
+    if isinstance(schema, str) and schema.startswith("specview.trace/"):
+        return "trace", Trace.from_json(d, source=str(p))
+    shown = repr(schema) if isinstance(schema, str) and len(schema) < 80 else type(schema).__name__
+    raise SpecviewError(f"{p}: neither a specview trace ({TRACE_SCHEMA}) nor a matrix (specview.matrix/1); "
+                        f"schema is {shown}")
+
+
+def earliest_fork_trace(doc: dict, source: Path | None) -> Trace | None:
+    """The saved trace of the matrix's earliest fork (``--traces``), or None when there is none to read."""
+    cell = earliest_fork(doc)
+    if cell is None or not cell.get("trace"):
+        return None
+    p = Path(cell["trace"])
+    if not p.is_absolute() and source is not None:
+        p = source.parent / p
+    try:
+        return Trace.load(p)
+    except (SpecviewError, OSError, ValueError):
+        return None
+
+
+def write_report(src: str | os.PathLike[str] | Trace | dict, out_dir: str | os.PathLike[str], *,
+                 name: str = "report", plots: PlotRenderer | None = None) -> dict[str, Path]:
+    """Write ``{name}.html``, ``{name}.md`` and the PNGs the Markdown links to into ``out_dir``.
+
+    ``src`` is a trace, a matrix document or a file holding either.  ``plots`` draws a trace's
+    plots (called once, on the caller's thread); a matrix report has none.  Returns what was
+    written, by kind ("html", "markdown", and one entry per plot).
+    """
+    from ..matrix import validate_matrix
+
+    if isinstance(src, Trace):
+        kind, obj = "trace", src
+    elif isinstance(src, dict):
+        validate_matrix(src)
+        kind, obj = "matrix", src
+    else:
+        kind, obj = read_input(src)
+    if "/" in name or "\\" in name or name in ("", ".", ".."):
+        raise SpecviewError(f"--name {name!r}: give a plain file name, without a folder")
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecviewError(f"-o {out}: cannot create the folder ({exc})") from None
+    written: dict[str, Path] = {}
+    if kind == "trace":
+        pngs = {k: v for k, v in (plots(obj) if plots is not None else {}).items() if k in PLOT_CAPTIONS}
+        files = {}
+        for key, png in pngs.items():
+            fname = f"{name}-{key}.png"
+            try:
+                (out / fname).write_bytes(png)
+            except OSError as exc:
+                raise SpecviewError(f"-o {out}: cannot write {fname} ({exc})") from None
+            written[key] = out / fname
+            files[key] = fname
+        html_text = trace_html(obj, pngs)
+        md_text = trace_markdown(obj, files)
+    else:
+        fork_trace = earliest_fork_trace(obj, None if isinstance(src, dict) else Path(src))
+        html_text = matrix_html(obj, fork_trace)
+        md_text = matrix_markdown(obj, fork_trace)
+    written["html"] = write_atomic(out / f"{name}.html", html_text)
+    written["markdown"] = write_atomic(out / f"{name}.md", md_text)
+    return written
