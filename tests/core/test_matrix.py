@@ -390,3 +390,155 @@ def test_cli_resume(tmp_path: Path, monkeypatch, capsys):
     doc = load_matrix(out)
     assert doc["status"] == "complete" and [c["index"] for c in doc["cells"]] == list(range(6))
     assert "resuming: 2 of 6 cells already done" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------
+# the engine's own runner
+# ---------------------------------------------------------------------------
+from specview.core.registry import Backend, Runner, get_backend, register_backend, unregister_backend  # noqa: E402
+
+
+class RecordingRunner(Runner):
+    """A runner that is not a Session: it runs the fake rule and records what it was asked."""
+
+    def __init__(self):
+        self.inner = FakeSession()
+        self.diagnosed: list = []
+        self.closed = False
+
+    @property
+    def loads(self):
+        return self.inner.loads
+
+    @property
+    def vanilla_runs(self):
+        return self.inner.vanilla_runs
+
+    @property
+    def speculative_runs(self):
+        return self.inner.speculative_runs
+
+    def run(self, cfg, *, on_event=None, cancel=None, reuse_vanilla=True):
+        return self.inner.run(cfg, cancel=cancel, on_event=on_event)
+
+    def diagnose(self, trace, cfg, *, controls=False, progress=None, cancel=None):
+        self.diagnosed.append(cfg)
+        d = {"verdict": "near-tie", "gap": 0.01, "thresholds": {"near_tie": 0.05, "far": 2.0},
+             "explanation": "planted"}
+        trace.diagnosis = d
+        return d
+
+    def close(self):
+        self.closed = True
+
+
+class RemoteBackend(Backend):
+    """An engine that is not in-process and whose models are plain names (no files to check)."""
+
+    name = "remote-fake"
+    model_kind = "name"
+    in_process = False
+
+    def __init__(self):
+        self.runners: list[RecordingRunner] = []
+
+    def runner(self, *, progress=None):
+        self.runners.append(RecordingRunner())
+        return self.runners[-1]
+
+
+@pytest.fixture()
+def remote():
+    register_backend("remote-fake", RemoteBackend)
+    yield get_backend("remote-fake")
+    unregister_backend("remote-fake")
+
+
+def test_a_matrix_runs_through_its_engines_runner(remote, tmp_path: Path):
+    """A matrix whose engine is not in-process runs every cell on that engine's runner, never on a Session."""
+    s = spec(backend="remote-fake", diagnose=True)
+    run = run_matrix(s, out=tmp_path / "m.json")
+    assert len(remote.runners) == 1 and remote.runners[0].closed
+    r = remote.runners[0]
+    assert [c.backend for c in r.inner.calls] == ["remote-fake"] * len(expand(s))
+    forks = [c for c in run.records if not c["identical"]]
+    assert forks and len(r.diagnosed) == len(forks)
+    assert all(c["verdict"] == "near-tie" and c["gap"] == 0.01 for c in forks)
+    assert run.counters["speculative_runs"] == len(expand(s))
+
+
+def test_cli_matrix_on_a_plugin_engine_and_no_diagnose_never_diagnoses(remote, tmp_path: Path, capsys):
+    out = tmp_path / "m.json"
+    rc = cli.main(["matrix", "--engine", "remote-fake", "--targets", "demo:F16,demo:Q8_0", "--drafters",
+                   "demo:Q4_0,none", "-p", "Hi", "-n", "16", "--no-diagnose", "-o", str(out)])
+    assert rc == 1, capsys.readouterr().err
+    r = remote.runners[-1]
+    assert r.diagnosed == [] and r.closed
+    doc = load_matrix(out)
+    assert doc["spec"]["backend"] == "remote-fake"
+    assert {c["verdict"] for c in doc["cells"] if not c["identical"]} == {"diverged"}
+
+
+# ---------------------------------------------------------------------------
+# keys and flags derived from the settings' declarations
+# ---------------------------------------------------------------------------
+def _toml(v) -> str:
+    return json.dumps(v) if not isinstance(v, bool) else ("true" if v else "false")
+
+
+def test_every_declared_setting_is_a_toml_key_checked_as_declared(tmp_path: Path):
+    from specview.core.config import EngineSettings, RunConfig, axes
+    from specview.core.matrix.spec import cell_settings, matrix_default
+
+    run_keys = cell_settings(RunConfig)
+    eng_keys = cell_settings(EngineSettings)
+    assert {f.name for f in run_keys} >= {"max_tokens", "n_min", "top_k", "ignore_eos", "serial_verify"}
+    assert {f.name for f in eng_keys} >= {"n_batch", "n_ubatch", "kv_type", "threads"}
+    assert set(axes()) == {"n_max", "p_min", "flash_attn"}
+    lines, eng = [], []
+    for f in run_keys:
+        v = matrix_default(f)
+        v = f.metadata["min"] if v is None else v
+        lines.append(f"{f.name} = {_toml(v)}")
+    for f in eng_keys:
+        eng.append(f"{f.name} = {_toml(matrix_default(f))}")
+    p = tmp_path / "all.toml"
+    p.write_text("\n".join(lines + ["[engine]"] + eng) + "\n", encoding="utf-8")
+    load_spec(p).validate(check_files=False)
+    for f in [*run_keys, *eng_keys]:  # a value below a declared minimum is refused, naming the file and the key
+        if f.metadata.get("min") is None:
+            continue
+        bad = tmp_path / f"bad-{f.name}.toml"
+        line = f"{f.name} = {_toml(type(matrix_default(f) or 0)(f.metadata['min'] - 1))}"
+        bad.write_text(line + "\n" if f in run_keys else "[engine]\n" + line + "\n", encoding="utf-8")
+        with pytest.raises(MatrixError) as e:
+            load_spec(bad)
+        assert str(bad) in str(e.value) and f.name in str(e.value)
+
+
+def test_axis_values_are_checked_as_declared_and_errors_name_the_file(tmp_path: Path):
+    for text, words in [("p_min = [0.5, 2]", "p_min"), ("n_max = [-1]", "n_max"), ("flash_attn = [\"up\"]", "flash_attn"),
+                        ("p_min = [nan]", "p_min"), ("max_tokens = 0", "max_tokens"), ("top_k = 1.5", "top_k"),
+                        ("[engine]\nkv_type = \"q9\"", "kv_type"), ("n_max = [[1, [2]]]", "n_max")]:
+        f = tmp_path / "m.toml"
+        f.write_text(text + "\n", encoding="utf-8")
+        with pytest.raises(MatrixError) as e:
+            load_spec(f)
+        assert str(f) in str(e.value) and words in str(e.value), str(e.value)
+
+
+def test_a_cell_config_is_the_shared_settings_plus_its_axis_values():
+    from specview.core.config import EngineSettings, RunConfig, get_setting
+    from specview.core.matrix import cell_config
+
+    s = spec(max_tokens=24, top_k=5, serial_verify=True, stop_after_fork=3, flash_attn=["on", "off"],
+             engine=EngineSettings(n_ubatch=1, kv_type="q8_0"))
+    for p in expand(s):
+        cfg = cell_config(s, p)
+        assert isinstance(cfg, RunConfig)
+        assert (cfg.max_tokens, cfg.top_k, cfg.serial_verify, cfg.stop_after_fork) == (24, 5, True, 3)
+        assert (cfg.engine.n_ubatch, cfg.engine.kv_type, cfg.engine.flash_attn) == (1, "q8_0", p.flash_attn)
+        for axis in ("n_max", "p_min"):
+            if getattr(p, axis) is not None:
+                assert get_setting(cfg, axis) == getattr(p, axis)
+        assert cfg.draft == (p.drafter if p.spec_type == "draft-simple" else None)
