@@ -25,6 +25,8 @@ from typing import Any, Iterator, Sequence
 from .errors import ConfigError
 
 SPEC_TYPES_IN_PROCESS = ("draft-simple", "ngram-simple", "none")
+#: spec types whose drafter is a separate model file (the others draft from the target or the text)
+DRAFT_FILE_TYPES = ("draft-simple", "draft-eagle3", "draft-dflash", "draft-dspark")
 FLASH_ATTN_VALUES = ("auto", "on", "off")
 KV_TYPES = ("f16", "f32", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
@@ -98,13 +100,15 @@ class EngineSettings:
     kv_type: str = setting("f16", flags=("--kv-type", "--cache-type"), choices=KV_TYPES, group="engine",
                            label="KV cache type", help="KV cache type for K and V")
     server_bin: str = setting("", flags=("--server-bin",), group="engine", label="Server binary",
-                              only_for=("llama-server",), metavar="PATH",
+                              only_for=("llama-server", "mlx-server"), metavar="PATH",
                               help="llama-server binary (default: $SPECVIEW_LLAMA_SERVER, then PATH, then the copy "
-                              "scripts/build-llama-server.sh builds)")
+                              "scripts/build-llama-server.sh builds); with mlx-server the mlx_lm.server program "
+                              "(default: $SPECVIEW_MLX_SERVER, then the one beside this Python, then PATH)")
     server_args: str = setting("", flags=("--server-args",), group="engine", label="Server flags",
-                               only_for=("llama-server",), metavar="FLAGS",
+                               only_for=("llama-server", "mlx-server"), metavar="FLAGS",
                                help="extra llama-server flags, passed through verbatim: --spec-* and draft flags "
-                               "(-ngld, -devd, -ctkd ...) to the speculative server only, the rest to both")
+                               "(-ngld, -devd, -ctkd ...) to the speculative server only, the rest to both; with "
+                               "mlx-server, extra mlx_lm.server flags for both servers")
 
     def __post_init__(self) -> None:
         check_all(self)
@@ -174,8 +178,8 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         check_all(self)
-        if self.spec_type == "draft-simple" and not self.draft:
-            raise ConfigError("spec_type draft-simple needs a draft model: give a draft (or demo:Q4_0), or use "
+        if self.uses_draft_model and not self.draft:
+            raise ConfigError(f"spec_type {self.spec_type} needs a draft model: give a draft (or demo:Q4_0), or use "
                               "ngram-simple, which needs none", setting="draft")
         if self.prompt is None and not self.prompt_tokens:
             raise ConfigError("no prompt: give a prompt text, a prompt file or token ids", setting="prompt")
@@ -187,7 +191,7 @@ class RunConfig:
 
     @property
     def uses_draft_model(self) -> bool:
-        return self.spec_type == "draft-simple"
+        return self.spec_type in DRAFT_FILE_TYPES
 
     @property
     def draft_width(self) -> int:
