@@ -1,18 +1,21 @@
-"""The llama-server engine's logic without a real server: parsing, flags, errors, the trace's nulls."""
+"""The llama-server engine's logic without a real server: parsing, rounds, errors, the trace's nulls."""
 
 from __future__ import annotations
 
 import math
-import os
-import time
-import socket
 import stat
 from pathlib import Path
 
 import pytest
 
-from specview.backends import server as srv
-from specview.core.engine import SpecviewError
+from specview.backends.llama_server import binary as sb
+from specview.backends.llama_server.protocol import (Chunk, StreamResult, arm_from_response, arm_from_stream,
+                                                     completion_body, rebuild_rounds, reads_request_speculation)
+from specview.backends.local_server.openai import TokenLogprob, parse_logprobs
+from specview.backends.local_server.process import ServerError
+from specview.core.config import EngineSettings, RunConfig
+from specview.core.errors import ConfigError, SpecviewError
+from specview.core.registry import get_backend
 from specview.core.trace import Trace
 
 HELP = """----- common params -----
@@ -24,21 +27,19 @@ HELP = """----- common params -----
 
 
 def test_spec_types_are_parsed_from_the_help_line():
-    assert srv.parse_spec_types(HELP) == ["none", "draft-simple", "draft-eagle3", "draft-mtp", "ngram-simple",
-                                          "ngram-mod"]
-    assert srv.parse_spec_types("-m, --model FNAME\n--draft N  old flag\n") == []
+    assert sb.parse_spec_types(HELP) == ["none", "draft-simple", "draft-eagle3", "draft-mtp", "ngram-simple",
+                                         "ngram-mod"]
+    assert sb.parse_spec_types("-m, --model FNAME\n--draft N  old flag\n") == []
 
 
-def test_server_args_split_between_both_servers_and_the_speculative_one():
-    both, spec = srv.split_server_args('--temp 0 -ngld 99 --spec-ngram-mod-n-match 24 --no-mmap '
-                                       '--override-kv "a=int:1" --spec-draft-p-split -0.5')
-    assert both == ["--temp", "0", "--no-mmap", "--override-kv", "a=int:1"]
-    assert spec == ["-ngld", "99", "--spec-ngram-mod-n-match", "24", "--spec-draft-p-split", "-0.5"]
-    for bad in ("--port 8080", "--host=0.0.0.0", "-m x.gguf", "--spec-type draft-mtp", "-md d.gguf"):
-        with pytest.raises(SpecviewError, match=bad.split()[0].split("=")[0]):
-            srv.split_server_args(bad)
-    with pytest.raises(SpecviewError, match="cannot split"):
-        srv.split_server_args('--override-kv "unclosed')
+def test_the_backend_is_registered_and_out_of_process():
+    be = get_backend("llama-server")
+    assert be.name == "llama-server" and be.in_process is False and be.model_kind == "gguf"
+    r = be.runner()
+    try:
+        assert r.loads == 0 and r.vanilla_runs == 0 and r.speculative_runs == 0
+    finally:
+        r.close()
 
 
 def _entry(tok, top):
@@ -57,12 +58,10 @@ def test_arm_from_response_keeps_what_the_server_gave_and_nulls_the_rest():
         ],
         "timings": {"prompt_ms": 12.5, "predicted_ms": 300.0, "draft_n": 4, "draft_n_accepted": 2},
     }
-    arm = srv.arm_from_response("speculative", resp, prompt_len=10, piece=lambda t: f"<{t}>")
-    assert arm.tokens == [5, 6, 7]
-    assert arm.text == "<5><6><7>"
+    arm = arm_from_response("speculative", resp, prompt_len=10, piece=lambda t: f"<{t}>")
+    assert arm.tokens == [5, 6, 7] and arm.text == "<5><6><7>"
     assert [s.pos for s in arm.steps] == [10, 11, 12]
-    assert math.isclose(arm.steps[0].margin, 2.5)
-    assert arm.steps[0].top_ids == [5, 9, 3]
+    assert math.isclose(arm.steps[0].margin, 2.5) and arm.steps[0].top_ids == [5, 9, 3]
     assert arm.steps[1].margin is None and arm.steps[1].top_ids == []
     assert math.isclose(arm.steps[2].margin, 0.25)
     assert all(s.round is None and s.from_draft is None and s.batch_size is None for s in arm.steps)
@@ -70,150 +69,169 @@ def test_arm_from_response_keeps_what_the_server_gave_and_nulls_the_rest():
     assert math.isclose(arm.tokens_per_s, 10.0)
 
 
-def test_a_trace_with_server_nulls_and_reported_totals_survives_save_and_load(tmp_path):
-    from specview.core.compare import compare_arms
-    from specview.core.trace import ArmResult
-
-    v = srv.arm_from_response("vanilla", {"tokens": [1, 2], "stop_type": "limit",
-                                          "completion_probabilities": [_entry(1, [(1, -0.1), (2, -1.1)]),
-                                                                       _entry(2, [(2, -0.2), (1, -0.3)])]},
-                              prompt_len=3, piece=str)
-    s = srv.arm_from_response("speculative", {"tokens": [1, 3], "stop_type": "limit",
-                                              "completion_probabilities": [_entry(1, [(1, -0.1), (2, -1.1)]),
-                                                                           _entry(3, [])]},
-                              prompt_len=3, piece=str)
-    s.reported_drafted, s.reported_accepted = 5, 3
-    t = Trace(config={}, environment={"engine": "llama-server"}, models={"target": {}, "draft": None},
-              prompt={"tokens": [0, 1, 2]}, vanilla=v, speculative=s, comparison=compare_arms(v, s))
-    p = t.save(tmp_path / "t.json")
-    back = Trace.load(p)
-    assert back.speculative.n_drafted == 5 and back.speculative.n_accepted == 3
-    assert math.isclose(back.speculative.acceptance_rate, 0.6)
-    assert back.speculative.steps[1].margin is None and back.speculative.steps[1].round is None
-    assert back.vanilla.eval_ms is None
-    assert back.comparison.first_mismatch.index == 1
-    # the in-process shape is untouched: totals come from the rounds there
-    assert ArmResult(name="speculative").n_drafted == 0
+def test_a_token_left_out_of_the_probabilities_gets_none_and_its_neighbours_keep_theirs():
+    resp = {"tokens": [10, 200, 201, 11], "stop_type": "limit",
+            "completion_probabilities": [_entry(10, [(10, -0.1), (3, -1.1)]), _entry(201, [(201, -0.2), (4, -0.7)]),
+                                         _entry(11, [(11, -0.3), (5, -3.3)])]}
+    arm = arm_from_response("vanilla", resp, prompt_len=0, piece=str)
+    assert [s.top_ids[:1] for s in arm.steps] == [[10], [], [201], [11]]
+    assert [round(s.margin, 3) for s in arm.steps if s.margin is not None] == [1.0, 0.5, 3.0]
 
 
+# -- rounds from streamed counters -----------------------------------------------------------
+def _stream(counters, tokens, *, probs_at=()):
+    """Chunks for tokens 1..n with (predicted_ms, draft_n, draft_n_accepted) per token."""
+    return [Chunk(n=i + 1, token=t, entry=_entry(t, [(t, -0.1), (t + 1, -0.4)]) if i in probs_at else None,
+                  predicted_ms=c[0], draft_n=c[1], draft_n_accepted=c[2])
+            for i, (t, c) in enumerate(zip(tokens, counters))]
+
+
+def test_rounds_are_rebuilt_from_cumulative_counters_and_add_up():
+    # token 0 from the prompt; a verify step drafting 3 accepting 2 (3 tokens); a step with no draft;
+    # a verify step drafting 2 accepting 0; a last step cut short by an accepted end-of-text draft token
+    # (drafted 4, accepted 3, 2 emitted: both drafts, as the in-process loop counts them)
+    counters = [(0.001, 0, 0), (5.0, 3, 2), (5.0, 3, 2), (5.0, 3, 2), (7.0, 3, 2), (9.5, 5, 2), (12.0, 9, 5),
+                (12.0, 9, 5)]
+    chunks = _stream(counters, [10, 11, 12, 13, 14, 15, 16, 17], probs_at=(0, 4))
+    rr = rebuild_rounds(chunks, 8, prefill_chunk=7)
+    assert rr.reason is None
+    assert [(r.index, r.drafted, r.accepted, r.batch_size, r.first_step) for r in rr.rounds] == [
+        (0, 0, 0, 7, 0), (1, 3, 2, 4, 1), (2, 0, 0, 1, 4), (3, 2, 0, 3, 5), (4, 4, 2, 5, 6)]
+    assert rr.step_rounds == [(0, False, 7, 6), (1, True, 4, 0), (1, True, 4, 1), (1, False, 4, 2), (2, False, 1, 0),
+                              (3, False, 3, 0), (4, True, 5, 0), (4, True, 5, 1)]
+    assert rr.step_ms == [None, 4.999, 2.0, 2.5, 2.5]
+    # the arm the stream makes: every token's round, and draft_ms/verify_ms left null
+    sr = StreamResult(chunks=chunks, final={"tokens_predicted": 8, "stop_type": "limit",
+                                             "timings": {"prompt_ms": 3.0, "predicted_ms": 12.0}})
+    arm, _ = arm_from_stream("speculative", sr, prompt_len=7, n_batch=512, piece=str)
+    assert arm.tokens == [10, 11, 12, 13, 14, 15, 16, 17]
+    assert [s.round for s in arm.steps] == [0, 1, 1, 1, 2, 3, 4, 4]
+    # every token is the prompt's, an accepted draft, or one step's own: they add up
+    assert 1 + sum(r.accepted for r in arm.rounds) + sum(1 for r in arm.rounds[1:] if r.first_step + r.accepted < len(arm.tokens)) == len(arm.tokens)
+    assert all(r.draft_ms is None and r.verify_ms is None and r.draft_tokens == [] for r in arm.rounds)
+    assert arm.steps[0].top_ids and not arm.steps[1].top_ids
+
+
+def test_a_token_held_back_inside_a_character_still_adds_up_or_says_why():
+    counters = [(0.001, 0, 0), (5.0, 3, 2), (5.0, 3, 2), (5.0, 3, 2), (7.0, 3, 2)]
+    chunks = _stream(counters, [10, 11, 12, 13, 14])
+    inner = [c for c in chunks if c.n != 3]  # token 2 was not streamed; its step is known from its neighbours
+    rr = rebuild_rounds(inner, 5, prefill_chunk=4)
+    assert rr.reason is None and [r.accepted for r in rr.rounds] == [0, 2, 0]
+    gone = [c for c in chunks if c.n != 5]  # the last one-token step vanished with its token: nothing says where
+    rr = rebuild_rounds(gone, 5, prefill_chunk=4)
+    assert rr.rounds is None and "incomplete UTF-8" in rr.reason
+    sr = StreamResult(chunks=inner, final={"tokens_predicted": 5})
+    with pytest.raises(ServerError, match="left tokens out"):
+        arm_from_stream("speculative", sr, prompt_len=3, n_batch=512, piece=str)
+    arm, rr = arm_from_stream("speculative", sr, prompt_len=3, n_batch=512, piece=str, tokens=[10, 11, 99, 13, 14])
+    assert arm.tokens == [10, 11, 99, 13, 14] and rr.rounds is not None
+
+
+def test_without_per_token_timings_the_rounds_are_null_with_the_reason():
+    chunks = [Chunk(n=i + 1, token=t, entry=None, predicted_ms=None, draft_n=0, draft_n_accepted=0)
+              for i, t in enumerate([1, 2, 3])]
+    rr = rebuild_rounds(chunks, 3, prefill_chunk=1)
+    assert rr.rounds is None and "timings_per_token" in rr.reason
+
+
+def test_requests_ask_for_greedy_tokens_and_per_token_timings_when_streamed():
+    b = completion_body([1, 2], 5, n_probs=8, stream=True, speculative={"n_max": 4, "p_min": 0.5})
+    assert b["temperature"] == 0.0 and b["top_k"] == 1 and b["return_tokens"] and b["timings_per_token"]
+    assert b["speculative.n_max"] == 4 and b["speculative.p_min"] == 0.5 and b["cache_prompt"] is False
+    assert not reads_request_speculation({"generation_settings": {"speculative.types": "draft-simple"}})
+    assert reads_request_speculation({"generation_settings": {"speculative.n_max": 4, "speculative.n_min": 0,
+                                                              "speculative.p_min": 0.5}})
+
+
+def test_openai_logprobs_in_both_shapes_come_back_sorted():
+    chat = {"logprobs": {"content": [{"id": 7, "token": "a", "logprob": -0.2,
+                                      "top_logprobs": [{"id": 9, "token": "b", "logprob": -1.9},
+                                                       {"id": 7, "token": "a", "logprob": -0.2}]}]}}
+    (t,) = parse_logprobs(chat)
+    assert t == TokenLogprob(7, "a", -0.2, [7, 9], ["a", "b"], [-0.2, -1.9]) and math.isclose(t.margin, 1.7)
+    legacy = {"logprobs": {"tokens": ["a", "b"], "token_logprobs": [-0.1, -0.3],
+                           "top_logprobs": [{"b": -2.0, "a": -0.1}, {"b": -0.3}]}}
+    ts = parse_logprobs(legacy)
+    assert [x.top_texts for x in ts] == [["a", "b"], ["b"]] and ts[1].margin is None
+    assert parse_logprobs({"logprobs": None}) == []
+
+
+# -- bad input -----------------------------------------------------------------------------------
 def test_missing_directory_and_non_executable_binaries_are_named(tmp_path, monkeypatch):
-    monkeypatch.delenv(srv.ENV_BIN, raising=False)
-    with pytest.raises(srv.ServerError, match="does not exist"):
-        srv.find_server_bin(str(tmp_path / "nope" / "llama-server"))
-    with pytest.raises(srv.ServerError, match="is a directory"):
-        srv.find_server_bin(str(tmp_path))
+    monkeypatch.delenv(sb.ENV_BIN, raising=False)
+    with pytest.raises(ServerError, match="does not exist"):
+        sb.find_server_bin(str(tmp_path / "nope" / "llama-server"))
+    with pytest.raises(ServerError, match="is a directory"):
+        sb.find_server_bin(str(tmp_path))
     f = tmp_path / "llama-server"
     f.write_text("#!/bin/sh\n")
     f.chmod(0o644)
-    with pytest.raises(srv.ServerError, match="not executable"):
-        srv.find_server_bin(str(f))
-    monkeypatch.setenv(srv.ENV_BIN, str(tmp_path / "gone"))
-    with pytest.raises(srv.ServerError, match=r"\$SPECVIEW_LLAMA_SERVER"):
-        srv.find_server_bin()
+    with pytest.raises(ServerError, match="not executable"):
+        sb.find_server_bin(str(f))
+    monkeypatch.setenv(sb.ENV_BIN, str(tmp_path / "gone"))
+    with pytest.raises(ServerError, match=r"\$SPECVIEW_LLAMA_SERVER"):
+        sb.find_server_bin()
 
 
 def test_a_program_that_is_not_llama_server_is_refused():
-    with pytest.raises(srv.ServerError, match="does not look like llama-server"):
-        srv.server_info("/bin/false")
+    with pytest.raises(ServerError, match="does not look like llama-server"):
+        sb.server_info("/bin/false")
 
 
-def _fake_server(tmp_path: Path, start_behaviour: str) -> str:
-    """A script that answers --version/--help/--list-devices like llama-server and then does ``start_behaviour``."""
+def _fake_server(tmp_path: Path) -> str:
     p = tmp_path / "fake-llama-server"
-    p.write_text(f"""#!/bin/sh
+    p.write_text("""#!/bin/sh
 case "$1" in
   --version) echo "version: 1 (fake)"; echo "built with cc"; exit 0;;
   --list-devices) echo "Available devices:"; exit 0;;
   --help) echo "--spec-type none,draft-simple,ngram-simple"; exit 0;;
 esac
-{start_behaviour}
+exit 1
 """)
     p.chmod(p.stat().st_mode | stat.S_IXUSR)
     return str(p)
 
 
-def test_a_server_that_exits_at_start_is_a_clear_error_quoting_its_output(tmp_path):
-    fake = _fake_server(tmp_path, 'echo "llama_model_load: error loading model: tensor data is not within the file bounds" >&2\nexit 1')
-    s = srv.LlamaServer(fake, ["-m", "x.gguf"], label="vanilla")
-    s.start()
-    with pytest.raises(srv.ServerError) as ei:
-        s.wait_ready(timeout=20)
-    msg = str(ei.value)
-    assert "exited while starting with status 1" in msg
-    assert "could not load the model" in msg
-    assert "tensor data is not within the file bounds" in msg
-    assert not s.alive()
-    s.stop()
+def _cfg(spec_type: str, server_bin: str, **kw) -> RunConfig:
+    return RunConfig(target="demo:Q8_0", draft=kw.pop("draft", None), spec_type=spec_type, prompt_tokens=(1, 2, 3),
+                     backend="llama-server", engine=EngineSettings(server_bin=server_bin, **kw))
 
 
-def test_a_port_already_taken_is_named_before_anything_starts(tmp_path):
-    fake = _fake_server(tmp_path, "exit 0")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(1)
-        port = sock.getsockname()[1]
-        s = srv.LlamaServer(fake, [], label="vanilla", port=port)
-        with pytest.raises(srv.ServerError, match=f"port {port} on 127.0.0.1 is already in use"):
-            s.start()
-        assert s.proc is None
+def test_the_check_refuses_what_the_binary_does_not_offer_before_starting_anything(tmp_path):
+    fake = _fake_server(tmp_path)
+    be = get_backend("llama-server")
+    assert be.spec_types(EngineSettings(server_bin=fake)) == ["none", "draft-simple", "ngram-simple"]
+    with pytest.raises(ConfigError, match="draft-mtp is not offered by this llama-server; it offers none, "
+                                          "draft-simple, ngram-simple") as ei:
+        be.check(_cfg("draft-mtp", fake))
+    assert ei.value.setting == "spec_type"
+    with pytest.raises(ConfigError, match="server_args must not contain --port"):
+        be.check(_cfg("ngram-simple", fake, server_args="--port 9"))
+    with pytest.raises(ServerError, match="/bin/false does not look like llama-server"):
+        be.check(_cfg("ngram-simple", "/bin/false"))
+    be.check(_cfg("ngram-simple", fake))  # fine
 
 
-def _gone_or_zombie(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-    return state in ("Z", "X")
+def test_a_trace_with_server_nulls_and_rounds_survives_save_and_load(tmp_path):
+    from specview.core.compare import compare_arms
 
-
-@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
-def test_stop_kills_the_whole_process_group(tmp_path):
-    # the "server" ignores SIGTERM and has a child: stop() must still leave nothing behind
-    fifo = tmp_path / "child.pid"
-    os.mkfifo(fifo)
-    fake = _fake_server(tmp_path, f"trap '' TERM\nsleep 300 &\necho $! > '{fifo}'\nwait")
-    s = srv.LlamaServer(fake, [], label="vanilla")
-    s.start()
-    try:
-        with open(fifo) as fh:  # blocks until the script has started its child
-            child = int(fh.read().strip())
-        assert not _gone_or_zombie(child)
-    finally:
-        s.stop(grace=0.5)
-    assert not s.alive() and s.returncode is not None
-    # SIGKILL is delivered asynchronously: give the kernel a bounded moment to finish the child
-    deadline = time.monotonic() + 5.0
-    while not _gone_or_zombie(child) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert _gone_or_zombie(child)
-
-
-def test_run_server_trace_refuses_a_program_that_is_not_llama_server_before_starting_anything():
-    from specview.core.session import RunConfig
-
-    cfg = RunConfig(target="demo:Q8_0", draft=None, spec_type="ngram-simple", prompt_tokens=(1, 2, 3),
-                    backend="llama-server")
-    with pytest.raises(srv.ServerError, match="/bin/false does not look like llama-server"):
-        srv.run_server_trace(cfg, server_bin="/bin/false")
-
-
-def test_a_spec_type_the_binary_does_not_offer_is_refused_with_the_ones_it_does(tmp_path):
-    from specview.core.session import RunConfig
-
-    fake = _fake_server(tmp_path, "exit 1")
-    cfg = RunConfig(target="demo:Q8_0", draft=None, spec_type="draft-mtp", prompt_tokens=(1, 2, 3),
-                    backend="llama-server")
-    with pytest.raises(SpecviewError, match="draft-mtp is not offered by this llama-server; it offers none, "
-                                            "draft-simple, ngram-simple"):
-        srv.run_server_trace(cfg, server_bin=fake)
-
-
-def test_a_token_left_out_of_the_probabilities_gets_none_and_its_neighbours_keep_theirs():
-    # llama-server omits the entry of a token whose text is an incomplete UTF-8 sequence
-    resp = {"tokens": [10, 200, 201, 11], "stop_type": "limit",
-            "completion_probabilities": [_entry(10, [(10, -0.1), (3, -1.1)]), _entry(201, [(201, -0.2), (4, -0.7)]),
-                                         _entry(11, [(11, -0.3), (5, -3.3)])]}
-    arm = srv.arm_from_response("vanilla", resp, prompt_len=0, piece=str)
-    assert [s.top_ids[:1] for s in arm.steps] == [[10], [], [201], [11]]
-    assert arm.steps[1].margin is None
-    assert [round(s.margin, 3) for s in arm.steps if s.margin is not None] == [1.0, 0.5, 3.0]
+    counters = [(0.001, 0, 0), (5.0, 3, 2), (5.0, 3, 2), (5.0, 3, 2)]
+    sr = StreamResult(chunks=_stream(counters, [1, 2, 3, 4]), final={"tokens_predicted": 4, "stop_type": "limit",
+                                                                      "timings": {"predicted_ms": 5.0}})
+    s, _ = arm_from_stream("speculative", sr, prompt_len=3, n_batch=512, piece=str)
+    s.reported_drafted, s.reported_accepted = 3, 2
+    v = arm_from_response("vanilla", {"tokens": [1, 2, 3, 5], "stop_type": "limit",
+                                      "completion_probabilities": [_entry(t, [(t, -0.1), (0, -1.1)])
+                                                                   for t in (1, 2, 3, 5)]}, prompt_len=3, piece=str)
+    t = Trace(config={}, environment={"engine": "llama-server"}, models={"target": {}, "draft": None},
+              prompt={"tokens": [0, 1, 2]}, vanilla=v, speculative=s, comparison=compare_arms(v, s))
+    back = Trace.load(t.save(tmp_path / "t.json"))
+    assert back.speculative.n_drafted == 3 and back.speculative.n_accepted == 2
+    assert [(r.drafted, r.accepted, r.draft_ms, r.verify_ms) for r in back.speculative.rounds] == [
+        (0, 0, None, None), (3, 2, None, None)]
+    assert [st.from_draft for st in back.speculative.steps] == [False, True, True, False]
+    assert back.vanilla.eval_ms is None and back.comparison.first_mismatch.index == 3
+    Trace.load(back.save(tmp_path / "again.json"))  # and it saves again
+    with pytest.raises(SpecviewError):
+        raise SpecviewError("x")
