@@ -1,7 +1,9 @@
-"""Model choices for the pickers: demo names, GGUF quantizations of one model in a folder,
-and which missing quantizations can be derived from a higher-precision file there.
+"""Model choices for the pickers: demo names, the quantizations of one model a user has,
+and which missing ones can be derived from a higher-precision copy.
 
-Plain file-system logic with no Qt, so it is easy to test.
+An engine says what a model is for it (``Backend.model_kind``): a GGUF file
+("gguf", quantized with llama.cpp's quantizer) or an MLX model folder ("folder",
+converted with mlx-lm).  Plain file-system logic with no Qt, so it is easy to test.
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
-from ..core import demo
+from ..core.paths import cache_dir
 
 # higher precision first; a file can be derived from any file ranked above it
 PRECISION_ORDER = ("F32", "BF16", "F16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_1", "Q5_0", "Q4_K_M",
@@ -107,7 +110,7 @@ def derived_path(src: Path, quant: str) -> Path:
         name = f"{src.stem}.{quant}.gguf"
     if os.access(src.parent, os.W_OK):
         return src.parent / name
-    return demo.cache_dir() / "derived" / name
+    return cache_dir() / "derived" / name
 
 
 def mlx_siblings(folder: str | os.PathLike[str]) -> list[QuantChoice]:
@@ -123,3 +126,32 @@ def mlx_siblings(folder: str | os.PathLike[str]) -> list[QuantChoice]:
     out = [QuantChoice(v.label + (" (derived)" if v.derived else ""), str(v.path), True) for v in have]
     out += [QuantChoice(d.label, "", False, source=str(d.source)) for d in derivable]
     return out
+
+
+def variants(name: str, model_kind: str) -> list[QuantChoice]:
+    """The quantizations of the model ``name`` to flip through (none for a demo name or a missing path)."""
+    if not name or name.lower().startswith("demo"):
+        return []
+    p = Path(name).expanduser()
+    if model_kind == "folder":
+        return mlx_siblings(p) if p.is_dir() else []
+    return siblings(p) if p.exists() else []
+
+
+def derive(choice: QuantChoice, model_kind: str, progress: Callable[[str], None] | None = None) -> str:
+    """Write the missing quantization ``choice`` from its source; return the path of the new model."""
+    say = progress or (lambda msg: None)
+    if choice.source is None:
+        raise ValueError(f"{choice.quant}: nothing to derive it from")
+    if model_kind == "folder":
+        from ..backends.mlx import derive_quantized
+
+        say(f"deriving {choice.quant} from {Path(choice.source).name} with mlx-lm's conversion")
+        bits = int(choice.quant.lower().removesuffix("bit"))
+        return str(derive_quantized(choice.source, bits, progress=say))
+    from ..backends.llama_cpp import quantize
+
+    say(f"deriving {choice.quant} from {Path(choice.source).name} -> {choice.path}")
+    Path(choice.path).parent.mkdir(parents=True, exist_ok=True)
+    quantize(choice.source, choice.path, choice.quant)
+    return choice.path

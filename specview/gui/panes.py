@@ -128,10 +128,10 @@ class TokenPane(QTextEdit):
             f.setBackground(self.tints.plain_alt)
         return f
 
-    def append_steps(self, steps: Sequence[Step]) -> None:
-        """Append tokens at the end (the streaming path)."""
+    def append_steps(self, steps: Sequence[Step]) -> bool:
+        """Append tokens at the end (the streaming path); True if the view followed the end."""
         if not steps:
-            return
+            return False
         bar = self.verticalScrollBar()
         at_end = self.follow and bar.value() >= bar.maximum() - 4
         cur = QTextCursor(self.document())
@@ -146,6 +146,7 @@ class TokenPane(QTextEdit):
         self.steps.extend(steps)
         if at_end:
             bar.setValue(bar.maximum())
+        return at_end
 
     def set_steps(self, steps: Sequence[Step]) -> None:
         """Show exactly ``steps``: append if the pane holds a prefix of them, else re-render."""

@@ -15,6 +15,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor, QPalette
+from PySide6.QtWidgets import QLabel
 
 from ..core.trace import Round, Step
 from .panes import DRAFT_HUE, MISMATCH_HUE, PaintClock, blend, is_dark
@@ -50,10 +51,56 @@ def style_plot(w: pg.PlotWidget, palette: QPalette) -> None:
         ax.setTextPen(pg.mkPen(text))
     w.getPlotItem().titleLabel.setAttr("color", text.name())
     w.getPlotItem().titleLabel.setText(w.getPlotItem().titleLabel.text)
+    hint = getattr(w, "hint", None)
+    if hint is not None:
+        hint.setStyleSheet(f"color: {blend(base, text, 0.6).name()}; background: transparent")
 
 
 class TimedPlot(pg.PlotWidget):
-    """A PlotWidget that adds its paint time to :class:`PaintClock`."""
+    """A PlotWidget that adds its paint time to :class:`PaintClock`, and says what it will show while empty.
+
+    An empty plot shows a short hint instead of axes (pyqtgraph's default range
+    for no data is meaningless: an axis labelled "x0.001" from -400 to 400).
+    """
+
+    def __init__(self, parent=None, *, hint: str = ""):
+        super().__init__(parent)
+        pi = self.getPlotItem()
+        for name in ("left", "bottom"):
+            pi.getAxis(name).enableAutoSIPrefix(False)  # a token index or a logit has no SI unit
+        self.default_hint = hint
+        self.hint = QLabel(hint, self)
+        self.hint.setObjectName("plot_hint")
+        self.hint.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.hint.setWordWrap(True)
+        self.hint.setAttribute(Qt.WidgetAttribute.WA_TransparentForMouseEvents)
+        self.empty = False
+        self.show_empty(True)
+
+    def show_empty(self, empty: bool) -> None:
+        """Empty: the hint instead of axes and grid; otherwise the plot as usual."""
+        if empty == self.empty:
+            return
+        self.empty = empty
+        pi = self.getPlotItem()
+        for name in ("left", "bottom"):
+            pi.showAxis(name, not empty)
+        pi.showGrid(x=False, y=not empty, alpha=0.25)
+        self.hint.setVisible(empty)
+        if pi.legend is not None:
+            pi.legend.setVisible(not empty)
+        if empty:
+            pi.getViewBox().setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
+
+    def set_hint(self, text: str | None) -> None:
+        """The words shown while the plot is empty (None: the plot's own)."""
+        self.hint.setText(text or self.default_hint)
+
+    def resizeEvent(self, ev) -> None:  # noqa: N802 - Qt name
+        super().resizeEvent(ev)
+        hint = self.__dict__.get("hint")  # pyqtgraph resizes the view before __init__ has made the hint
+        if hint is not None:
+            hint.setGeometry(self.rect().adjusted(16, 28, -16, -8))
 
     def paintEvent(self, ev) -> None:  # noqa: N802 - Qt name
         t0 = time.perf_counter()
@@ -67,13 +114,13 @@ class AcceptancePlot(TimedPlot):
     sigIndexClicked = Signal(int)  # first token index of the clicked round
 
     def __init__(self, parent=None):
-        super().__init__(parent)
+        super().__init__(parent, hint="Drafted and accepted tokens of each verify round appear here while the "
+                                      "speculative arm runs.")
         self.setObjectName("acceptance_plot")
         pi = self.getPlotItem()
         pi.setMenuEnabled(True)
         pi.setLabel("bottom", "round")
         pi.setLabel("left", "tokens")
-        pi.showGrid(x=False, y=True, alpha=0.25)
         pi.setMouseEnabled(x=True, y=False)
         pi.getViewBox().enableAutoRange(axis="y", enable=False)
         self.legend = pi.addLegend(offset=(-8, 6), labelTextSize="8pt")
@@ -118,7 +165,7 @@ class AcceptancePlot(TimedPlot):
         vb = self.getPlotItem().getViewBox()
         if streaming:
             vb.enableAutoRange(axis="x", enable=False)
-            if len(rounds) + 1 > self._x_span:
+            if rounds and len(rounds) + 1 > self._x_span:
                 self._x_span = max(16, int(len(rounds) * 1.6))
                 vb.setXRange(-0.5, self._x_span, padding=0.02)
         else:
@@ -145,6 +192,7 @@ class AcceptancePlot(TimedPlot):
                 x = x0 + np.minimum(np.arange(m + 1, dtype=float) * b, n)
             else:
                 x = x0 + np.arange(n + 1, dtype=float)
+            self.show_empty(False)
             self.drafted.setData(x, d)
             self.accepted.setData(x, a)
             top = max(1.0, float(d.max()), float(a.max())) * 1.45
@@ -154,6 +202,9 @@ class AcceptancePlot(TimedPlot):
         else:
             self.drafted.setData([], [])
             self.accepted.setData([], [])
+            self._y_top = 0.0
+            self._x_span = 0
+            self.show_empty(True)
         drafted = sum(r.drafted for r in self.rounds)
         accepted = sum(r.accepted for r in self.rounds)
         if rate is None and drafted:
@@ -214,12 +265,12 @@ class MarginPlot(TimedPlot):
     sigIndexClicked = Signal(int)
 
     def __init__(self, parent=None):
-        super().__init__(parent)
+        super().__init__(parent, hint="The top-1 minus top-2 logit margin of every token appears here when a run "
+                                      "starts; the fork is marked on it.")
         self.setObjectName("margin_plot")
         pi = self.getPlotItem()
         pi.setLabel("bottom", "token index")
         pi.setLabel("left", "margin (logits)")
-        pi.showGrid(x=False, y=True, alpha=0.25)
         pi.setClipToView(True)
         pi.setDownsampling(auto=True, mode="peak")
         pi.getViewBox().enableAutoRange(axis="y", enable=False)  # y is set with headroom for the legend
@@ -298,6 +349,12 @@ class MarginPlot(TimedPlot):
         the y range only ever grows, so the axes are not laid out again every frame.
         """
         self.n_vanilla, self.n_speculative = len(v), len(s)
+        self.show_empty(not (len(v) or len(s)))
+        if self.empty:
+            self.vanilla.setData([], [])
+            self.speculative.setData([], [])
+            self._x_max, self._y_top = None, 0.0
+            return
         self.vanilla.setData(np.arange(len(v), dtype=float), v)
         self.speculative.setData(np.arange(len(s), dtype=float), s)
         top = 1.0

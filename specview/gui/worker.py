@@ -1,8 +1,18 @@
-"""The model worker: one long-lived QObject on its own QThread that owns the :class:`Session`.
+"""The model worker: one long-lived QObject on its own QThread that owns the engine's runner.
 
-llama.cpp contexts must not cross threads, so every model load, derivation,
-run and diagnosis happens here, and the window only ever sees the typed
-signals below, each carrying one small dataclass.
+Every run, matrix and diagnosis goes through the runner of the chosen engine,
+``get_backend(cfg.backend).runner(progress=...)`` (a :class:`~specview.core.session.Session`
+for the in-process engines, a server runner for llama-server, a plug-in's own):
+the worker never asks which engine it is.  llama.cpp contexts must not cross
+threads, so every model load, derivation, run and diagnosis happens here, and
+the window only ever sees the typed signals below, each carrying one small
+dataclass.  The runner of one engine is kept between requests (its models and
+cached vanilla arms are reused); choosing another engine closes it.
+
+Tokens are sent to the window in batches (:class:`StepsEvent`, at most about
+every ``BATCH_S`` seconds), so the GUI thread wakes a few dozen times a second
+instead of once per token; ``sigStep`` still carries every token on its own for
+observers.
 
 Cancellation is a flag per request, set from the GUI thread and checked by the
 arms between forward passes, so a run stops within one forward pass.  The
@@ -16,27 +26,23 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from ..core.engine import SpecviewError
-from ..core.session import RunConfig, Session
+from ..core.config import RunConfig
+from ..core.errors import SpecviewError
+from ..core.registry import Runner, get_backend
+from ..core.session import Session
 from ..core.trace import Round, Step, Trace
+from . import models as gmodels
 
 _ids = itertools.count(1)
+BATCH_S = 0.02  # tokens reach the window at most this long after they were made
 
 
-@dataclass
-class RunRequest:
-    cfg: RunConfig
-    diagnose: bool = True
-    reuse_vanilla: bool = True  # False re-runs the vanilla arm even when the session has it cached
-    server_bin: str | None = None  # the llama-server engine's binary (None: PATH and friends)
-    server_args: str = ""  # extra llama-server flags, verbatim
-    id: int = field(default_factory=lambda: next(_ids))
-    cancel_event: threading.Event = field(default_factory=threading.Event, repr=False)
+class _Cancellable:
+    cancel_event: threading.Event
 
     def cancel(self) -> None:
         self.cancel_event.set()
@@ -47,13 +53,20 @@ class RunRequest:
 
 
 @dataclass
-class DeriveRequest:
-    """Write ``dst`` as quantization ``quant`` from ``src`` with llama.cpp's quantizer."""
+class RunRequest(_Cancellable):
+    cfg: RunConfig
+    diagnose: bool = True
+    reuse_vanilla: bool = True  # False re-runs the vanilla arm even when the runner has it cached
+    id: int = field(default_factory=lambda: next(_ids))
+    cancel_event: threading.Event = field(default_factory=threading.Event, repr=False)
 
-    src: str
-    dst: str
-    quant: str
-    engine: str = "llama.cpp"  # "mlx": an mlx-lm conversion of an unquantized folder into the cache
+
+@dataclass
+class DeriveRequest:
+    """Write the missing quantization ``choice`` of a model of kind ``model_kind`` ("gguf" or "folder")."""
+
+    choice: gmodels.QuantChoice
+    model_kind: str = "gguf"
     id: int = field(default_factory=lambda: next(_ids))
 
 
@@ -66,21 +79,14 @@ class PreloadRequest:
 
 
 @dataclass
-class MatrixRequest:
-    """Run every cell of a reproducer matrix on the worker's session (models and vanilla arms are shared)."""
+class MatrixRequest(_Cancellable):
+    """Run every cell of a reproducer matrix on the runner of the matrix's engine."""
 
     spec: Any  # specview.core.matrix.MatrixSpec
     out: str | None = None  # the matrix JSON, rewritten after every cell
     traces_dir: str | None = None  # each cell's trace, so a cell opens without running it again
     id: int = field(default_factory=lambda: next(_ids))
     cancel_event: threading.Event = field(default_factory=threading.Event, repr=False)
-
-    def cancel(self) -> None:
-        self.cancel_event.set()
-
-    @property
-    def cancelled(self) -> bool:
-        return self.cancel_event.is_set()
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,16 @@ class RoundEvent:
 
 
 @dataclass(frozen=True)
+class StepsEvent:
+    """The tokens (and speculative rounds) one arm made since the last batch, in order."""
+
+    request_id: int
+    arm: str
+    steps: list[Step]
+    rounds: list[Round]
+
+
+@dataclass(frozen=True)
 class ArmStarted:
     request_id: int
     arm: str
@@ -129,7 +145,7 @@ class RunFinished:
     trace: Trace
     cancelled: bool
     seconds: float
-    vanilla_runs: int  # the session's counters after this run
+    vanilla_runs: int  # the runner's counters after this run
     speculative_runs: int
     loads: int
     diagnosis_error: str | None = None
@@ -158,23 +174,14 @@ class Derived:
     seconds: float
 
 
-def diagnose_function() -> Callable[..., dict] | None:
-    """``specview.core.diagnose.diagnose`` when that module is present, else None."""
-    try:
-        from ..core import diagnose as mod  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    fn = getattr(mod, "diagnose", None)
-    return fn if callable(fn) else None
-
-
 class ModelWorker(QObject):
-    """Owns the session; runs requests one at a time in its own thread."""
+    """Owns the runner of the chosen engine; runs requests one at a time in its own thread."""
 
     sigRunStarted = Signal(object)  # RunStarted
     sigArmStarted = Signal(object)  # ArmStarted
-    sigStep = Signal(object)  # StepEvent
-    sigRound = Signal(object)  # RoundEvent
+    sigStep = Signal(object)  # StepEvent, one per token
+    sigRound = Signal(object)  # RoundEvent, one per speculative round
+    sigSteps = Signal(object)  # StepsEvent, a batch of tokens and rounds
     sigFinished = Signal(object)  # RunFinished
     sigFailed = Signal(object)  # RunFailed
     sigProgress = Signal(object)  # Progress
@@ -183,21 +190,34 @@ class ModelWorker(QObject):
     sigMatrixCell = Signal(object)  # MatrixCell
     sigMatrixFinished = Signal(object)  # MatrixFinished
 
-    def __init__(self, session_factory: Callable[[Callable[[str], None]], Session] | None = None):
+    def __init__(self) -> None:
         super().__init__()
-        self._session_factory = session_factory or (lambda progress: Session(progress=progress))
-        self.session: Session | None = None
+        self.runners: dict[str, Runner] = {}
         self._current_id = 0
         self.busy = False
+
+    @property
+    def runner(self) -> Runner | None:
+        """The runner of the engine used last (None before the first request that needed one)."""
+        return next(iter(self.runners.values()), None)
 
     # -- helpers -----------------------------------------------------------------
     def _progress(self, msg: str) -> None:
         self.sigProgress.emit(Progress(self._current_id, msg))
 
-    def _session(self) -> Session:
-        if self.session is None:
-            self.session = self._session_factory(self._progress)
-        return self.session
+    def runner_for(self, engine: str) -> Runner:
+        """The runner of ``engine``, made on first use; another engine's runner is closed first."""
+        r = self.runners.get(engine)
+        if r is None:
+            self.close_runners()
+            r = get_backend(engine).runner(progress=self._progress)
+            self.runners[engine] = r
+        return r
+
+    def close_runners(self) -> None:
+        runners, self.runners = list(self.runners.values()), {}
+        for r in runners:
+            r.close()
 
     def _fail(self, rid: int, exc: BaseException) -> None:
         if isinstance(exc, SpecviewError):
@@ -216,38 +236,20 @@ class ModelWorker(QObject):
         self._current_id = req.id
         self.busy = True
         t0 = time.perf_counter()
+        batch = _Batcher(self, req.id)
         try:
-            session = self._session()
+            runner = self.runner_for(req.cfg.backend)
             self.sigRunStarted.emit(RunStarted(req.id, req.cfg))
-            seen: set[str] = set()
-
-            def on_event(arm: str, ev: Any) -> None:
-                if arm not in seen:
-                    seen.add(arm)
-                    self.sigArmStarted.emit(ArmStarted(req.id, arm))
-                if isinstance(ev, Step):
-                    self.sigStep.emit(StepEvent(req.id, arm, ev))
-                elif isinstance(ev, Round):
-                    self.sigRound.emit(RoundEvent(req.id, ev))
-
-            if req.cfg.backend == "llama-server":
-                # the user's own server: started and stopped by this thread, diagnosed from the outside
-                from ..backends.server import run_server_trace
-
-                trace = run_server_trace(req.cfg, server_bin=req.server_bin, server_args=req.server_args,
-                                         progress=self._progress, cancel=req.cancel_event.is_set,
-                                         on_event=on_event, diagnose=req.diagnose)
-            else:
-                trace = session.run(req.cfg, on_event=on_event, cancel=req.cancel_event.is_set,
-                                    reuse_vanilla=req.reuse_vanilla)
+            trace = runner.run(req.cfg, on_event=batch.on_event, cancel=req.cancel_event.is_set,
+                               reuse_vanilla=req.reuse_vanilla)
+            batch.flush()
             cancelled = req.cancelled or "cancelled" in (trace.vanilla.stop_reason, trace.speculative.stop_reason)
             diag_error = None
-            fn = diagnose_function() if req.cfg.backend != "llama-server" else None
-            if req.diagnose and fn is not None and not cancelled:
+            if req.diagnose and not cancelled and trace.diagnosis is None:
                 self._progress("diagnosing the fork")
                 try:
-                    result = fn(session, req.cfg, trace, controls=False, progress=self._progress,
-                                cancel=req.cancel_event.is_set)
+                    result = runner.diagnose(trace, req.cfg, controls=False, progress=self._progress,
+                                             cancel=req.cancel_event.is_set)
                     if trace.diagnosis is None and isinstance(result, dict):
                         trace.diagnosis = result
                 except SpecviewError as exc:
@@ -257,9 +259,10 @@ class ModelWorker(QObject):
                 cancelled = cancelled or req.cancelled
             self.sigFinished.emit(RunFinished(
                 req.id, trace, cancelled, time.perf_counter() - t0,
-                session.vanilla_runs, session.speculative_runs, session.loads, diag_error,
+                runner.vanilla_runs, runner.speculative_runs, runner.loads, diag_error,
             ))
         except BaseException as exc:  # noqa: BLE001 - every failure becomes a message
+            batch.flush()
             self._fail(req.id, exc)
         finally:
             self.busy = False
@@ -270,21 +273,8 @@ class ModelWorker(QObject):
         self.busy = True
         t0 = time.perf_counter()
         try:
-            if req.engine == "mlx":
-                from ..backends.mlx import derive_quantized
-
-                self.sigProgress.emit(Progress(req.id, f"deriving {req.quant} from {Path(req.src).name} "
-                                                       "with mlx-lm's conversion"))
-                bits = int(req.quant.lower().removesuffix("bit"))
-                dst = str(derive_quantized(req.src, bits, progress=self._progress))
-            else:
-                from ..backends.llama_cpp import quantize
-
-                self.sigProgress.emit(Progress(req.id, f"deriving {req.quant} from {Path(req.src).name} -> {req.dst}"))
-                Path(req.dst).parent.mkdir(parents=True, exist_ok=True)
-                quantize(req.src, req.dst, req.quant)
-                dst = req.dst
-            self.sigDerived.emit(Derived(req.id, dst, req.quant, time.perf_counter() - t0))
+            dst = gmodels.derive(req.choice, req.model_kind, progress=self._progress)
+            self.sigDerived.emit(Derived(req.id, dst, req.choice.quant, time.perf_counter() - t0))
         except BaseException as exc:  # noqa: BLE001
             self._fail(req.id, exc)
         finally:
@@ -294,14 +284,12 @@ class ModelWorker(QObject):
     def preload(self, req: PreloadRequest) -> None:
         self._current_id = req.id
         try:
-            s = self._session()
             cfg = req.cfg
-            if cfg.backend == "llama-server":  # the server loads its own models when it starts
-                self.sigPreloaded.emit(req.id)
-                return
-            s.model(cfg.backend, cfg.target, cfg.engine)
-            if cfg.uses_draft_model and cfg.draft:
-                s.model(cfg.backend, cfg.draft, cfg.engine)
+            runner = self.runner_for(cfg.backend)
+            if isinstance(runner, Session):  # in-process engines load now; a server loads its models when it starts
+                runner.model(cfg.backend, cfg.target, cfg.engine)
+                if cfg.uses_draft_model and cfg.draft:
+                    runner.model(cfg.backend, cfg.draft, cfg.engine)
             self.sigPreloaded.emit(req.id)
         except BaseException as exc:  # noqa: BLE001
             self._fail(req.id, exc)
@@ -316,8 +304,8 @@ class ModelWorker(QObject):
         try:
             from ..core.matrix import run_matrix
 
-            session = self._session()
-            run = run_matrix(req.spec, session, out=req.out, traces_dir=req.traces_dir, progress=self._progress,
+            runner = self.runner_for(req.spec.backend)
+            run = run_matrix(req.spec, runner, out=req.out, traces_dir=req.traces_dir, progress=self._progress,
                              on_cell=lambda rec: self.sigMatrixCell.emit(MatrixCell(req.id, rec)),
                              cancel=req.cancel_event.is_set)
             self.sigMatrixFinished.emit(MatrixFinished(req.id, run.to_json(), time.perf_counter() - t0))
@@ -329,11 +317,41 @@ class ModelWorker(QObject):
     @Slot()
     def shutdown(self) -> None:
         try:
-            if self.session is not None:
-                self.session.close()
-                self.session = None
+            self.close_runners()
         finally:
             QThread.currentThread().quit()
+
+
+class _Batcher:
+    """Collects one run's events on the worker thread and sends them on in batches."""
+
+    def __init__(self, worker: ModelWorker, rid: int):
+        self.w, self.rid = worker, rid
+        self.arm: str | None = None
+        self.steps: list[Step] = []
+        self.rounds: list[Round] = []
+        self.sent = time.perf_counter()
+
+    def on_event(self, arm: str, ev: Any) -> None:
+        if arm != self.arm:
+            self.flush()
+            self.arm = arm
+            self.w.sigArmStarted.emit(ArmStarted(self.rid, arm))
+        if isinstance(ev, Step):
+            self.steps.append(ev)
+            self.w.sigStep.emit(StepEvent(self.rid, arm, ev))
+        elif isinstance(ev, Round):
+            self.rounds.append(ev)
+            self.w.sigRound.emit(RoundEvent(self.rid, ev))
+        now = time.perf_counter()
+        if now - self.sent >= BATCH_S:
+            self.flush(now)
+
+    def flush(self, now: float | None = None) -> None:
+        if self.arm is not None and (self.steps or self.rounds):
+            self.w.sigSteps.emit(StepsEvent(self.rid, self.arm, self.steps, self.rounds))
+            self.steps, self.rounds = [], []
+        self.sent = now if now is not None else time.perf_counter()
 
 
 class WorkerHost(QObject):

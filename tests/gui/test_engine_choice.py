@@ -26,8 +26,8 @@ def test_unavailable_mlx_shows_the_reason_and_the_window_stays_usable(mlx_unavai
     w = make_window()
     errors = []
     w.sigError.connect(errors.append)
-    assert w.engine.currentText() == "llama.cpp" and w.build_config().backend == "llama.cpp"
-    w.engine.setCurrentText("mlx")
+    assert w.engine.currentData() == "llama.cpp" and w.build_config().backend == "llama.cpp"
+    w.engine.setCurrentIndex(w.engine.findData("mlx"))
     assert w.engine_problem == REASON
     assert REASON.split(" (")[0] in w.verdict.text() and "not available" in w.verdict.text()
     assert "Traceback" not in w.verdict.text()
@@ -37,9 +37,9 @@ def test_unavailable_mlx_shows_the_reason_and_the_window_stays_usable(mlx_unavai
     # running with it says why, in the window, and submits nothing to the worker
     assert w.run() is None
     assert errors and "mlx engine is not available" in errors[-1] and w.verdict_kind == "error"
-    assert not w.busy and w.host.worker.session is None
+    assert not w.busy and w.host.worker.runner is None
     # back to llama.cpp: the window works as before
-    w.engine.setCurrentText("llama.cpp")
+    w.engine.setCurrentIndex(w.engine.findData("llama.cpp"))
     assert w.engine_problem is None and not w.target.folder.isHidden() and w.build_config().backend == "llama.cpp"
     with qtbot.waitSignal(w.sigTraceShown, timeout=5000):
         w.show_trace(synth(30, fork=12))
@@ -49,15 +49,15 @@ def test_unavailable_mlx_shows_the_reason_and_the_window_stays_usable(mlx_unavai
 def test_engine_is_remembered_and_restored_from_a_trace(synth, make_window, tmp_path):
     settings = tmp_path / "gui.json"
     w = make_window(settings_path=settings)
-    w.set_controls(engine="mlx")
+    w.set_controls(backend="mlx")
     w.save_settings()
     w2 = make_window(settings_path=settings)
-    assert w2.engine.currentText() == "mlx" and w2.build_config().backend == "mlx"
+    assert w2.engine.currentData() == "mlx" and w2.build_config().backend == "mlx"
     trace = synth(20, fork=None)
     trace.config["backend"] = "llama.cpp"
     w2.show_trace(trace)
     w2._controls_from_trace(trace)
-    assert w2.engine.currentText() == "llama.cpp"
+    assert w2.engine.currentData() == "llama.cpp"
 
 
 def test_run_on_tiny_mlx_folders_fills_both_panes(make_window, qtbot, tmp_path):
@@ -68,7 +68,7 @@ def test_run_on_tiny_mlx_folders_fills_both_panes(make_window, qtbot, tmp_path):
     target = write_random_model(tmp_path / "target", seed=1)
     draft = write_random_model(tmp_path / "draft", seed=2)  # same corpus: the same tokenizer
     w = make_window()
-    w.set_controls(engine="mlx", target=str(target), draft=str(draft), spec_type="draft-simple", n_max=3,
+    w.set_controls(backend="mlx", target=str(target), draft=str(draft), spec_type="draft-simple", n_max=3,
                    max_tokens=16, ignore_eos=True, chat=False, prompt="the quick brown fox", diagnose=False,
                    threads=1)
     w.diagnose.setChecked(False)

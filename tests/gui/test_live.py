@@ -179,7 +179,7 @@ def test_saved_trace_reopens_identically(qtbot, win, make_window, tmp_path):
     other = make_window()
     with qtbot.waitSignal(other.sigTraceShown, timeout=10_000):
         other.open_trace(path)
-    assert other.host.worker.session is None  # no model was needed
+    assert other.host.worker.runner is None  # no model was needed
     for a, b in ((win.panes.vanilla, other.panes.vanilla), (win.panes.speculative, other.panes.speculative)):
         assert a.text() == b.text()
         assert a.mismatch_index == b.mismatch_index
@@ -195,7 +195,7 @@ def test_saved_trace_reopens_identically(qtbot, win, make_window, tmp_path):
 
 
 def test_deriving_a_missing_quantization_from_a_folder(qtbot, win, tmp_path):
-    from specview.core import demo
+    from specview.backends.llama_cpp import demo
 
     src = demo.resolve("demo:Q8_0")
     link = tmp_path / src.name

@@ -13,7 +13,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QDialogButtonBox
 
-from specview.core.engine import EngineSettings
+from specview.core.config import EngineSettings
 from specview.core.matrix import MatrixSpec, PromptSpec, load_matrix, run_matrix
 from specview.core.session import Session
 from specview.core.trace import Trace
@@ -96,7 +96,7 @@ def test_open_matrix_and_double_click_opens_the_saved_trace(matrix_file, make_wi
     assert_shows_cell(w, trace, cell)
     saved = Trace.load(matrix_file.parent / cell["trace"])
     assert trace.vanilla.tokens == saved.vanilla.tokens and trace.speculative.tokens == saved.speculative.tokens
-    assert w.host.worker.session is None  # the saved trace was opened; no model was loaded
+    assert w.host.worker.runner is None  # the saved trace was opened; no model was loaded
 
 
 def test_a_forked_cell_opens_at_its_fork(matrix_file, synth, make_window, qtbot, tmp_path):
@@ -140,9 +140,9 @@ def test_a_cell_without_a_trace_is_run_with_its_config(matrix_file, make_window,
     assert_shows_cell(w, trace, cell)
     # the controls show the cell's settings, and the run was exactly the cell's configuration
     assert w.target.value() == cell["params"]["target"] and w.draft.value() == cell["params"]["drafter"]
-    assert w.n_max.value() == 3 and w.max_tokens.value() == 24 and w.threads.value() == 1
+    assert w.controls["n_max"].value() == 3 and w.controls["max_tokens"].value() == 24 and w.controls["threads"].value() == 1
     assert trace.prompt["tokens"] == list(PROMPT.tokens)
-    assert w.host.worker.session is not None and w.host.worker.session.loads == 2
+    assert w.host.worker.runner is not None and w.host.worker.runner.loads == 2
 
 
 def test_run_matrix_streams_cells_from_the_worker(tiny_dir, make_window, qtbot, tmp_path):
@@ -192,7 +192,7 @@ def test_escape_cancels_a_running_matrix(tiny_dir, make_window, qtbot, tmp_path)
 
 
 def test_matrix_dialog_builds_the_spec_around_the_controls(make_window, tiny_dir):
-    from specview.gui.matrix_run import MatrixDialog
+    from specview.gui.matrix import MatrixDialog
 
     w = make_window()
     w.set_controls(target="demo:Q8_0", draft="demo:Q4_0", n_max=4, max_tokens=32)
@@ -211,7 +211,7 @@ def test_matrix_dialog_builds_the_spec_around_the_controls(make_window, tiny_dir
 def test_run_matrix_action_runs_what_the_dialog_chose(tiny_dir, make_window, qtbot, monkeypatch):
     from PySide6.QtWidgets import QDialog
 
-    from specview.gui.matrix_run import MatrixDialog
+    from specview.gui.matrix import MatrixDialog
 
     def choose(dlg):  # the user keeps the current target and draft, n_max 1 only, and no ngram-simple
         for axis, keep in (("targets", str(tiny_dir / "target.gguf")), ("drafters", None), ("n_max", 1)):

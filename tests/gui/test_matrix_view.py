@@ -14,9 +14,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
 from test_matrix import FakeSession, spec  # noqa: E402  (the matrix tests' fake session)
 
 from specview.core.matrix import load_matrix, run_matrix  # noqa: E402
-from specview.core.report import VERDICT_COLOURS  # noqa: E402
-from specview.core.session import RunConfig  # noqa: E402
-from specview.gui.matrix_view import MatrixView, cell_category  # noqa: E402
+from specview.core.config import RunConfig  # noqa: E402
+from specview.core.verdicts import COLOURS as VERDICT_COLOURS  # noqa: E402
+from specview.core.verdicts import category as cell_category  # noqa: E402
+from specview.gui.matrix import MatrixView  # noqa: E402
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ def test_mlx_picker_lists_variants_and_derives_a_missing_precision(make_window, 
     monkeypatch.setenv("SPECVIEW_CACHE", str(tmp_path / "cache"))  # derived copies land here, not in ~/.cache
     src = mlx.write_random_model(tmp_path / "Tiny-fp32", seed=3)
     w = make_window()
-    w.set_controls(engine="mlx", target=str(src), spec_type="none", max_tokens=8, chat=False, diagnose=False)
+    w.set_controls(backend="mlx", target=str(src), spec_type="none", max_tokens=8, chat=False, diagnose=False)
     picker = w.target
     labels = [picker.quants.itemText(i) for i in range(picker.quants.count())]
     assert not picker.quants.isHidden()

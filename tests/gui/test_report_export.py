@@ -5,7 +5,8 @@ from __future__ import annotations
 from html import unescape
 from html.parser import HTMLParser
 
-from specview.core.report import VERDICT_WORDS, headline
+from specview.core.report.facts import headline
+from specview.core.verdicts import WORDS as VERDICT_WORDS
 
 
 class Page(HTMLParser):

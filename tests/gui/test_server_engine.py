@@ -27,11 +27,11 @@ def server_bin() -> str:
 
 def test_a_run_on_the_users_llama_server_fills_both_panes(server_bin, make_window, qtbot):
     w = make_window(settings_path=None)
-    w.set_controls(engine="llama-server", server_bin=server_bin, target="demo:Q8_0", draft="demo:Q4_0",
+    w.set_controls(backend="llama-server", server_bin=server_bin, target="demo:Q8_0", draft="demo:Q4_0",
                    spec_type="draft-simple", p_min=1.0, max_tokens=24, diagnose=True,
                    prompt="Write an essay on the importance of sleep for students.", chat=True, threads=1)
     assert w.engine_problem is None
-    assert not w.server_bin.isHidden()
+    assert not w.controls["server_bin"].isHidden()
     offered = [w.spec_type.itemData(i) for i in range(w.spec_type.count())]
     assert "draft-mtp" in offered and "ngram-mod" in offered  # the binary's own spec types
     with qtbot.waitSignal(w.sigTraceShown, timeout=RUN_TIMEOUT) as blk:
@@ -46,11 +46,11 @@ def test_a_run_on_the_users_llama_server_fills_both_panes(server_bin, make_windo
 def test_a_bad_server_binary_is_named_in_the_window(tmp_path, make_window):
     w = make_window(settings_path=None)
     missing = tmp_path / "no-such-llama-server"
-    w.set_controls(engine="llama-server", server_bin=str(missing))
+    w.set_controls(backend="llama-server", server_bin=str(missing))
     assert w.engine_problem is not None and str(missing) in w.engine_problem
     assert "not available" in w.verdict.text() and str(missing) in w.verdict.text()
     assert w.run() is None and not w.busy
-    w.set_controls(engine="llama.cpp")
-    assert w.engine_problem is None and w.server_bin.isHidden()
+    w.set_controls(backend="llama.cpp")
+    assert w.engine_problem is None and w.controls["server_bin"].isHidden()
     offered = [w.spec_type.itemData(i) for i in range(w.spec_type.count())]
     assert offered == ["draft-simple", "ngram-simple", "none"]

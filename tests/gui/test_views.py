@@ -50,7 +50,7 @@ def test_opened_trace_fills_panes_marks_fork_and_plots(synth, make_window, qtbot
     assert w.acceptance.fork_line.isVisible() and w.acceptance.fork_line.value() == fork_round
     assert "Forked at token 25" in w.verdict.text()
     # opening a trace loads no model
-    assert w.host.worker.session is None
+    assert w.host.worker.runner is None
 
 
 def test_draft_tokens_tinted_target_tokens_plain(synth, make_window, qtbot):
@@ -214,8 +214,8 @@ def test_settings_are_remembered(make_window, tmp_path):
     w.close()
     assert path.exists()
     w2 = make_window(settings_path=path)
-    s = w2.controls_state()
-    assert (s["target"], s["n_max"], s["p_min"], s["max_tokens"], s["chat"], s["prompt"], s["flash_attn"],
+    s = w2.controls.state()
+    assert (s["target"], s["n_max"], s["p_min"], s["max_tokens"], s["chat"], s["prompt"], s["engine"]["flash_attn"],
             s["spec_type"]) == ("/models/x/Model.Q4_K_M.gguf", 5, 0.25, 77, False, "hello there", "off",
                                 "ngram-simple")
     assert not w2.draft.isEnabled()  # ngram-simple needs no draft model

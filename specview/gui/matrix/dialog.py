@@ -21,9 +21,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..core.engine import SpecviewError
-from ..core.matrix import MatrixSpec, PromptSpec, expand, model_label
-from ..core.session import RunConfig
+from ...core.config import RunConfig
+from ...core.errors import SpecviewError
+from ...core.matrix import MatrixSpec, PromptSpec, expand, model_label
 
 DEMO_TARGETS = ("demo:F16", "demo:Q8_0", "demo:Q4_K_M")
 

@@ -40,23 +40,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..core.engine import SpecviewError
-from ..core.matrix import CellParams, describe, grid, load_matrix, summarize, verdict_label
-from ..core.report import VERDICT_COLOURS
-from ..core.session import RunConfig
+from ...core import verdicts
+from ...core.config import RunConfig
+from ...core.errors import SpecviewError
+from ...core.matrix import CellParams, describe, grid, load_matrix, summarize
 
-LEGEND = ("identical", "near-tie", "state", "nondeterministic", "diverged", "error")
 RECORD_ROLE = Qt.ItemDataRole.UserRole + 1
-
-
-def cell_category(cell: dict[str, Any] | None) -> str | None:
-    """identical / near-tie / state / nondeterministic / diverged (not diagnosed) / error, None if not run."""
-    if cell is None:
-        return None
-    if cell.get("status") == "error":
-        return "error"
-    v = cell.get("verdict")
-    return v if v in VERDICT_COLOURS else "diverged"
 
 
 class MatrixView(QWidget):
@@ -88,9 +77,10 @@ class MatrixView(QWidget):
         lay.addWidget(self.summary)
         legend = QHBoxLayout()
         self.legend_labels: dict[str, QLabel] = {}
-        for key in LEGEND:
-            lab = QLabel(key if key != "diverged" else "diverged (not diagnosed)")
-            lab.setStyleSheet(f"background:{VERDICT_COLOURS[key]};color:#111;padding:2px 6px;border-radius:3px")
+        for key in verdicts.CATEGORIES:
+            lab = QLabel(verdicts.cell_label({"status": "error"} if key == "error" else {"verdict": key}
+                                             if key != "identical" else {"identical": True}))
+            lab.setStyleSheet(f"background:{verdicts.COLOURS[key]};color:#111;padding:2px 6px;border-radius:3px")
             legend.addWidget(lab)
             self.legend_labels[key] = lab
         legend.addStretch(1)
@@ -100,8 +90,11 @@ class MatrixView(QWidget):
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.table.setWordWrap(True)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
+        # the grid fills the tab, and every row has room for a cell's three lines
+        self.table.horizontalHeader().setMinimumSectionSize(130)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
         self.table.verticalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.table.verticalHeader().setMinimumSectionSize(self.table.fontMetrics().lineSpacing() * 3 + 12)
         self.table.cellDoubleClicked.connect(self.openCell)
         self.table.installEventFilter(self)
         lay.addWidget(self.table, 1)
@@ -196,9 +189,9 @@ class MatrixView(QWidget):
                 cell = g.at.get((r, c))
                 item = QTableWidgetItem(self._text(cell))
                 item.setTextAlignment(Qt.AlignmentFlag.AlignCenter)
-                cat = cell_category(cell)
+                cat = verdicts.category(cell)
                 if cat is not None:
-                    item.setBackground(QBrush(QColor(VERDICT_COLOURS[cat])))
+                    item.setBackground(QBrush(QColor(verdicts.COLOURS[cat])))
                     item.setForeground(QBrush(QColor(17, 17, 17)))  # the tints are light in every theme
                 item.setData(RECORD_ROLE, cell)
                 item.setToolTip(self._tooltip(cell))
@@ -209,13 +202,9 @@ class MatrixView(QWidget):
     def _text(cell: dict[str, Any] | None) -> str:
         if cell is None:
             return "…"
-        if cell.get("status") == "error":
-            return "error"
-        if cell.get("identical"):
-            head = "identical"
-        else:
-            v = verdict_label(cell)
-            head = f"fork @ {cell.get('first_mismatch')}\n{'diverged' if v.startswith('diverged') else v}"
+        head = verdicts.cell_text(cell, sep="\n")
+        if head == "error":
+            return head
         bits = []
         if cell.get("acceptance_rate") is not None:
             bits.append(f"acc {cell['acceptance_rate']:.0%}")
@@ -237,7 +226,7 @@ class MatrixView(QWidget):
             f = cell.get("fork") or {}
             lines.append(f"fork at token {e(str(cell.get('first_mismatch')))}: vanilla "
                          f"{e(repr(f.get('vanilla_piece')))}, speculative {e(repr(f.get('speculative_piece')))}")
-            lines.append(f"verdict: {e(verdict_label(cell))}"
+            lines.append(f"verdict: {e(verdicts.cell_label(cell))}"
                          + (f", gap {cell['gap']:.4f}" if isinstance(cell.get("gap"), (int, float)) else ""))
             if cell.get("explanation"):
                 lines.append(e(str(cell["explanation"])))

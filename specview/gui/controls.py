@@ -1,0 +1,508 @@
+"""The run controls, generated from the settings' declarations in :mod:`specview.core.config`.
+
+Every setting of :class:`RunConfig` and :class:`EngineSettings` declared for
+the app (``gui=True``) gets one control chosen by its type: a spin box for an
+integer, a decimal spin box for a number, a combo box for a choice, a check box
+for a flag, a line edit for free text; its label, range and tool tip come from
+the declaration, and a setting declared ``only_for`` some engines is shown only
+for them.  The few settings with a widget of their own (the engine, the
+models, the drafter, the prompt) are laid out around them.
+
+The controls hold a run in the shape of :meth:`RunConfig.to_dict`: :meth:`RunControls.config`
+goes through :meth:`RunConfig.from_dict`, :meth:`RunControls.set_config` through
+:meth:`RunConfig.to_dict`; there is no other converter.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import re
+from dataclasses import Field
+from typing import Any
+
+from PySide6.QtCore import QSignalBlocker, Qt, Signal
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QFrame,
+    QGroupBox,
+    QHBoxLayout,
+    QLineEdit,
+    QPlainTextEdit,
+    QPushButton,
+    QScrollArea,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from ..core.config import EngineSettings, RunConfig, check_value, declared, default_of
+from ..core.errors import ConfigError, SpecviewError
+from ..core.registry import BUILTIN_BACKENDS, Backend, backend_names, backend_problem, get_backend
+from .model_picker import ModelPicker
+from .settings import default_run
+
+#: group boxes in panel order, with their titles (a group not listed here gets its name as its title)
+GROUPS = {"models": "Models", "speculation": "Speculation (llama.cpp names)", "prompt": "Prompt",
+          "engine": "Engine (llama.cpp names)"}
+#: how the drafter list describes a spec type (any other type is shown by its name)
+SPEC_TYPE_WORDS = {"draft-simple": "draft model (draft-simple)", "ngram-simple": "n-gram (ngram-simple)",
+                   "none": "none (verify one token per round)"}
+TOKEN_IDS = "\x00token-ids"  # the prompt list's entry for raw token ids
+INT_MAX = 1_000_000
+
+
+def parse_token_ids(text: str) -> tuple[int, ...]:
+    """``"1, 2 3"`` -> ``(1, 2, 3)``; :class:`ConfigError` naming the first thing that is not a token id."""
+    parts = [p for p in re.split(r"[\s,]+", text.strip()) if p]
+    if not parts:
+        raise ConfigError("no token ids: type them separated by commas or spaces (e.g. 1, 270, 280)",
+                          setting="prompt_tokens")
+    out = []
+    for p in parts:
+        if not p.isdigit():
+            raise ConfigError(f"prompt token ids: {p!r} is not a token id (an integer >= 0)", setting="prompt_tokens")
+        out.append(int(p))
+    return tuple(out)
+
+
+def probe_engine(name: str, settings: EngineSettings | None = None) -> tuple[str | None, list[str]]:
+    """(why the engine ``name`` cannot run here or None, the spec types it offers); its backend's own words."""
+    try:
+        problem = backend_problem(name)
+        if problem is not None:
+            return problem, []
+        return None, list(get_backend(name).spec_types(settings))  # an engine that needs a binary asks it here
+    except SpecviewError as exc:
+        return str(exc), []
+    except Exception as exc:  # noqa: BLE001 - a broken installation: still a reason, never a traceback
+        return f"{type(exc).__name__}: {exc}", []
+
+
+def engine_problem(name: str, settings: EngineSettings | None = None) -> str | None:
+    """Why the engine ``name`` cannot run here, in one line; None when it can."""
+    return probe_engine(name, settings)[0]
+
+
+def run_of_trace(trace: Any) -> RunConfig:
+    """The run a saved trace records: ``RunConfig.from_dict(trace.config)``; :class:`ConfigError` if it is not one.
+
+    A trace written before the config block held the prompt takes it from the trace's prompt block.
+    """
+    d = dict(trace.config) if isinstance(trace.config, dict) else {}
+    p = trace.prompt if isinstance(trace.prompt, dict) else {}
+    if d.get("prompt") is None and not d.get("prompt_tokens"):
+        if p.get("raw_tokens") and isinstance(p.get("tokens"), list):
+            d["prompt_tokens"] = p["tokens"]
+        elif isinstance(p.get("text"), str):
+            d["prompt"] = p["text"]
+    return RunConfig.from_dict(d)
+
+
+def backend_or_none(name: str) -> Backend | None:
+    try:
+        return get_backend(name)
+    except Exception:  # noqa: BLE001 - unavailable engines are listed with their reason elsewhere
+        return None
+
+
+def backend_facts(name: str) -> tuple[str, str]:
+    """(label, model kind) of the engine ``name``; for a built-in engine that cannot run here, its class says."""
+    src: Any = backend_or_none(name)
+    if src is None and name in BUILTIN_BACKENDS:
+        module, _, attr = BUILTIN_BACKENDS[name].partition(":")
+        try:
+            src = getattr(importlib.import_module(module), attr)
+        except Exception:  # noqa: BLE001 - not even importable: a name is all there is
+            src = None
+    return (getattr(src, "label", "") or name), (getattr(src, "model_kind", "") or "gguf")
+
+
+def _tooltip(f: Field) -> str:
+    flags = " / ".join(f.metadata.get("flags") or ())
+    helptext = f.metadata.get("help") or ""
+    return f"{flags}: {helptext}" if flags else helptext
+
+
+class SettingControl:
+    """One declared setting's widget: reads and writes the setting's value."""
+
+    def __init__(self, cls: type, f: Field, on_change):
+        self.cls, self.field, self.name = cls, f, f.name
+        meta = f.metadata
+        d = default_of(f)
+        self.default = d
+        tip = _tooltip(f)
+        label = meta.get("label") or f.name
+        if isinstance(d, bool):
+            w: QWidget = QCheckBox(label)
+            w.toggled.connect(on_change)
+            self.label = ""
+        elif meta.get("choices"):
+            w = QComboBox()
+            for c in meta["choices"]:
+                w.addItem(str(c), c)
+            w.currentIndexChanged.connect(on_change)
+            self.label = label
+        elif isinstance(d, int):
+            w = QSpinBox()
+            lo, hi = meta.get("min"), meta.get("max")
+            w.setRange(int(lo) if lo is not None else -INT_MAX, int(hi) if hi is not None else INT_MAX)
+            w.setKeyboardTracking(False)
+            w.valueChanged.connect(on_change)
+            self.label = label
+        elif isinstance(d, float):
+            w = QDoubleSpinBox()
+            lo, hi = meta.get("min"), meta.get("max")
+            w.setRange(lo if lo is not None else -1e9, hi if hi is not None else 1e9)
+            w.setDecimals(3)
+            w.setSingleStep((hi - lo) / 20 if lo is not None and hi is not None else 0.1)
+            w.setKeyboardTracking(False)
+            w.valueChanged.connect(on_change)
+            self.label = label
+        else:
+            w = QLineEdit()
+            if not d:
+                w.setPlaceholderText("default")
+            w.editingFinished.connect(on_change)
+            self.label = label
+        w.setObjectName(f.name)
+        w.setToolTip(tip)
+        self.widget = w
+
+    def value(self) -> Any:
+        w = self.widget
+        if isinstance(w, QCheckBox):
+            return w.isChecked()
+        if isinstance(w, QComboBox):
+            return w.currentData()
+        if isinstance(w, QDoubleSpinBox):
+            return round(w.value(), 6)
+        if isinstance(w, QSpinBox):
+            return w.value()
+        return w.text().strip()
+
+    def set_value(self, value: Any) -> bool:
+        """Show ``value`` if the declaration accepts it; False (the control unchanged) if not."""
+        try:
+            value = check_value(self.cls, self.name, value)
+        except ConfigError:
+            return False
+        w = self.widget
+        with QSignalBlocker(w):
+            if isinstance(w, QCheckBox):
+                w.setChecked(bool(value))
+            elif isinstance(w, QComboBox):
+                w.setCurrentIndex(max(0, w.findData(value)))
+            elif isinstance(w, (QSpinBox, QDoubleSpinBox)):
+                w.setValue(value)
+            else:
+                w.setText(str(value))
+        return True
+
+    def applies_to(self, engine: str) -> bool:
+        only = self.field.metadata.get("only_for") or ()
+        return not only or engine in only
+
+
+class RunControls(QWidget):
+    """Every setting of a run, as controls; ``config()`` is the run they describe."""
+
+    sigChanged = Signal()  # the user changed a setting (the prompt text has its own signal)
+    sigPromptEdited = Signal()
+    sigEngineChecked = Signal(str, object)  # (engine name, its problem or None), after the engine or its settings changed
+    sigDeriveWanted = Signal(object, str)  # (models.QuantChoice, "target" | "draft")
+
+    def __init__(self, prompts: dict[str, str], parent: QWidget | None = None):
+        super().__init__(parent)
+        self.prompts = prompts
+        self.settings: dict[str, SettingControl] = {}
+        self._rows: dict[str, tuple[QFormLayout, QWidget]] = {}
+        self._base: dict[str, Any] = default_run()
+        self._quiet = False
+        self.engine_problem: str | None = None
+        self.spec_types: list[str] = []
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        forms: dict[str, QFormLayout] = {}
+        for group, title in GROUPS.items():
+            box = QGroupBox(title)
+            box.setObjectName(f"group_{group}")
+            forms[group] = QFormLayout(box)
+            lay.addWidget(box)
+            if group == "models":
+                self._build_models(forms[group])
+            elif group == "prompt":
+                self._build_prompt(forms[group])
+        for cls in (RunConfig, EngineSettings):
+            for f in declared(cls):
+                if not f.metadata.get("gui", True):
+                    continue
+                group = f.metadata.get("group") or "engine"
+                if group not in forms:
+                    box = QGroupBox(group.capitalize())
+                    forms[group] = QFormLayout(box)
+                    lay.addWidget(box)
+                ctl = SettingControl(cls, f, lambda *_a, n=f.name: self._changed(n))
+                self.settings[f.name] = ctl
+                forms[group].addRow(ctl.label, ctl.widget)
+                self._rows[f.name] = (forms[group], ctl.widget)
+
+    # -- the widgets with a layout of their own -------------------------------------------
+    def _build_models(self, form: QFormLayout) -> None:
+        self.engine = QComboBox()
+        self.engine.setObjectName("engine")
+        for name in backend_names():
+            self.engine.addItem(backend_facts(name)[0], name)
+        self.engine.setToolTip("--engine: which inference engine runs both arms")
+        self.engine.currentIndexChanged.connect(lambda _i: self._engine_changed())
+        form.addRow("Engine", self.engine)
+        self.target = ModelPicker("target")
+        self.target.sigChanged.connect(lambda _v: self._changed("target"))
+        self.target.sigDeriveWanted.connect(lambda c: self.sigDeriveWanted.emit(c, "target"))
+        form.addRow("Target", self.target)
+        self.spec_type = QComboBox()
+        self.spec_type.setObjectName("spec_type")
+        self.spec_type.setToolTip("--spec-type: how tokens are drafted")
+        self.spec_type.currentIndexChanged.connect(lambda _i: self._spec_type_changed())
+        form.addRow("Drafter", self.spec_type)
+        self.draft = ModelPicker("draft")
+        self.draft.sigChanged.connect(lambda _v: self._changed("draft"))
+        self.draft.sigDeriveWanted.connect(lambda c: self.sigDeriveWanted.emit(c, "draft"))
+        form.addRow("Draft model", self.draft)
+
+    def _build_prompt(self, form: QFormLayout) -> None:
+        self.prompt_choice = QComboBox()
+        self.prompt_choice.setObjectName("prompt_choice")
+        self.prompt_choice.addItem("(custom)", None)
+        self.prompt_choice.addItem("(token ids)", TOKEN_IDS)
+        self.prompt_choice.setItemData(1, "raw prompt token ids, fed as they are: no BOS, no template",
+                                       Qt.ItemDataRole.ToolTipRole)
+        for name, text in self.prompts.items():
+            self.prompt_choice.addItem(name, text)
+        self.prompt_choice.activated.connect(self._prompt_chosen)
+        self.prompt = QPlainTextEdit()
+        self.prompt.setObjectName("prompt")
+        self.prompt.setMinimumHeight(70)
+        self.prompt.setMaximumHeight(150)
+        self.prompt.textChanged.connect(self._prompt_edited)
+        form.addRow(self.prompt_choice)
+        form.addRow(self.prompt)
+
+    def __getitem__(self, name: str) -> QWidget:
+        """The control of the declared setting ``name``."""
+        return self.settings[name].widget
+
+    # -- the run they describe --------------------------------------------------------------
+    @property
+    def token_mode(self) -> bool:
+        return self.prompt_choice.currentData() == TOKEN_IDS
+
+    def backend_name(self) -> str:
+        return str(self.engine.currentData() or "")
+
+    def state(self) -> dict[str, Any]:
+        """The controls as a :meth:`RunConfig.to_dict`-shaped dict (not checked: it may not be a valid run yet)."""
+        d = copy.deepcopy(self._base)
+        d.setdefault("engine", {})
+        for name, ctl in self.settings.items():
+            (d if ctl.cls is RunConfig else d["engine"])[name] = ctl.value()
+        d["backend"] = self.backend_name()
+        d["target"] = self.target.value()
+        d["draft"] = self.draft.value() or None
+        d["spec_type"] = self.spec_type.currentData()
+        text = self.prompt.toPlainText()
+        if self.token_mode:
+            try:
+                d["prompt_tokens"], d["prompt"] = list(parse_token_ids(text)), None
+            except ConfigError:
+                d["prompt_tokens"], d["prompt"] = None, text
+        else:
+            d["prompt_tokens"], d["prompt"] = None, text
+        return d
+
+    def config(self) -> RunConfig:
+        """The run the controls describe; :class:`ConfigError` naming the setting that is wrong."""
+        d = self.state()
+        if self.token_mode:
+            d["prompt_tokens"], d["prompt"] = list(parse_token_ids(self.prompt.toPlainText())), None
+        else:
+            d["prompt"] = (d["prompt"] or "").strip()
+            if not d["prompt"]:
+                raise ConfigError("the prompt is empty: type a prompt or pick a built-in one", setting="prompt")
+        if not d["target"]:
+            raise ConfigError("no target model: pick a demo quantization or a model file", setting="target")
+        return RunConfig.from_dict(d)
+
+    def set_config(self, cfg: RunConfig) -> None:
+        """Show exactly ``cfg`` (a saved trace's or a matrix cell's run)."""
+        self.set_state(cfg.to_dict())
+
+    def set_state(self, d: dict[str, Any]) -> None:
+        """Show a :meth:`RunConfig.to_dict`-shaped dict; values the declarations refuse leave their control as is."""
+        base = default_run()
+        for k, v in d.items():
+            if k == "engine" and isinstance(v, dict):
+                base["engine"].update(v)
+            elif k != "engine":
+                base[k] = v
+        self._base = base
+        self._quiet = True
+        try:
+            blockers = [QSignalBlocker(w) for w in (self.engine, self.spec_type, self.prompt, self.prompt_choice)]
+            name = base.get("backend")
+            if isinstance(name, str) and name:
+                if self.engine.findData(name) < 0:  # an engine this installation does not have: shown, not run
+                    self.engine.addItem(name, name)
+                self.engine.setCurrentIndex(self.engine.findData(name))
+            for ctl in self.settings.values():
+                src = base if ctl.cls is RunConfig else base["engine"]
+                if ctl.name in src:
+                    ctl.set_value(src[ctl.name])
+            if isinstance(base.get("target"), str) and base["target"]:
+                self.target.set_value(base["target"])
+            if isinstance(base.get("draft"), str) and base["draft"]:
+                self.draft.set_value(base["draft"])
+            toks = base.get("prompt_tokens")
+            if isinstance(toks, (list, tuple)) and toks:
+                self.prompt.setPlainText(", ".join(str(t) for t in toks))
+                self.prompt_choice.setCurrentIndex(self.prompt_choice.findData(TOKEN_IDS))
+            elif isinstance(base.get("prompt"), str):
+                self.prompt.setPlainText(base["prompt"])
+                self.prompt_choice.setCurrentIndex(0)
+                self._sync_prompt_choice()
+            del blockers
+            self._refresh_engine(keep=base.get("spec_type"), stick=True)
+        finally:
+            self._quiet = False
+
+    # -- the engine ---------------------------------------------------------------------------
+    def engine_settings(self) -> EngineSettings | None:
+        try:
+            return EngineSettings.from_dict(self.state()["engine"])
+        except SpecviewError:
+            return None
+
+    def check_engine(self) -> str | None:
+        """Ask the chosen engine whether it can run here and which spec types it offers; return its problem."""
+        self._refresh_engine(keep=self.spec_type.currentData())
+        return self.engine_problem
+
+    def _refresh_engine(self, keep: Any, *, stick: bool = False) -> None:
+        """Model kind, engine-specific rows, the engine's problem and spec types; ``stick`` keeps ``keep`` offered."""
+        name = self.backend_name()
+        be = backend_or_none(name)
+        kind = backend_facts(name)[1]
+        for picker in (self.target, self.draft):
+            picker.set_model_kind(kind)
+        for n, ctl in self.settings.items():
+            form, w = self._rows[n]
+            on = ctl.applies_to(name)
+            w.setVisible(on)
+            label = form.labelForField(w)
+            if label is not None:
+                label.setVisible(on)
+        self.engine_problem, types = probe_engine(name, self.engine_settings())
+        if not types:  # an unusable engine still shows what the run would have used
+            types = [keep] if isinstance(keep, str) and keep else []
+        elif stick and isinstance(keep, str) and keep and keep not in types:
+            types.append(keep)  # a saved run's spec type stays visible; the engine refuses it when run
+        self.spec_types = types
+        with QSignalBlocker(self.spec_type):
+            self.spec_type.clear()
+            for t in types:
+                self.spec_type.addItem(SPEC_TYPE_WORDS.get(t, t), t)
+            self.spec_type.setCurrentIndex(max(0, self.spec_type.findData(keep)))
+        self.draft.setEnabled(self.spec_type.currentData() == "draft-simple")
+        self.sigEngineChecked.emit(name, self.engine_problem)
+
+    # -- changes ------------------------------------------------------------------------------
+    def _changed(self, name: str) -> None:
+        if self._quiet:
+            return
+        ctl = self.settings.get(name)
+        if ctl is not None and ctl.field.metadata.get("only_for"):
+            # an engine-specific setting (a binary, its flags) can change what the engine offers
+            self._refresh_engine(keep=self.spec_type.currentData())
+            if self.engine_problem is not None:
+                return
+        self.sigChanged.emit()
+
+    def _engine_changed(self) -> None:
+        if self._quiet:
+            return
+        self._refresh_engine(keep=self.spec_type.currentData())
+        if self.engine_problem is None:
+            self.sigChanged.emit()
+
+    def _spec_type_changed(self) -> None:
+        self.draft.setEnabled(self.spec_type.currentData() == "draft-simple")
+        self._changed("spec_type")
+
+    def _prompt_chosen(self, i: int) -> None:
+        data = self.prompt_choice.itemData(i)
+        if data == TOKEN_IDS:
+            self.prompt.setPlaceholderText("token ids, e.g. 1, 270, 280")
+            self._changed("prompt_tokens")
+        elif data:
+            self.prompt.setPlainText(data)
+
+    def _sync_prompt_choice(self) -> None:
+        if self.token_mode:
+            return
+        text = self.prompt.toPlainText().strip()
+        idx = 0
+        for i in range(self.prompt_choice.count()):
+            data = self.prompt_choice.itemData(i)
+            if data not in (None, TOKEN_IDS) and data == text:
+                idx = i
+        with QSignalBlocker(self.prompt_choice):
+            self.prompt_choice.setCurrentIndex(idx)
+
+    def _prompt_edited(self) -> None:
+        self._sync_prompt_choice()
+        if not self._quiet:
+            self.sigPromptEdited.emit()
+
+
+class ControlsPanel(QScrollArea):
+    """The dock's contents: the run controls, then whether to re-run and diagnose, and Run / Cancel."""
+
+    def __init__(self, prompts: dict[str, str], parent: QWidget | None = None):
+        super().__init__(parent)
+        panel = QWidget()
+        lay = QVBoxLayout(panel)
+        lay.setContentsMargins(6, 6, 6, 6)
+        self.controls = RunControls(prompts)
+        lay.addWidget(self.controls)
+        box = QGroupBox("Run")
+        rl = QVBoxLayout(box)
+        self.auto_run = QCheckBox("re-run when a setting changes")
+        self.auto_run.setObjectName("auto_run")
+        self.auto_run.setToolTip("flip a control and see: runs again after a short pause, re-running only the "
+                                 "arms the change invalidates")
+        self.diagnose = QCheckBox("diagnose the fork")
+        self.diagnose.setObjectName("diagnose")
+        self.diagnose.setToolTip("after each run that forks, replay the fork to tell a near-tie from a state bug")
+        rl.addWidget(self.auto_run)
+        rl.addWidget(self.diagnose)
+        buttons = QHBoxLayout()
+        self.run_button = QPushButton("Run")
+        self.run_button.setObjectName("run_button")
+        self.run_button.setToolTip("run both arms (Ctrl+R, F5)")
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setObjectName("cancel_button")
+        self.cancel_button.setToolTip("stop the run within one forward pass (Esc)")
+        self.cancel_button.setEnabled(False)
+        buttons.addWidget(self.run_button)
+        buttons.addWidget(self.cancel_button)
+        rl.addLayout(buttons)
+        lay.addWidget(box)
+        lay.addStretch(1)
+        self.setWidgetResizable(True)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setWidget(panel)
+        self.setMinimumWidth(panel.sizeHint().width() + 24)

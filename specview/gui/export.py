@@ -1,0 +1,124 @@
+"""Report plots drawn by the app's own plot widgets, as PNG images.
+
+:func:`trace_plots` renders a trace's margin plot (whole run, and zoomed around
+the fork) and its acceptance plot with :class:`~specview.gui.plots.MarginPlot`
+and :class:`~specview.gui.plots.AcceptancePlot` in the light theme, through
+pyqtgraph's image exporter, so a report looks like the app.  Nothing is shown
+on screen: without a running application one is made on the ``offscreen``
+platform.  The Qt-free report writer takes :func:`trace_plots` as its plot
+renderer.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .app import application
+
+PLOT_SIZE = (1000, 330)
+ZOOM_BEFORE, ZOOM_AFTER = 32, 16
+#: the plots of a trace's report, by the names the report writer files them under
+MARGINS, MARGINS_ZOOM, ACCEPTANCE = "margins", "margins_zoom", "acceptance"
+
+
+def _png(plot: Any) -> bytes:
+    """The plot as PNG bytes, laid out at :data:`PLOT_SIZE` without appearing on screen."""
+    import pyqtgraph.exporters as exporters
+    from PySide6.QtCore import QBuffer, QByteArray, QIODevice, Qt
+
+    plot.setAttribute(Qt.WidgetAttribute.WA_DontShowOnScreen)
+    plot.resize(*PLOT_SIZE)
+    plot.show()  # delivers the resize now: the scene takes the widget's size
+    plot.getPlotItem().layout.activate()
+    try:
+        exp = exporters.ImageExporter(plot.getPlotItem())
+        exp.parameters()["width"] = PLOT_SIZE[0]
+        image = exp.export(toBytes=True)
+    finally:
+        plot.close()
+    ba = QByteArray()
+    buf = QBuffer(ba)
+    buf.open(QIODevice.OpenModeFlag.WriteOnly)
+    image.save(buf, "PNG")
+    buf.close()
+    return bytes(ba.data())
+
+
+def _palette():
+    from .theme import light_palette
+
+    return light_palette()
+
+
+def margin_plot(trace: Any, xrange: tuple[int, int] | None = None, title: str | None = None) -> Any:
+    """The app's margin plot of ``trace``, optionally zoomed to token indices ``xrange``."""
+    from .plots import MarginPlot
+
+    plot = MarginPlot()
+    plot.apply_palette(_palette())
+    v, s = trace.vanilla.steps, trace.speculative.steps
+    plot.set_steps(v, s)
+    fm = trace.comparison.first_mismatch
+    fork = fm.index if fm is not None else None
+    plot.mark_fork(fork, v[fork].margin if fork is not None and fork < len(v) else None)
+    plot.set_diagnosis(trace.diagnosis, v)
+    plot.setTitle(title or "top-1 minus top-2 logit per token", size="10pt")
+    if xrange is not None:
+        lo, hi = xrange
+        for item in (plot.vanilla, plot.speculative):  # zoomed in: show each token
+            item.setSymbol("o")
+            item.setSymbolSize(4)
+            item.setSymbolPen(None)
+            item.setSymbolBrush(item.opts["pen"].color())
+        seen = np.concatenate([plot.margins(v)[lo:hi + 1], plot.margins(s)[lo:hi + 1], [1.0]])
+        top = float(np.nanmax(seen)) if np.isfinite(seen).any() else 1.0
+        vb = plot.getPlotItem().getViewBox()
+        vb.enableAutoRange(axis="x", enable=False)
+        vb.setRange(xRange=(lo, hi), yRange=(0, top * 1.32), padding=0.02)
+        if fork is not None:
+            plot.fork_line.label.anchors = [(1, 0), (1, 0)] if fork > lo + 0.6 * (hi - lo) else [(0, 0), (0, 0)]
+    return plot
+
+
+def acceptance_plot(trace: Any) -> Any:
+    """The app's acceptance plot of ``trace``."""
+    from .plots import AcceptancePlot
+
+    plot = AcceptancePlot()
+    plot.apply_palette(_palette())
+    s = trace.speculative
+    plot.set_rounds(s.rounds, rate=s.acceptance_rate, mean=s.mean_accepted)
+    fm = trace.comparison.first_mismatch
+    plot.mark_fork(fm.index if fm is not None else None)
+    return plot
+
+
+def trace_plots(trace: Any) -> dict[str, bytes]:
+    """PNG bytes of a trace's report plots: the margins, the margins around the fork (a long run with a fork)
+    and the acceptance per round (when anything was drafted)."""
+    application(offscreen=True)
+    plots = {MARGINS: _png(margin_plot(trace))}
+    fm = trace.comparison.first_mismatch
+    n = max(len(trace.vanilla.steps), len(trace.speculative.steps))
+    if fm is not None and n > 2 * (ZOOM_BEFORE + ZOOM_AFTER):
+        lo, hi = max(0, fm.index - ZOOM_BEFORE), min(n - 1, fm.index + ZOOM_AFTER)
+        plots[MARGINS_ZOOM] = _png(margin_plot(trace, (lo, hi), f"the same, tokens {lo} to {hi} around the fork"))
+    if trace.speculative.n_drafted > 0 and trace.speculative.rounds:  # a server run reports only totals
+        plots[ACCEPTANCE] = _png(acceptance_plot(trace))
+    return plots
+
+
+def write_trace_report(trace: Any, folder: str | os.PathLike[str]) -> dict[str, Path]:
+    """Write the HTML and Markdown report of ``trace`` into ``folder``, with the plots drawn here."""
+    try:
+        from ..core.report.write import write_report
+    except ImportError:  # the writer before it moved into the Qt-free core
+        from ..report import write_report  # type: ignore[no-redef]
+
+        return write_report(trace, folder)
+    return write_report(trace, folder, plots=trace_plots)
+

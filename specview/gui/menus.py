@@ -1,0 +1,69 @@
+"""The main window's menus and keyboard shortcuts.
+
+Every action is stored on the window (``window.act_run``, ...), so tests and
+other code can trigger it as a user would.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QAction, QActionGroup, QKeySequence
+
+from .theme import THEMES
+
+
+def build_menus(w: Any) -> None:
+    """Give the main window ``w`` its File, Run and View menus."""
+    mb = w.menuBar()
+    m_file = mb.addMenu("&File")
+    w.act_open = QAction("&Open trace…", w, shortcut=QKeySequence.StandardKey.Open, triggered=w.open_dialog)
+    w.act_save = QAction("&Save trace…", w, shortcut=QKeySequence.StandardKey.Save, triggered=w.save_dialog)
+    w.act_save.setEnabled(False)
+    w.act_open_matrix = QAction("Open &Matrix…", w, shortcut=QKeySequence("Ctrl+Shift+O"),
+                                triggered=w.matrix_tab._choose_file)
+    w.act_export = QAction("&Export Report…", w, shortcut=QKeySequence("Ctrl+E"), triggered=w.export_dialog)
+    w.act_export.setToolTip("write the HTML and Markdown report of the trace on screen into a folder")
+    w.act_export.setEnabled(False)
+    act_quit = QAction("&Quit", w, shortcut=QKeySequence.StandardKey.Quit, triggered=w.close)
+    m_file.addActions([w.act_open, w.act_save, w.act_open_matrix])
+    m_file.addSeparator()
+    m_file.addAction(w.act_export)
+    m_file.addSeparator()
+    m_file.addAction(act_quit)
+
+    m_run = mb.addMenu("&Run")
+    w.act_run = QAction("&Run both arms", w, triggered=lambda _checked=False: w.run())
+    w.act_run.setShortcuts([QKeySequence("Ctrl+R"), QKeySequence("F5")])
+    w.act_cancel = QAction("&Cancel", w, shortcut=QKeySequence("Esc"), triggered=w.cancel)
+    w.act_next = QAction("&Next mismatch", w, shortcut=QKeySequence("F8"), triggered=w.next_mismatch)
+    w.act_prev = QAction("&Previous mismatch", w, shortcut=QKeySequence("Shift+F8"), triggered=w.previous_mismatch)
+    w.act_fork = QAction("Go to the &fork", w, shortcut=QKeySequence("Ctrl+J"), triggered=w.jump_to_fork)
+    w.act_matrix = QAction("Run &matrix…", w, shortcut=QKeySequence("Ctrl+M"),
+                           triggered=lambda _checked=False: w.run_matrix())
+    w.act_matrix.setToolTip("run targets x drafters x n_max around the current settings (Esc cancels)")
+    m_run.addActions([w.act_run, w.act_matrix, w.act_cancel])
+    m_run.addSeparator()
+    m_run.addActions([w.act_fork, w.act_next, w.act_prev])
+    for a in (w.act_run, w.act_cancel, w.act_next, w.act_prev, w.act_fork, w.act_matrix):
+        a.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
+        w.addAction(a)
+
+    m_view = mb.addMenu("&View")
+    w.act_boundaries = QAction("Show token &boundaries", w, checkable=True, shortcut=QKeySequence("Ctrl+B"))
+    w.act_boundaries.toggled.connect(w.panes.set_boundaries)
+    m_view.addAction(w.act_boundaries)
+    w.act_sync = QAction("&Scroll panes together", w, checkable=True, checked=True)
+    w.act_sync.toggled.connect(lambda on: setattr(w.panes, "sync", on))
+    m_view.addAction(w.act_sync)
+    m_theme = m_view.addMenu("&Theme")
+    w.theme_group = QActionGroup(w)
+    w.theme_actions = {}
+    for name in THEMES:
+        a = QAction(f"&{name.capitalize()}", w, checkable=True)
+        a.triggered.connect(lambda _c=False, n=name: w.apply_theme(n))
+        w.theme_group.addAction(a)
+        m_theme.addAction(a)
+        w.theme_actions[name] = a
+    m_view.addAction(w.controls_dock.toggleViewAction())
