@@ -9,11 +9,11 @@ narrowed down.  Traces of different prompts (or vocabularies) are refused.
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from ..core.compare import first_difference
 from ..core.engine import SpecviewError
+from ..core.report.escape import num, text
 from ..core.trace import ArmResult, Trace
 
 EXIT_SAME, EXIT_DIFFERENT = 0, 1
@@ -62,43 +62,58 @@ def _arm_diff(a: ArmResult, b: ArmResult) -> dict[str, Any]:
 def _model_rows(a: Trace, b: Trace) -> list[tuple[str, str, str, bool]]:
     rows = []
     for role in ("target", "draft"):
-        ma, mb = a.models.get(role) or {}, b.models.get(role) or {}
+        ma, mb = _obj(a.models.get(role)), _obj(b.models.get(role))
         if not ma and not mb:
             continue
         for key in ("file", "quantization", "file_size", "n_params", "vocab_fingerprint"):
             va, vb = ma.get(key), mb.get(key)
             if va is None and vb is None:
                 continue
-            rows.append((f"{role} {key}", str(va), str(vb), va == vb))
+            rows.append((f"{role} {key}", text(va), text(vb), va == vb))
     return rows
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def _flatten(d: Any, max_depth: int = 8) -> dict[str, Any]:
+    """``{"engine": {"n_batch": 512}}`` -> ``{"engine.n_batch": 512}``; deeper levels are compared as they are."""
     out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
+    stack = [("", d if isinstance(d, dict) else {}, 0)]
+    while stack:
+        prefix, obj, depth = stack.pop()
+        for k, v in obj.items():
+            if isinstance(v, dict) and depth < max_depth:
+                stack.append((f"{prefix}{k}.", v, depth + 1))
+            else:
+                out[f"{prefix}{k}"] = v
     return out
+
+
+def _obj(v: Any) -> dict[str, Any]:
+    return v if isinstance(v, dict) else {}
 
 
 SKIP_CONFIG = {"prompt", "prompt_tokens", "target", "draft", "top_k"}
 SKIP_ENV = {"created"}
 
 
+def _prompt_tokens(t: Trace, name: str) -> list[int]:
+    toks = t.prompt.get("tokens") if isinstance(t.prompt, dict) else None
+    if not isinstance(toks, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in toks):
+        raise SpecviewError(f"{name}: malformed specview trace: prompt.tokens must be a list of token ids")
+    return toks
+
+
 def compare_traces(a: Trace, b: Trace, *, names: tuple[str, str] = ("A", "B")) -> dict[str, Any]:
     """Compare two traces; raise SpecviewError if they are not runs of the same prompt."""
-    pa, pb = [int(t) for t in a.prompt["tokens"]], [int(t) for t in b.prompt["tokens"]]
+    pa, pb = _prompt_tokens(a, names[0]), _prompt_tokens(b, names[1])
     if pa != pb:
         i = first_difference(pa, pb)
         raise SpecviewError(
             f"the traces are runs of different prompts ({names[0]}: {len(pa)} prompt tokens, {names[1]}: {len(pb)}; "
             f"first difference at prompt token {i}); compare traces of the same prompt and model")
-    fa = (a.models.get("target") or {}).get("vocab_fingerprint")
-    fb = (b.models.get("target") or {}).get("vocab_fingerprint")
+    fa = _obj(a.models.get("target")).get("vocab_fingerprint")
+    fb = _obj(b.models.get("target")).get("vocab_fingerprint")
     if fa and fb and fa != fb:
-        raise SpecviewError(f"the targets have different vocabularies (fingerprints {fa} and {fb}): "
+        raise SpecviewError(f"the targets have different vocabularies (fingerprints {text(fa)} and {text(fb)}): "
                             "token ids cannot be compared")
     ca = {k: v for k, v in _flatten(a.config).items() if k not in SKIP_CONFIG}
     cb = {k: v for k, v in _flatten(b.config).items() if k not in SKIP_CONFIG}
@@ -118,20 +133,20 @@ def compare_traces(a: Trace, b: Trace, *, names: tuple[str, str] = ("A", "B")) -
 def _own(t: Trace) -> str:
     c = t.comparison
     if c.identical:
-        return f"identical over {c.agree} tokens"
-    v = (t.diagnosis or {}).get("verdict") or "not diagnosed"
-    return f"forks at token {c.first_mismatch.index} ({v})"
+        return f"identical over {text(c.agree)} tokens"
+    v = _obj(t.diagnosis).get("verdict") or "not diagnosed"
+    return f"forks at token {text(c.first_mismatch.index)} ({text(v)})"
 
 
 def _ctx(arm: ArmResult, i: int, n: int) -> str:
-    before = "".join(s.piece for s in arm.steps[max(0, i - n):i])
-    at = arm.steps[i].piece if i < len(arm.steps) else "(end of output)"
-    after = "".join(s.piece for s in arm.steps[i + 1:i + 1 + n])
+    before = "".join(text(s.piece) for s in arm.steps[max(0, i - n):i])
+    at = text(arm.steps[i].piece) if i < len(arm.steps) else "(end of output)"
+    after = "".join(text(s.piece) for s in arm.steps[i + 1:i + 1 + n])
     return f"…{before}[[{at}]]{after}…".replace("\n", "⏎")
 
 
 def _short(v: Any, width: int = 60) -> str:
-    s = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+    s = text(v) if not isinstance(v, str) else v
     return s if len(s) <= width else s[: width - 1] + "…"
 
 
@@ -146,10 +161,10 @@ def format_comparison(res: dict[str, Any], a: Trace, b: Trace, names: tuple[str,
             lines.append(f"{arm_name:<12} SAME: A and B produced the same {d['compared']} tokens{extra}")
         else:
             i = d["index"]
-            lines.append(f"{arm_name:<12} DIFFERENT from token {i}: A {d['a_token']} {d['a_piece']!r}, "
-                         f"B {d['b_token']} {d['b_piece']!r}")
+            lines.append(f"{arm_name:<12} DIFFERENT from token {i}: A {text(d['a_token'])} {text(d['a_piece'])!r}, "
+                         f"B {text(d['b_token'])} {text(d['b_piece'])!r}")
             if d.get("a_margin") is not None and d.get("b_margin") is not None:
-                lines.append(f"{'':<12} top-1/top-2 margin there: A {d['a_margin']:.4f}, B {d['b_margin']:.4f} logits")
+                lines.append(f"{'':<12} top-1/top-2 margin there: A {num(d['a_margin'])}, B {num(d['b_margin'])} logits")
             lines.append(f"{'':<12} A  {_ctx(arm_a, i, context)}")
             lines.append(f"{'':<12} B  {_ctx(arm_b, i, context)}")
     lines.append("")

@@ -113,7 +113,7 @@ def validate_matrix(d: Any, *, source: str = "<matrix>") -> None:
             raise MatrixError(f"{source}: malformed specview matrix: counters.{show(k)} must be an integer")
     if not all(isinstance(x, str) for x in d.get("summary") or []):
         raise MatrixError(f"{source}: malformed specview matrix: summary must be a list of sentences")
-    MatrixSpec.from_json(d["spec"], source=f"{source}: malformed specview matrix:")
+    MatrixSpec.from_json(d["spec"], source=f"{source}: malformed specview matrix")
     for i, c in enumerate(d["cells"]):
         where = f"{source}: malformed specview matrix: cells[{i}]"
         if not isinstance(c, dict) or "status" not in c:

@@ -192,8 +192,9 @@ class _SpecMethods:
                 if not isinstance(d[key], typ):
                     raise MatrixError(f"{source}: spec.{key} must be {typ.__name__} (got {show(d[key])})")
                 kw[key] = d[key]
-        spec = MatrixSpec(**kw)
+        spec = MatrixSpec(**kw, source=source)
         spec.validate(check_files=False)
+        spec.source = None
         return spec
 
 

@@ -2,31 +2,38 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any, Mapping
 
-from ..llama_flags import ngl_text
+from ..llama_flags import llama_commands, ngl_text
 from ..verdicts import COLOURS, WORDS, category
-from .escape import visible
+from .escape import num, text, visible
 
 CONTEXT_TOKENS = 8
+
+
+def obj(value: Any) -> dict[str, Any]:
+    """A mapping read from a file, or an empty one where the file holds something else."""
+    return value if isinstance(value, dict) else {}
+
+
+def _index(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def verdict_of(trace: Any) -> str:
     if trace.comparison.identical:
         return "identical"
-    d = trace.diagnosis or {}
-    return str(d.get("verdict") or "diverged")
+    return text(obj(trace.diagnosis).get("verdict")) or "diverged"
 
 
 def headline(trace: Any) -> str:
     c = trace.comparison
     v = verdict_of(trace)
     if c.identical:
-        return f"Identical: both arms produced the same {c.agree} tokens."
+        return f"Identical: both arms produced the same {text(c.agree)} tokens."
     fm = c.first_mismatch
-    return (f"Speculative decoding diverges from plain greedy at token {fm.index} "
-            f"(character {fm.char_offset}): {WORDS.get(v, v)}.")
+    return (f"Speculative decoding diverges from plain greedy at token {text(fm.index)} "
+            f"(character {text(fm.char_offset)}): {WORDS.get(v, v)}.")
 
 
 def fmt(x: Any, spec: str = ".4f") -> str:
@@ -34,7 +41,11 @@ def fmt(x: Any, spec: str = ".4f") -> str:
         return "n/a"
     if isinstance(x, float):
         return format(x, spec)
-    return str(x)
+    return text(x)
+
+
+def _step(arm: Any, i: int | None) -> Any:
+    return arm.steps[i] if i is not None and i < len(arm.steps) else None
 
 
 def verdict_facts(trace: Any) -> list[tuple[str, str]]:
@@ -42,39 +53,45 @@ def verdict_facts(trace: Any) -> list[tuple[str, str]]:
     c, v, s = trace.comparison, trace.vanilla, trace.speculative
     rows = [("verdict", WORDS.get(verdict_of(trace), verdict_of(trace)))]
     if c.identical:
-        rows.append(("tokens compared", str(c.agree)))
+        rows.append(("tokens compared", text(c.agree)))
     else:
         fm = c.first_mismatch
-        rows.append(("first mismatch", f"token {fm.index} (character {fm.char_offset}); {c.agree} tokens agree"))
-        rows.append(("vanilla token", f"{fm.vanilla_token} {visible(fm.vanilla_piece)!r}"))
-        rows.append(("speculative token", f"{fm.speculative_token} {visible(fm.speculative_piece)!r}"))
-        if fm.index < len(v.steps):
-            rows.append(("vanilla top-1/top-2 margin at the fork", f"{v.steps[fm.index].margin:.4f} logits"))
-        if fm.index < len(s.steps):
-            st = s.steps[fm.index]
-            kind = "an accepted draft token" if st.from_draft else "the target's own token"
+        rows.append(("first mismatch", f"token {text(fm.index)} (character {text(fm.char_offset)}); "
+                                       f"{text(c.agree)} tokens agree"))
+        rows.append(("vanilla token", f"{text(fm.vanilla_token)} {visible(fm.vanilla_piece)!r}"))
+        rows.append(("speculative token", f"{text(fm.speculative_token)} {visible(fm.speculative_piece)!r}"))
+        i = _index(fm.index)
+        vs, ss = _step(v, i), _step(s, i)
+        if vs is not None:
+            rows.append(("vanilla top-1/top-2 margin at the fork", num(vs.margin, unit=" logits")))
+        if ss is not None and ss.round is None:
+            rows.append(("speculative token came from", "not reported by this engine"))
+        elif ss is not None:
+            kind = "an accepted draft token" if ss.from_draft else "the target's own token"
             rows.append(("speculative token came from",
-                         f"{kind}, round {st.round}, row {st.batch_index} of a T={st.batch_size} forward pass"))
-    d = trace.diagnosis
+                         f"{kind}, round {text(ss.round)}, row {text(ss.batch_index)} of a "
+                         f"T={text(ss.batch_size)} forward pass"))
+    d = obj(trace.diagnosis)
     if d:
         if d.get("gap") is not None:
-            rows.append(("gap (teacher-forced, one token per pass)", f"{d['gap']:.4f} logits for the vanilla token"))
-        sp = ((d.get("replays") or {}).get("speculative") or {})
+            rows.append(("gap (teacher-forced, one token per pass)",
+                         f"{num(d['gap'])} logits for the vanilla token"))
+        sp = obj(obj(d.get("replays")).get("speculative"))
         if isinstance(sp.get("gap"), (int, float)):
-            rows.append((f"gap in the speculative shape ({sp.get('shape', 'verify pass')})",
-                         f"{sp['gap']:.4f} logits for the speculative token"))
-        env = d.get("envelope") or {}
+            rows.append((f"gap in the speculative shape ({text(sp.get('shape', 'verify pass'))})",
+                         f"{num(sp['gap'])} logits for the speculative token"))
+        env = obj(d.get("envelope"))
         if env.get("max") is not None:
             rows.append(("numeric envelope before the fork",
                          f"max {fmt(env.get('max'))}, p95 {fmt(env.get('p95'))}, median {fmt(env.get('median'))} "
-                         f"logits over {env.get('positions', '?')} positions"))
-        th = d.get("thresholds") or {}
+                         f"logits over {text(env.get('positions', '?'))} positions"))
+        th = obj(d.get("thresholds"))
         if th.get("far") is not None:
             rows.append(("thresholds", f"near-tie ≤ {fmt(th.get('near_tie'))}, state bug > {fmt(th.get('far'))} logits"))
         if isinstance(d.get("at_risk"), list) and th.get("at_risk") is not None:
             rows.append((f"vanilla positions at risk (margin below {fmt(th.get('at_risk'))})", str(len(d["at_risk"]))))
         if d.get("rule"):
-            rows.append(("rule", str(d["rule"])))
+            rows.append(("rule", text(d["rule"])))
     elif not c.identical:
         rows.append(("diagnosis", "not run (specview run --diagnose explains the fork)"))
     return rows
@@ -85,75 +102,82 @@ def acceptance_facts(trace: Any) -> list[tuple[str, str]]:
     rate, mean = s.acceptance_rate, s.mean_accepted
     speed = s.tokens_per_s / v.tokens_per_s if v.tokens_per_s > 0 else None
     return [
-        ("drafter", str(trace.config.get("spec_type"))),
+        ("drafter", text(obj(trace.config).get("spec_type"))),
         ("verify rounds", str(max(0, len(s.rounds) - 1))),
-        ("drafted / accepted", f"{s.n_drafted} / {s.n_accepted}"),
-        ("acceptance rate", "n/a" if rate is None else f"{rate:.1%}"),
-        ("mean tokens per round", "n/a" if mean is None else f"{mean:.2f}"),
-        ("vanilla", f"{v.tokens_per_s:.1f} tok/s, {len(v.tokens)} tokens ({v.stop_reason})"),
-        ("speculative", f"{s.tokens_per_s:.1f} tok/s, {len(s.tokens)} tokens ({s.stop_reason})"),
-        ("speedup", "n/a" if speed is None else f"{speed:.2f}x"),
+        ("drafted / accepted", f"{text(s.n_drafted)} / {text(s.n_accepted)}"),
+        ("acceptance rate", num(rate, ".1%")),
+        ("mean tokens per round", num(mean, ".2f")),
+        ("vanilla", f"{v.tokens_per_s:.1f} tok/s, {len(v.tokens)} tokens ({text(v.stop_reason)})"),
+        ("speculative", f"{s.tokens_per_s:.1f} tok/s, {len(s.tokens)} tokens ({text(s.stop_reason)})"),
+        ("speedup", num(speed, ".2f", unit="x")),
     ]
 
 
 def config_facts(trace: Any) -> list[tuple[str, str]]:
-    cfg = trace.config
-    eng = cfg.get("engine") or {}
+    cfg = obj(trace.config)
+    eng = obj(cfg.get("engine"))
+    g = lambda d, k: text(d.get(k))  # noqa: E731
     rows = [
-        ("spec type", str(cfg.get("spec_type"))),
-        ("n_max / n_min / p_min", f"{cfg.get('n_max')} / {cfg.get('n_min')} / {cfg.get('p_min')}"),
-        ("max tokens", str(cfg.get("max_tokens"))),
-        ("context", f"{cfg.get('n_ctx_used', eng.get('n_ctx'))} (n_batch {eng.get('n_batch')}, "
-                    f"n_ubatch {eng.get('n_ubatch')})"),
-        ("flash attention", str(eng.get("flash_attn"))),
-        ("KV cache type", str(eng.get("kv_type"))),
-        ("GPU layers", ngl_text(eng.get("gpu_layers"))),
-        ("threads", str(eng.get("threads") or "all cores")),
+        ("spec type", g(cfg, "spec_type")),
+        ("n_max / n_min / p_min", f"{g(cfg, 'n_max')} / {g(cfg, 'n_min')} / {g(cfg, 'p_min')}"),
+        ("max tokens", g(cfg, "max_tokens")),
+        ("context", f"{text(cfg.get('n_ctx_used', eng.get('n_ctx')))} (n_batch {g(eng, 'n_batch')}, "
+                    f"n_ubatch {g(eng, 'n_ubatch')})"),
+        ("flash attention", g(eng, "flash_attn")),
+        ("KV cache type", g(eng, "kv_type")),
+        ("GPU layers", ngl_text(eng.get("gpu_layers")) if _small_int(eng.get("gpu_layers")) else "n/a"),
+        ("threads", text(eng.get("threads")) or "all cores"),
     ]
     if cfg.get("spec_type") == "ngram-simple":
-        rows.insert(2, ("ngram size n / m", f"{cfg.get('ngram_size_n')} / {cfg.get('ngram_size_m')}"))
+        rows.insert(2, ("ngram size n / m", f"{g(cfg, 'ngram_size_n')} / {g(cfg, 'ngram_size_m')}"))
+    if cfg.get("stop_after_fork") is not None:
+        rows.append(("stop after fork", f"{g(cfg, 'stop_after_fork')} tokens (the speculative arm)"))
     return rows
+
+
+def _small_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and abs(x) < 2 ** 31
 
 
 def model_facts(trace: Any) -> list[tuple[str, str, str]]:
     """(fact, target, draft) rows."""
-    t = trace.models.get("target") or {}
-    d = trace.models.get("draft") or {}
+    t = obj(trace.models.get("target"))
+    d = obj(trace.models.get("draft"))
     keys = [("file", "file"), ("quantization", "quantization"), ("architecture", "architecture"),
             ("name", "name"), ("parameters", "n_params"), ("file size", "file_size"), ("vocabulary", "n_vocab"),
             ("vocab fingerprint", "vocab_fingerprint"), ("description", "description")]
     rows = []
     for label, k in keys:
-        a, b = t.get(k), d.get(k) if d else None
+        a, b = t.get(k), d.get(k)
         if a is None and b is None:
             continue
-        if k == "file_size":
-            a = f"{a / 1e6:.1f} MB" if isinstance(a, (int, float)) else a
-            b = f"{b / 1e6:.1f} MB" if isinstance(b, (int, float)) else b
-        if k == "n_params":
-            a = f"{a / 1e6:.1f} M" if isinstance(a, (int, float)) else a
-            b = f"{b / 1e6:.1f} M" if isinstance(b, (int, float)) else b
-        rows.append((label, "-" if a is None else str(a), "-" if b is None else str(b)))
+        if k in ("file_size", "n_params"):
+            unit = " MB" if k == "file_size" else " M"
+            a = num(a / 1e6, ".1f", unit=unit) if _small_number(a) else a
+            b = num(b / 1e6, ".1f", unit=unit) if _small_number(b) else b
+        rows.append((label, "-" if a is None else text(a), "-" if b is None else text(b)))
     return rows
 
 
-def environment_facts(env: Mapping[str, Any]) -> list[tuple[str, str]]:
+def _small_number(x: Any) -> bool:
+    return not isinstance(x, bool) and (isinstance(x, float) or (isinstance(x, int) and x.bit_length() < 1000))
+
+
+def environment_facts(env: Any) -> list[tuple[str, str]]:
+    env = obj(env)
     order = ["specview", "backend", "llama_cpp_python", "os", "platform", "machine", "cpu", "python",
              "gpu_offload", "ggml_devices", "llama_cpp_system_info", "created"]
     rows = []
     for k in order + sorted(set(env) - set(order)):
         if k in env and env[k] not in (None, "", []):
-            v = env[k]
-            if isinstance(v, (list, dict)):
-                v = json.dumps(v, ensure_ascii=False)
-            rows.append((k, str(v)))
+            rows.append((k, text(env[k])))
     return rows
 
 
 def fork_context(trace: Any, n: int = CONTEXT_TOKENS) -> dict[str, Any] | None:
     """Tokens around the fork: the shared tokens before it and each arm's fork token and what follows."""
     c = trace.comparison
-    if c.identical or c.first_mismatch is None:
+    if c.identical or c.first_mismatch is None or _index(c.first_mismatch.index) is None:
         return None
     i = c.first_mismatch.index
     v, s = trace.vanilla, trace.speculative
@@ -182,21 +206,47 @@ PLOT_CAPTIONS = {
 
 def prompt_block(trace: Any) -> tuple[str, str]:
     """(label, text) for the prompt: its text, or the raw token ids."""
-    p = trace.prompt
-    toks = p.get("tokens", [])
+    p = obj(trace.prompt)
+    toks = p.get("tokens") if isinstance(p.get("tokens"), list) else []
     if p.get("raw_tokens") or p.get("text") is None:
-        return (f"raw token ids ({len(toks)} tokens, no template, no BOS added)", " ".join(str(t) for t in toks))
+        return (f"raw token ids ({len(toks)} tokens, no template, no BOS added)", " ".join(text(t) for t in toks))
     how = "with the model's chat template" if p.get("chat") else "as plain text, no template"
-    return (f"text, {how} ({len(toks)} tokens after tokenizing)", str(p.get("text")))
+    return (f"text, {how} ({len(toks)} tokens after tokenizing)", text(p.get("text")))
 
 
 def trace_title(trace: Any) -> str:
-    t = trace.models.get("target") or {}
-    d = trace.models.get("draft") or {}
-    drafter = trace.config.get("spec_type")
+    t, d, cfg = obj(trace.models.get("target")), obj(trace.models.get("draft")), obj(trace.config)
+    drafter = text(cfg.get("spec_type"))
     if drafter == "draft-simple":
-        drafter = f"{d.get('file', trace.config.get('draft'))} ({d.get('quantization', '?')})"
-    return f"{t.get('file', trace.config.get('target'))} ({t.get('quantization', '?')}) with {drafter}"
+        drafter = f"{text(d.get('file', cfg.get('draft')))} ({text(d.get('quantization', '?'))})"
+    return f"{text(t.get('file', cfg.get('target')))} ({text(t.get('quantization', '?'))}) with {drafter}"
+
+
+def commands(trace: Any) -> dict[str, str] | str:
+    """The llama.cpp commands that reproduce the trace, or why there are none.
+
+    They are built from the trace's settings only once those read back as a valid run
+    (:meth:`RunConfig.from_dict` checks every value as declared), plus the context size and
+    thread count the run used, and the model paths and prompt token ids as recorded.
+    """
+    from ..config import RunConfig
+    from ..errors import SpecviewError
+
+    raw = obj(trace.config)
+    try:
+        cfg = RunConfig.from_dict(raw).to_dict()
+    except SpecviewError as exc:
+        return f"no llama.cpp commands: the trace's settings are not a valid run ({text(str(exc))})"
+    for key in ("n_ctx_used", "threads_used"):
+        if _small_int(raw.get(key)) and raw[key] >= 0:
+            cfg[key] = raw[key]
+    models = {role: {"path": m["path"]} if isinstance(m.get("path"), str) else {}
+              for role, m in ((r, obj(trace.models.get(r))) for r in ("target", "draft"))}
+    p = obj(trace.prompt)
+    toks = [t for t in p.get("tokens") or [] if _small_int(t)]
+    prompt = {"text": p.get("text") if isinstance(p.get("text"), str) else None, "chat": p.get("chat") is True,
+              "raw_tokens": p.get("raw_tokens") is True, "tokens": toks}
+    return llama_commands(cfg, models, prompt)
 
 
 def quoted(piece: str | None) -> str:

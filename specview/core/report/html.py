@@ -6,11 +6,10 @@ import base64
 from typing import Any, Mapping, Sequence
 
 from ... import __version__
-from ..llama_flags import llama_commands
 from ..verdicts import CATEGORIES, COLOURS, WORDS, category, cell_text
 from ..matrix.rates import pct, positions_text, rate_text
 from .escape import esc, visible
-from .facts import (PLOT_CAPTIONS, acceptance_facts, cell_colour, cell_detail, config_facts, earliest_fork,
+from .facts import (PLOT_CAPTIONS, commands, obj, acceptance_facts, cell_colour, cell_detail, config_facts, earliest_fork,
                     environment_facts, fmt, fork_context, headline, model_facts, prompt_block, quoted, spec_rows,
                     trace_title, verdict_facts, verdict_of)
 
@@ -49,7 +48,7 @@ def _tok_html(tok: tuple[int, str] | None, cls: str) -> str:
     if tok is None:
         return f"<span class='tok {cls}' title='no token'>(end of output)</span>"
     t, piece = tok
-    return f"<span class='tok {cls}' title='{esc(f'token {t}')}'>{esc(visible(piece))}</span>"
+    return f"<span class='tok {cls}' title='token {esc(t)}'>{esc(visible(piece))}</span>"
 
 
 def _fork_html(ctx: dict[str, Any]) -> str:
@@ -82,13 +81,14 @@ def _page(title: str, body: str) -> str:
 
 def trace_html(trace: Any, plots: Mapping[str, bytes]) -> str:
     v = verdict_of(trace)
+    env = obj(trace.environment)
     parts = [f"<h1>specview report: {esc(trace_title(trace))}</h1>",
-             f"<div class=sub>specview {esc(trace.environment.get('specview', __version__))} · "
-             f"{esc(trace.environment.get('created', ''))} · greedy speculative decoding against plain greedy</div>",
+             f"<div class=sub>specview {esc(env.get('specview', __version__))} · "
+             f"{esc(env.get('created', ''))} · greedy speculative decoding against plain greedy</div>",
              f"<div class=verdict style='background:{COLOURS.get(v, '#fff')}'><b>{esc(v.upper())}</b> — "
              f"{esc(headline(trace))}</div>"]
-    d = trace.diagnosis
-    if d and d.get("explanation"):
+    d = obj(trace.diagnosis)
+    if d.get("explanation"):
         parts.append(f"<p>{esc(d['explanation'])}</p>")
     parts.append(_kv_html(verdict_facts(trace)))
     ctx = fork_context(trace)
@@ -102,15 +102,18 @@ def trace_html(trace: Any, plots: Mapping[str, bytes]) -> str:
             parts.append(_img_html(plots[key], title, cap))
     parts.append("<h2>Acceptance and speed</h2>")
     parts.append(_kv_html(acceptance_facts(trace)))
-    cmds = llama_commands(trace.config, trace.models, trace.prompt)
+    cmds = commands(trace)
     parts.append("<h2>Reproduce with llama.cpp</h2>")
-    parts.append("<p class=note>Start both servers, send the same prompt token ids to each, compare the tokens. "
-                 "The flags are llama.cpp's own (common/arg.cpp).</p>")
-    parts.append(f"<pre>{esc(cmds['server_vanilla'])}\n\n{esc(cmds['server_speculative'])}</pre>")
-    parts.append(f"<pre>{esc(cmds['request'])}</pre>")
-    if "cli_vanilla" in cmds:
-        parts.append("<p class=note>Or with the command-line tool (it applies the chat template itself):</p>")
-        parts.append(f"<pre>{esc(cmds['cli_vanilla'])}\n\n{esc(cmds['cli_speculative'])}</pre>")
+    if isinstance(cmds, str):
+        parts.append(f"<p class=note>{esc(cmds)}</p>")
+    else:
+        parts.append("<p class=note>Start both servers, send the same prompt token ids to each, compare the "
+                     "tokens. The flags are llama.cpp's own (common/arg.cpp).</p>")
+        parts.append(f"<pre>{esc(cmds['server_vanilla'])}\n\n{esc(cmds['server_speculative'])}</pre>")
+        parts.append(f"<pre>{esc(cmds['request'])}</pre>")
+        if "cli_vanilla" in cmds:
+            parts.append("<p class=note>Or with the command-line tool (it applies the chat template itself):</p>")
+            parts.append(f"<pre>{esc(cmds['cli_vanilla'])}\n\n{esc(cmds['cli_speculative'])}</pre>")
     label, text = prompt_block(trace)
     parts.append("<h2>Prompt</h2>")
     parts.append(f"<p class=note>{esc(label)}</p><pre>{esc(text)}</pre>")
@@ -121,7 +124,7 @@ def trace_html(trace: Any, plots: Mapping[str, bytes]) -> str:
         f"<tr><td>{esc(a)}</td><td>{esc(b)}</td><td>{esc(c)}</td></tr>" for a, b, c in model_facts(trace))
         + "</table>")
     parts.append("<h2>Environment</h2>")
-    parts.append(_kv_html(environment_facts(trace.environment)))
+    parts.append(_kv_html(environment_facts(env)))
     parts.append("<h2>Both texts</h2>")
     for arm in (trace.vanilla, trace.speculative):
         parts.append(f"<p class=note>{esc(arm.name)} ({len(arm.tokens)} tokens)</p><pre>{esc(arm.text)}</pre>")
@@ -131,7 +134,9 @@ def trace_html(trace: Any, plots: Mapping[str, bytes]) -> str:
 def _repro_html(trace: Any, cell: dict[str, Any]) -> str:
     from ..matrix import CellParams, describe
 
-    cmds = llama_commands(trace.config, trace.models, trace.prompt)
+    cmds = commands(trace)
+    if isinstance(cmds, str):
+        return ""
     return (f"<h2>Reproduce the earliest fork</h2><p class=note>{esc(describe(CellParams.from_json(cell['params'])))}: "
             f"token {esc(cell['first_mismatch'])}, from its saved trace {esc(cell.get('trace'))} "
             "(<code>specview report</code> on that file gives its full report).</p>"

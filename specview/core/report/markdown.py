@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from ... import __version__
-from ..llama_flags import llama_commands
 from ..matrix.rates import bar, pct, positions_text, rate_text
 from ..verdicts import category, cell_text
-from .escape import md_code, md_fence, md_text, visible
-from .facts import (PLOT_CAPTIONS, acceptance_facts, config_facts, earliest_fork,
+from .escape import md_code, md_fence, md_text, text, visible
+from .facts import (PLOT_CAPTIONS, commands, obj, acceptance_facts, config_facts, earliest_fork,
                     environment_facts, fmt, fork_context, headline, model_facts, prompt_block, quoted, spec_rows,
                     trace_title, verdict_facts, verdict_of)
 
@@ -29,7 +28,7 @@ def _fork_md(ctx: dict[str, Any]) -> str:
         a = ctx[arm]
         at = visible(a["at"][1]) if a["at"] else "(end of output)"
         lines.append(f"{arm:<12} {'…' if ctx['truncated'] else ''}{seq(ctx['before'])}⟦{at}⟧{seq(a['after'])}…")
-    ids = [f"{arm}: token {ctx[arm]['at'][0]}" if ctx[arm]["at"] else f"{arm}: none" for arm in ("vanilla", "speculative")]
+    ids = [f"{arm}: token {text(ctx[arm]['at'][0])}" if ctx[arm]["at"] else f"{arm}: none" for arm in ("vanilla", "speculative")]
     return (md_fence("\n".join(lines)) + "\n⟦ ⟧ marks the first token the arms disagree on "
             f"({md_text('; '.join(ids))}); ⏎ is a newline.\n")
 
@@ -38,8 +37,9 @@ def trace_markdown(trace: Any, plot_files: Mapping[str, str]) -> str:
     v = verdict_of(trace)
     out = [f"## specview: {md_text(v)} — {md_text(trace_title(trace))}\n",
            f"**{md_text(headline(trace))}**\n"]
-    d = trace.diagnosis
-    if d and d.get("explanation"):
+    d = obj(trace.diagnosis)
+    env = obj(trace.environment)
+    if d.get("explanation"):
         out.append(md_text(d["explanation"]) + "\n")
     out.append(_kv_md(verdict_facts(trace)))
     ctx = fork_context(trace)
@@ -53,33 +53,38 @@ def trace_markdown(trace: Any, plot_files: Mapping[str, str]) -> str:
             out.append(f"![{title}]({plot_files[key]})\n\n{md_text(cap)}\n")
     out.append("### Acceptance and speed\n")
     out.append(_kv_md(acceptance_facts(trace)))
-    cmds = llama_commands(trace.config, trace.models, trace.prompt)
+    cmds = commands(trace)
     out.append("### Reproduce with llama.cpp\n")
-    out.append("Start both servers, send the same prompt token ids to each, compare the tokens:\n")
-    out.append(md_fence(cmds["server_vanilla"] + "\n\n" + cmds["server_speculative"], "sh"))
-    out.append(md_fence(cmds["request"], "sh"))
-    if "cli_vanilla" in cmds:
-        out.append("Or with the command-line tool (it applies the chat template itself):\n")
-        out.append(md_fence(cmds["cli_vanilla"] + "\n\n" + cmds["cli_speculative"], "sh"))
-    label, text = prompt_block(trace)
+    if isinstance(cmds, str):
+        out.append(md_text(cmds) + "\n")
+    else:
+        out.append("Start both servers, send the same prompt token ids to each, compare the tokens:\n")
+        out.append(md_fence(cmds["server_vanilla"] + "\n\n" + cmds["server_speculative"], "sh"))
+        out.append(md_fence(cmds["request"], "sh"))
+        if "cli_vanilla" in cmds:
+            out.append("Or with the command-line tool (it applies the chat template itself):\n")
+            out.append(md_fence(cmds["cli_vanilla"] + "\n\n" + cmds["cli_speculative"], "sh"))
+    label, prompt = prompt_block(trace)
     out.append("### Prompt\n")
     out.append(md_text(label) + "\n")
-    out.append(md_fence(text, "text"))
+    out.append(md_fence(prompt, "text"))
     out.append("<details><summary>Settings, models and environment</summary>\n")
     out.append(_kv_md(config_facts(trace), ("setting", "value")))
     mrows = model_facts(trace)
     out.append("| | target | draft |\n|---|---|---|\n" + "".join(
         f"| {md_text(a)} | {md_code(b, table=True)} | {md_code(c, table=True)} |\n" for a, b, c in mrows))
-    out.append(_kv_md(environment_facts(trace.environment), ("environment", "")))
+    out.append(_kv_md(environment_facts(env), ("environment", "")))
     out.append("</details>\n")
-    out.append(f"<sub>Made with specview {md_text(trace.environment.get('specview', __version__))}.</sub>\n")
+    out.append(f"<sub>Made with specview {md_text(env.get('specview', __version__))}.</sub>\n")
     return "\n".join(out)
 
 
 def _repro_md(trace: Any, cell: dict[str, Any]) -> str:
     from ..matrix import CellParams, describe
 
-    cmds = llama_commands(trace.config, trace.models, trace.prompt)
+    cmds = commands(trace)
+    if isinstance(cmds, str):
+        return ""
     return ("### Reproduce the earliest fork\n\n"
             f"{md_text(describe(CellParams.from_json(cell['params'])))}: token {cell['first_mismatch']}, from its saved "
             f"trace {md_code(cell.get('trace'))} (`specview report` on that file gives its full report).\n\n"
