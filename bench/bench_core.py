@@ -31,7 +31,7 @@ def main() -> int:
     import llama_cpp
 
     from specview.backends.llama_cpp import LlamaEngine, LlamaModel, default_threads
-    from specview.core import demo
+    from specview.backends.llama_cpp import demo
     from specview.core.drafters import ModelDrafter
     from specview.core.engine import EngineSettings
     from specview.core.generate import GenOptions, run_to_end, speculative_greedy, vanilla_greedy

@@ -38,7 +38,7 @@ def tiny_draft(tiny_dir) -> Path:
 
 
 def _demo(quant: str) -> Path:
-    from specview.core import demo
+    from specview.backends.llama_cpp import demo
     from specview.core.engine import ModelFileError
 
     try:

