@@ -11,31 +11,11 @@ from __future__ import annotations
 
 import os
 import platform
-from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 from .config import EngineSettings
+from .facts import STATUSES, Fact
 from .registry import backend_names, get_backend
-
-#: statuses, in order of concern
-STATUSES = ("ok", "info", "warn", "problem")
-
-
-@dataclass(frozen=True)
-class Fact:
-    """One line of the setup report."""
-
-    topic: str  # "llama.cpp", "mlx", "llama-server", "machine"
-    name: str  # short key: "version", "devices", "offload" ...
-    value: Any  # what was found (JSON-able)
-    text: str  # the sentence a user reads
-    status: str = "ok"  # ok / info / warn / problem
-    advice: str | None = None  # what to do about a warn or problem
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def cpu_name() -> str:
     try:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from .config import SPEC_TYPES_IN_PROCESS, EngineSettings, RunConfig
 from .engine import LoadedModel
 from .errors import BackendUnavailable, ConfigError
+from .facts import Fact
 
 if TYPE_CHECKING:
     from .trace import Trace
@@ -40,6 +41,7 @@ BUILTIN_BACKENDS: dict[str, str] = {
     "llama.cpp": "specview.backends.llama_cpp:LlamaBackend",
     "mlx": "specview.backends.mlx:MLXBackend",
     "llama-server": "specview.backends.llama_server:ServerBackend",
+    "mlx-server": "specview.backends.mlx_server:MLXServerBackend",
 }
 ENTRY_POINT_GROUP = "specview.backends"
 
@@ -118,14 +120,12 @@ class Backend(ABC):
         """Versions and devices, merged into every trace's ``environment`` block."""
         return {}
 
-    def setup_facts(self, settings: EngineSettings, *, deep: bool = True) -> list[Any]:
-        """What ``specview doctor`` says of this engine: a list of :class:`specview.core.doctor.Fact`.
+    def setup_facts(self, settings: EngineSettings, *, deep: bool = True) -> list[Fact]:
+        """What ``specview doctor`` says of this engine: a list of :class:`specview.core.facts.Fact`.
 
         ``deep`` allows slower checks (loading a small model).  The default
         reports the engine usable, with its :meth:`environment`.
         """
-        from .doctor import Fact
-
         env = self.environment()
         return [Fact(self.name, "usable", True, f"{self.label or self.name}: usable", "ok", extra=env)]
 
