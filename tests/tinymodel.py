@@ -51,11 +51,13 @@ def write_tiny_llama(
     scale: float = 0.35,
     base: np.random.Generator | None = None,
     noise: float = 0.0,
+    chat_template: bool = True,
 ) -> Path:
     """Write a tiny llama GGUF.  ``extra`` changes the token texts (an incompatible vocabulary).
 
     With ``noise`` > 0 the weights are those of ``seed`` plus that much noise from
-    ``seed + 1``: a "draft" that mostly agrees with its target.
+    ``seed + 1``: a "draft" that mostly agrees with its target.  With
+    ``chat_template=False`` the file has no ``tokenizer.chat_template``.
     """
     import gguf
 
@@ -93,10 +95,11 @@ def write_tiny_llama(
     w.add_unk_token_id(0)
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
-    w.add_chat_template(  # ChatML, which llama.cpp's template detector knows
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-    )
+    if chat_template:
+        w.add_chat_template(  # ChatML, which llama.cpp's template detector knows
+            "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+        )
 
     n_kv = n_embd // n_head * n_head_kv
     w.add_tensor("token_embd.weight", mat(n_vocab, n_embd, s=1.0))

@@ -89,7 +89,7 @@ class ModelDrafter(Drafter):
         self.n_max = int(n_max)
         self.p_min = float(p_min)
         self.n_min = int(n_min)
-        self.n_batch = n_batch or engine.n_batch
+        self.n_batch = min(n_batch or engine.n_batch, engine.n_batch)  # at most what the context takes
         self._cached: list[int] = []  # tokens whose KV the draft context holds, in order
         self._known = 0  # leading tokens of _cached known to equal the run's history
 

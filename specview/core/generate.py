@@ -79,6 +79,13 @@ def check_fits(engine: Engine, n_prompt: int, max_tokens: int, n_max: int = 0) -
             f"but the context is {engine.n_ctx}. Raise --n-ctx to at least {need}, "
             "or lower --max-tokens, or shorten the prompt."
         )
+    width = 1 + min(n_max, max_tokens - 1)  # a verify pass: the last token and what can still be drafted
+    if width > engine.n_batch:
+        raise ContextOverflow(
+            f"a verify pass carries up to {width} tokens (the last token plus {width - 1} drafted), but this "
+            f"context takes at most n_batch = {engine.n_batch} tokens per pass (llama.cpp makes n_batch at most "
+            f"n_ctx). Raise --n-batch (and --n-ctx) to at least {width}, or draft fewer tokens."
+        )
 
 
 def make_step(
@@ -135,6 +142,7 @@ def verify(engine: Engine, batch: Sequence[int], *, serial: bool = False) -> np.
 def prefill(engine: Engine, prompt: Sequence[int], n_batch: int, cancel: CancelCheck = _never):
     """Feed the prompt in ``n_batch`` chunks; return (last row logits, last chunk size), or None if cancelled."""
     engine.reset()
+    n_batch = min(n_batch, engine.n_batch)  # the context may hold less than asked (llama.cpp clamps n_batch to n_ctx)
     row = None
     size = 0
     for start in range(0, len(prompt), n_batch):

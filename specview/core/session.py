@@ -151,7 +151,7 @@ class Session(Runner):
             speculative = ArmResult(name="speculative", drafter=drafter.spec_type, stop_reason="cancelled")
         else:
             seng = used = self.engine("speculative", target, cfg.engine, n_ctx)
-            n_max_hint = cfg.n_max if cfg.uses_draft_model else cfg.ngram_size_m
+            n_max_hint = cfg.draft_width
             speculative = run_to_end(
                 speculative_greedy(seng, drafter, tokens, opts, n_max_hint=n_max_hint,
                                    serial_verify=cfg.serial_verify, cancel=cancel),
@@ -162,6 +162,9 @@ class Session(Runner):
         # the effective thread count: with threads=0 it comes from the machine, and ggml's CPU
         # kernels split work by thread, so the same settings can give different logits elsewhere
         trace.config["threads_used"] = getattr(used, "threads", None)
+        if used is not None:  # what llama.cpp made of n_ctx/n_batch/n_ubatch (it pads and clamps them)
+            trace.config["context_used"] = {"n_ctx": used.n_ctx, "n_batch": used.n_batch,
+                                            "n_ubatch": getattr(used, "n_ubatch", None)}
         return trace
 
     def build_trace(self, cfg: RunConfig, target: LoadedModel, dmodel: LoadedModel | None, tokens: list[int],
@@ -174,7 +177,7 @@ class Session(Runner):
             config=config,
             environment=env,
             models={"target": target.facts(), "draft": dmodel.facts() if dmodel is not None else None},
-            prompt=prompt_record(cfg, tokens),
+            prompt=prompt_record(cfg, tokens, chat_note=target.chat_note),
             vanilla=vanilla,
             speculative=speculative,
             comparison=compare_arms(vanilla, speculative),
@@ -193,14 +196,20 @@ def host_environment() -> dict[str, Any]:
     }
 
 
-def prompt_record(cfg: RunConfig, tokens: list[int]) -> dict[str, Any]:
-    """A trace's ``prompt`` block: the text (or none for raw ids) and the ids both arms were fed."""
-    return {
+def prompt_record(cfg: RunConfig, tokens: list[int], *, chat_note: str | None = None) -> dict[str, Any]:
+    """A trace's ``prompt`` block: the text (or none for raw ids) and the ids both arms were fed.
+
+    ``chat_note`` (the target's one line on a missing chat template) is kept when the prompt was a chat.
+    """
+    d = {
         "text": cfg.prompt if not cfg.prompt_tokens else None,
         "chat": cfg.chat if not cfg.prompt_tokens else False,
         "raw_tokens": bool(cfg.prompt_tokens),
         "tokens": list(tokens),
     }
+    if d["chat"] and chat_note:
+        d["chat_note"] = chat_note
+    return d
 
 
 def _cpu_name() -> str:
