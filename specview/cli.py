@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from . import __version__
@@ -21,6 +22,7 @@ COMMANDS = {
     "report": ("specview.commands.report", "write an HTML and Markdown bug report from a trace or matrix"),
     "compare": ("specview.commands.compare", "compare two saved traces (e.g. from two machines)"),
     "kernels": ("specview.commands.kernels", "map which draft widths are bit-identical to single-token passes"),
+    "prescribe": ("specview.commands.prescribe", "say which speculative settings are proven lossless here"),
     "doctor": ("specview.commands.doctor", "say what specview will run on: engines, GPU backends, CPU"),
     "gui": ("specview.commands.gui", "open the desktop app"),
 }
@@ -77,6 +79,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("specview: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `specview ... | head`: the reader left; say nothing more
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return 0
 
 
 def gui_main() -> int:
