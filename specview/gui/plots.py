@@ -74,8 +74,7 @@ class TimedPlot(pg.PlotWidget):
         self.hint.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.hint.setWordWrap(True)
         self.hint.setAttribute(Qt.WidgetAttribute.WA_TransparentForMouseEvents)
-        self.empty = False
-        self.show_empty(True)
+        self.empty: bool | None = None  # the subclass shows the plot empty once it has its items and labels
 
     def show_empty(self, empty: bool) -> None:
         """Empty: the hint instead of axes and grid; otherwise the plot as usual."""
@@ -199,6 +198,11 @@ class AcceptancePlot(TimedPlot):
             if top != self._y_top:
                 self._y_top = top
                 self.getPlotItem().getViewBox().setYRange(0, top, padding=0)
+                left = self.getPlotItem().getAxis("left")
+                if top <= 12 and self.bin == 1:
+                    left.setTickSpacing(1, 1)  # whole tokens
+                else:
+                    left.setTickSpacing()
         else:
             self.drafted.setData([], [])
             self.accepted.setData([], [])
@@ -306,6 +310,7 @@ class MarginPlot(TimedPlot):
         self.diagnosis: dict | None = None
         self.apply_palette(self.palette())
         self.scene().sigMouseClicked.connect(self._clicked)
+        self.show_empty(True)
 
     def apply_palette(self, palette: QPalette) -> None:
         style_plot(self, palette)
