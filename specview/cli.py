@@ -21,6 +21,7 @@ COMMANDS = {
     "matrix": ("specview.commands.matrix", "run a reproducer matrix over quantizations, drafters and settings"),
     "report": ("specview.commands.report", "write an HTML and Markdown bug report from a trace or matrix"),
     "compare": ("specview.commands.compare", "compare two saved traces (e.g. from two machines)"),
+    "check": ("specview.commands.check", "check the backend against the CPU: KL divergence of the same tokens"),
     "kernels": ("specview.commands.kernels", "map which draft widths are bit-identical to single-token passes"),
     "prescribe": ("specview.commands.prescribe", "say which speculative settings are proven lossless here"),
     "doctor": ("specview.commands.doctor", "say what specview will run on: engines, GPU backends, CPU"),

@@ -5,8 +5,12 @@ The scripted "model" predicts ``(c[-1] + c[-2] + 1) % V`` from its context
 pass with more than one token moves the runner-up by ``SHAPE`` logits: a
 batched-versus-single rounding effect of known size.  Variants plant a
 near-tie, a rollback that keeps a rejected draft, a huge shape effect at one
-position, or per-call jitter.  They register through ``register_backend``,
-the door real backends use.
+position, per-call jitter, or a context that flips the tie (a backend whose
+vanilla does not repeat itself).  Faults from ``fakes`` (a KV entry kept or
+dropped, a draft accepted that the target did not pick) are planted in every
+context of the target, the diagnosis' own included: only the serial-verify
+control can see them.  They register through ``register_backend``, the door
+real backends use.
 """
 
 from __future__ import annotations
@@ -17,11 +21,14 @@ from typing import Any, Sequence
 import numpy as np
 import pytest
 
+from fakes import FaultyEngine, accepting_unpicked
 from specview.core import diagnose as dmod
+from specview.core import generate
 from specview.core.engine import Engine, EngineSettings, SpecviewError, VocabInfo
-from specview.core.registry import Backend, LoadedModel, register_backend
-from specview.core.session import RunConfig, Session
+from specview.core.registry import LoadedModel, register_backend
+from specview.core.session import InProcessBackend, RunConfig, Session
 from specview.core.trace import Trace
+from specview.core.verdicts import RULES
 
 V = 32
 PROMPT = (1, 2)
@@ -31,6 +38,8 @@ TIE_MARGIN = 0.01
 BIG_TOKEN = 9  # where the "big" model's batched rows move by BIG_SHAPE against a margin of BIG_MARGIN
 BIG_SHAPE, BIG_MARGIN = 5.0, 3.0
 ARMED: set[str] = set()  # model kinds whose new engines get the rollback fault
+PLANTED: dict[str, str] = {}  # model kind -> a fakes.FaultyEngine fault for every new engine of it
+FLAKY_OPENED = [0]  # contexts opened on the "flaky" model so far
 
 
 def expected_next(c: Sequence[int]) -> int:
@@ -55,9 +64,16 @@ class ScriptedModel(LoadedModel):
         return list(PROMPT)
 
     def new_engine(self, settings: EngineSettings, n_ctx: int) -> Engine:
-        return ScriptedEngine(self, n_ctx, settings.n_batch, faulty=self.kind in ARMED)
+        flip = False
+        if self.kind == "flaky":
+            flip = FLAKY_OPENED[0] > 0  # only the first context ever opened computes the tie "right"
+            FLAKY_OPENED[0] += 1
+        eng = ScriptedEngine(self, n_ctx + 1, settings.n_batch, faulty=self.kind in ARMED, flip=flip)
+        if self.kind in PLANTED:
+            return FaultyEngine(eng, PLANTED[self.kind])
+        return eng
 
-    def row(self, c: Sequence[int], T: int) -> np.ndarray:
+    def row(self, c: Sequence[int], T: int, flip: bool = False) -> np.ndarray:
         out = np.zeros(V, dtype=np.float64)
         nxt = expected_next(c)
         if self.kind == "draft" and len(c) % 4 == 0:
@@ -65,8 +81,10 @@ class ScriptedModel(LoadedModel):
         alt = (nxt + 1) % V
         token_index = len(c) - len(PROMPT)
         margin, shape = 1.0, SHAPE
-        if self.kind in ("tie", "jitter") and token_index == TIE_TOKEN:
+        if self.kind in ("tie", "jitter", "flaky") and token_index == TIE_TOKEN:
             margin = TIE_MARGIN
+            if flip:
+                margin = -TIE_MARGIN
         if self.kind == "big" and token_index == BIG_TOKEN:
             margin, shape = BIG_MARGIN, BIG_SHAPE
         out[nxt] = 5.0
@@ -79,9 +97,10 @@ class ScriptedModel(LoadedModel):
 class ScriptedEngine(Engine):
     backend = "scripted"
 
-    def __init__(self, model: ScriptedModel, n_ctx: int, n_batch: int, *, faulty: bool = False):
+    def __init__(self, model: ScriptedModel, n_ctx: int, n_batch: int, *, faulty: bool = False, flip: bool = False):
         super().__init__()
         self.m = model
+        self.flip = flip
         self.kv: list[int] = []
         self._n_ctx, self._n_batch = n_ctx, n_batch
         self.faulty = faulty
@@ -106,7 +125,7 @@ class ScriptedEngine(Engine):
         self.kv.extend(int(t) for t in tokens)
         base = len(self.kv) - T
         rows = [r + T if r < 0 else r for r in rows]
-        out = np.stack([self.m.row(self.kv[: base + r + 1], T) for r in rows])
+        out = np.stack([self.m.row(self.kv[: base + r + 1], T, self.flip) for r in rows])
         self.n_past += T
         self.n_evals += 1
         return out
@@ -121,7 +140,7 @@ class ScriptedEngine(Engine):
         self.n_past = n
 
 
-class ScriptedBackend(Backend):
+class ScriptedBackend(InProcessBackend):
     name = "scripted"
 
     def load(self, name: str, settings: EngineSettings) -> LoadedModel:
@@ -138,7 +157,8 @@ def config(kind: str, **kw) -> RunConfig:
     return RunConfig(**base)
 
 
-def run(kind: str, *, controls: bool = False, faulty: bool = False, **kw) -> tuple[Session, Trace, dict]:
+def run(kind: str, *, controls: bool = False, faulty: bool = False, serial_verify: bool = True,
+        **kw) -> tuple[Session, Trace, dict]:
     cfg = config(kind, **kw)
     session = Session()
     if faulty:
@@ -147,8 +167,16 @@ def run(kind: str, *, controls: bool = False, faulty: bool = False, **kw) -> tup
         trace = session.run(cfg)
     finally:
         ARMED.discard(kind)
-    diag = dmod.diagnose(session, cfg, trace, controls=controls)
+    diag = dmod.diagnose(session, cfg, trace, controls=controls, serial_verify=serial_verify)
     return session, trace, diag
+
+
+def independent_greedy(n: int) -> list[int]:
+    """Plain greedy on the scripted "plain" model, computed without any engine."""
+    c = list(PROMPT)
+    for _ in range(n):
+        c.append(expected_next(c))
+    return c[len(PROMPT):]
 
 
 # -- synthetic numbers ----------------------------------------------------------------------
@@ -184,21 +212,50 @@ def test_rank_breaks_ties_towards_lower_ids():
           spec_rerun_consistent=True, gap=0.01, env_max=0.3), "nondeterministic", "vanilla-replays-disagree"),
     (dict(identical=False, single_reproduced=False, single_rerun_consistent=True, gap=0.01, env_max=0.3),
      "state", "vanilla-unreproducible"),
+    # the serial-verify control decides where it ran, whatever the gap says
+    (dict(identical=False, serial_verify_identical=True, gap=0.5, env_max=0.3),
+     "near-tie", "serial-verify-reproduces-vanilla"),
+    (dict(identical=False, serial_verify_identical=True), "near-tie", "serial-verify-reproduces-vanilla"),
+    (dict(identical=False, serial_verify_identical=False, gap=0.001, env_max=0.3), "state", "serial-verify-differs"),
+    (dict(identical=False, serial_verify_identical=False, vanilla_repeat_identical=True), "state",
+     "serial-verify-differs"),
+    (dict(identical=False, serial_verify_identical=False, vanilla_repeat_identical=False), "nondeterministic",
+     "vanilla-repeat-disagrees"),
+    (dict(identical=False, serial_verify_identical=True, vanilla_repeat_identical=False, gap=0.01),
+     "nondeterministic", "vanilla-repeat-disagrees"),
+    (dict(identical=True, serial_verify_identical=False), "identical", "identical"),
+    # replays that disagree with themselves come first: nothing else can be trusted without determinism
+    (dict(identical=False, serial_verify_identical=False, single_reproduced=False, single_rerun_consistent=False),
+     "nondeterministic", "vanilla-replays-disagree"),
+    # a dirty arm context is a state bug even where the serial loop, on a clean context, reproduces vanilla
+    (dict(identical=False, serial_verify_identical=True, spec_reproduced=False, spec_rerun_consistent=True,
+          gap=0.01, env_max=0.3), "state", "speculative-unreproducible"),
+    # the serial loop never runs a T > 1 pass, so a batched pass far off is still not a near-tie
+    (dict(identical=False, serial_verify_identical=True, gap=2.5, env_max=0.3), "state", "gap-far-beyond-envelope"),
 ])
 def test_classify(kw, verdict, rule):
     assert dmod.classify(**kw) == (verdict, rule)
+    assert rule in RULES
 
 
-def test_classify_needs_a_gap_for_a_reproduced_fork():
+def test_classify_needs_a_gap_or_the_control_for_a_reproduced_fork():
     with pytest.raises(ValueError):
         dmod.classify(identical=False)
+    with pytest.raises(ValueError):
+        dmod.classify(identical=False, serial_verify_identical=None)
 
 
 # -- scripted engines -------------------------------------------------------------------------
 def test_near_tie_flip_reads_near_tie_with_numbers_that_say_so():
     session, trace, d = run("tie", controls=True)
     assert trace.comparison.first_mismatch.index == TIE_TOKEN
-    assert d["verdict"] == "near-tie" and d["rule"] == "gap-within-envelope"
+    assert d["verdict"] == "near-tie" and d["rule"] == "serial-verify-reproduces-vanilla"
+    sv = d["serial_verify"]
+    assert sv["form"] == "single-token-passes" and sv["identical_to_vanilla"] is True
+    assert sv["first_mismatch"] is None and sv["n_tokens"] == len(trace.vanilla.tokens)
+    assert sv["vanilla_repeat"] is None and not sv["reused_run"]
+    # one single-token pass per verify row: prefill plus, per round, 1 + drafted passes
+    assert sv["passes"] >= 1 + (len(trace.vanilla.tokens) - 1)
     assert d["fork"] == TIE_TOKEN
     assert d["gap"] == pytest.approx(TIE_MARGIN, abs=1e-5)
     env = d["envelope"]
@@ -227,6 +284,16 @@ def test_near_tie_flip_reads_near_tie_with_numbers_that_say_so():
     text = dmod.format_verdict(d)
     assert "VERDICT  NEAR-TIE" in text and f"{d['gap']:.4f}" in text and f"max {env['max']:.4f}" in text
     assert "zero-draft" in text
+    # the control's result comes first, right under the verdict
+    assert text.splitlines()[1].strip().startswith("serial verify  IDENTICAL to vanilla")
+    assert "That proves the fork" in d["explanation"]
+
+
+def test_without_the_control_the_thresholds_decide():
+    session, trace, d = run("tie", serial_verify=False)
+    assert d["serial_verify"] is None
+    assert d["verdict"] == "near-tie" and d["rule"] == "gap-within-envelope"
+    assert "serial verify" not in dmod.format_verdict(d)
 
 
 def test_rollback_keeping_a_rejected_draft_reads_state():
@@ -243,6 +310,70 @@ def test_rollback_keeping_a_rejected_draft_reads_state():
     assert "bug report" in d["explanation"]
     ctrl = {c["name"]: c for c in d["controls"]}
     assert ctrl["vanilla-twice"]["identical"] and ctrl["zero-draft"]["identical"]
+    # the fault lived only in the arm's own context: the serial loop on a clean one reproduces vanilla
+    assert d["serial_verify"]["identical_to_vanilla"] is True
+
+
+@pytest.mark.parametrize("kind", ["plain", "tie"])
+@pytest.mark.parametrize("fault", ["keep-rejected", "drop-accepted", "accept-unpicked"])
+def test_planted_faults_read_state_through_the_serial_verify_control(kind, fault, monkeypatch):
+    """Faults in every context of the target (the diagnosis' too) or in the loop itself: only the control sees them."""
+    if fault == "accept-unpicked":
+        monkeypatch.setattr(generate, "accepted_prefix", accepting_unpicked(generate.accepted_prefix))
+    else:
+        monkeypatch.setitem(PLANTED, kind, fault)
+    session, trace, d = run(kind, max_tokens=32)
+    assert not trace.comparison.identical
+    assert d["verdict"] == "state" and d["rule"] == "serial-verify-differs", d["explanation"]
+    sv = d["serial_verify"]
+    assert sv["identical_to_vanilla"] is False
+    # vanilla itself is right: it equals plain greedy computed without an engine, and repeats itself
+    assert trace.vanilla.tokens == independent_greedy(len(trace.vanilla.tokens)) or kind == "tie"
+    assert sv["vanilla_repeat"]["identical"] is True
+    assert sv["vanilla_repeat"]["n_tokens"] == sv["first_mismatch"] + 1
+    # the serial arm stops at its first token that differs from vanilla
+    assert sv["n_tokens"] == sv["first_mismatch"] + 1
+    assert 0 < sv["first_mismatch"] <= len(trace.vanilla.tokens)
+    lines = dmod.format_verdict(d).splitlines()
+    assert lines[0].startswith("VERDICT  STATE") and lines[1].strip().startswith("serial verify  DIFFERS")
+    assert "bug report" in d["explanation"]
+
+
+def test_a_run_that_was_itself_serial_is_its_own_control(monkeypatch):
+    monkeypatch.setitem(PLANTED, "plain", "keep-rejected")
+    cfg = config("plain", serial_verify=True)
+    session = Session()
+    trace = session.run(cfg)
+    assert all(r.serial for r in trace.speculative.rounds[1:]) and trace.speculative.rounds[1:]
+    assert not trace.comparison.identical
+    runs = session.speculative_runs
+    d = dmod.diagnose(session, cfg, trace)
+    assert session.speculative_runs == runs
+    assert d["serial_verify"]["reused_run"] is True and d["serial_verify"]["passes"] is None
+    assert d["verdict"] == "state" and d["rule"] == "serial-verify-differs"
+    # the speculative replay rebuilt the serial arm's state with single-token passes too
+    assert "single-token passes" in d["replays"]["speculative"]["shape"]
+
+
+def test_serial_verify_run_reproduces_a_near_tie_vanilla():
+    cfg = config("tie", serial_verify=True)
+    trace = Session().run(cfg)
+    assert trace.comparison.identical  # the tie that flips in T > 1 passes never sees one
+    assert trace.config["serial_verify"] is True
+    rounds = trace.speculative.rounds[1:]
+    assert rounds and all(r.serial and r.batch_size == 1 + r.drafted for r in rounds)
+    assert any(r.drafted > 0 for r in rounds)
+
+
+def test_a_vanilla_that_does_not_repeat_itself_reads_nondeterministic():
+    FLAKY_OPENED[0] = 0
+    session, trace, d = run("flaky")
+    assert trace.comparison.first_mismatch.index == TIE_TOKEN
+    assert d["serial_verify"]["identical_to_vanilla"] is False
+    assert d["serial_verify"]["vanilla_repeat"] == {**d["serial_verify"]["vanilla_repeat"], "identical": False,
+                                                    "first_mismatch": TIE_TOKEN}
+    assert d["verdict"] == "nondeterministic" and d["rule"] == "vanilla-repeat-disagrees"
+    assert f"first at token {TIE_TOKEN}" in d["explanation"]
 
 
 def test_a_gap_far_beyond_the_envelope_reads_state():
@@ -253,6 +384,9 @@ def test_a_gap_far_beyond_the_envelope_reads_state():
     assert d["envelope"]["max"] == pytest.approx(SHAPE, abs=1e-5)
     assert d["gap"] > d["thresholds"]["far"] == dmod.FAR_FLOOR
     assert d["verdict"] == "state" and d["rule"] == "gap-far-beyond-envelope"
+    # the loop is right (the serial control reproduces vanilla); the batched pass itself is far off
+    assert d["serial_verify"]["identical_to_vanilla"] is True
+    assert "batched verify pass itself" in d["explanation"]
 
 
 def test_jitter_reads_nondeterministic():

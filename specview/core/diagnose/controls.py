@@ -1,0 +1,179 @@
+"""Controls: runs that differ from the arms in one respect, each compared with the vanilla arm.
+
+* :func:`serial_verify_control` -- the threshold-free one: the speculative loop
+  with every verify pass computed as single-token passes must reproduce vanilla
+  token for token when the loop and its cache are right; if it does not, vanilla
+  is run once more to tell a state bug from nondeterminism.
+* :func:`control_matrix` -- ``--controls``: vanilla twice, zero-draft, n-gram,
+  another prefill chunk.
+
+Everything runs on the session's already loaded models.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any, Callable
+
+from ..compare import first_difference
+from ..generate import GenOptions, run_to_end, speculative_greedy, vanilla_greedy
+from ..trace import Step, Trace
+from .classify import CONTROL_CHUNK, DiagnosisCancelled
+
+ProgressFn = Callable[[str], None]
+CancelFn = Callable[[], bool]
+
+SERIAL_FORMS = ("single-token-passes", "ub1-server")
+SERIAL_DESCRIPTION = ("the speculative loop with every verify pass computed as single-token passes, one per row, "
+                      "on the same context (drafting, acceptance and rollback unchanged)")
+
+
+def _check(cancel: CancelFn) -> None:
+    if cancel():
+        raise DiagnosisCancelled("diagnosis cancelled")
+
+
+def _prompt(trace: Trace) -> list[int]:
+    return [int(t) for t in trace.prompt["tokens"]]
+
+
+def vanilla_repeat(session: Any, cfg: Any, trace: Trace, target: Any, n_ctx: int, opts: GenOptions,
+                   cancel: CancelFn, *, upto: int | None = None) -> dict[str, Any]:
+    """Plain greedy again on a fresh context (up to token ``upto`` only, when given), compared with vanilla."""
+    vanilla = trace.vanilla.tokens
+    eng = session.engine("control-vanilla", target, cfg.engine, n_ctx)
+    if upto is not None:
+        opts = replace(opts, max_tokens=max(1, min(opts.max_tokens, upto + 1)))
+    t0 = time.perf_counter()
+    arm = run_to_end(vanilla_greedy(eng, _prompt(trace), opts, cancel=cancel))
+    _check(cancel)
+    d = first_difference(vanilla[: len(arm.tokens)] if upto is not None else vanilla, arm.tokens)
+    return {"identical": d is None, "first_mismatch": d, "n_tokens": len(arm.tokens),
+            "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def serial_verify_control(session: Any, cfg: Any, trace: Trace, target: Any, n_ctx: int, opts: GenOptions,
+                          say: ProgressFn, cancel: CancelFn, *,
+                          repeat: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The serial-verify arm (same drafter, same settings) against the vanilla arm.
+
+    It stops at its first token that differs from vanilla: from there on the
+    answer is known.  When it differs, vanilla is run again on a fresh context
+    up to that token (unless ``repeat``, a vanilla-twice result, is given): a
+    vanilla that does not repeat itself makes the difference nondeterminism,
+    not a state bug.  A run that was itself serial is not run again: its own
+    speculative arm is the control.
+    """
+    vanilla = trace.vanilla.tokens
+    t0 = time.perf_counter()
+    passes = None
+    if cfg.serial_verify:
+        tokens = list(trace.speculative.tokens)
+        reused = True
+    else:
+        _check(cancel)
+        say("serial-verify control: the speculative loop with every verify row as its own single-token pass")
+        eng = session.engine("control-serial", target, cfg.engine, n_ctx)
+        drafter, _ = session.make_drafter(cfg, target, n_ctx)
+        evals0 = eng.n_evals
+        gen = speculative_greedy(eng, drafter, _prompt(trace), opts, n_max_hint=cfg.draft_width,
+                                 serial_verify=True, cancel=cancel)
+        tokens = []
+        try:
+            while True:
+                try:
+                    ev = next(gen)
+                except StopIteration:
+                    break
+                if isinstance(ev, Step):
+                    tokens.append(ev.token)
+                    if ev.index >= len(vanilla) or ev.token != vanilla[ev.index]:
+                        break
+        finally:
+            gen.close()
+        _check(cancel)
+        passes = eng.n_evals - evals0
+        reused = False
+    d = first_difference(vanilla, tokens)
+    out: dict[str, Any] = {
+        "form": "single-token-passes",
+        "description": SERIAL_DESCRIPTION,
+        "identical_to_vanilla": d is None,
+        "first_mismatch": d,
+        "n_tokens": len(tokens),
+        "passes": passes,
+        "reused_run": reused,
+        "vanilla_repeat": None,
+        "seconds": None,
+    }
+    if d is not None:
+        if repeat is None:
+            say(f"the serial-verify arm differs from vanilla at token {d}: running vanilla again up to there")
+            repeat = vanilla_repeat(session, cfg, trace, target, n_ctx, opts, cancel, upto=d)
+        out["vanilla_repeat"] = repeat
+    out["seconds"] = round(time.perf_counter() - t0, 3)
+    return out
+
+
+def control_matrix(session: Any, cfg: Any, trace: Trace, target: Any, n_ctx: int, opts: GenOptions,
+                   say: ProgressFn, cancel: CancelFn) -> list[dict[str, Any]]:
+    """vanilla-twice, zero-draft, ngram and prefill-chunk, each compared with the vanilla arm."""
+    vanilla = trace.vanilla.tokens
+    prompt = _prompt(trace)
+    out: list[dict[str, Any]] = []
+
+    def record(name: str, description: str, tokens: list[int] | None, t0: float, skipped: str | None = None):
+        if skipped is not None:
+            out.append({"name": name, "description": description, "identical": None, "first_mismatch": None,
+                        "n_tokens": None, "seconds": 0.0, "skipped": skipped})
+            return
+        assert tokens is not None
+        d = first_difference(vanilla, tokens)
+        out.append({"name": name, "description": description, "identical": d is None, "first_mismatch": d,
+                    "n_tokens": len(tokens), "seconds": round(time.perf_counter() - t0, 3), "skipped": None})
+
+    _check(cancel)
+    say("control: vanilla again on a fresh context")
+    t0 = time.perf_counter()
+    eng = session.engine("control-vanilla", target, cfg.engine, n_ctx)
+    arm = run_to_end(vanilla_greedy(eng, prompt, opts, cancel=cancel))
+    _check(cancel)
+    record("vanilla-twice", "plain greedy again on a fresh context", arm.tokens, t0)
+
+    _check(cancel)
+    zcfg = replace(cfg, p_min=1.0) if cfg.uses_draft_model else replace(cfg, spec_type="none", draft=None)
+    desc = ("the speculative loop with the draft model at p_min = 1 (nothing drafted)" if cfg.uses_draft_model
+            else "the speculative loop with nothing drafted")
+    say("control: zero-draft (" + ("p_min = 1" if cfg.uses_draft_model else "no drafter") + ")")
+    t0 = time.perf_counter()
+    zt = session.run(zcfg, cancel=cancel)
+    _check(cancel)
+    record("zero-draft", desc, zt.speculative.tokens, t0)
+    out[-1]["n_drafted"] = zt.speculative.n_drafted
+
+    _check(cancel)
+    if cfg.spec_type == "ngram-simple":
+        record("ngram", "ngram-simple speculation on the same target", None, 0.0,
+               skipped="the run itself used ngram-simple")
+    else:
+        say("control: ngram-simple drafter on the same target")
+        t0 = time.perf_counter()
+        size_m = min(cfg.ngram_size_m, max(1, cfg.engine.n_batch - 1))  # a verify pass must fit in n_batch
+        nt = session.run(replace(cfg, spec_type="ngram-simple", draft=None, ngram_size_m=size_m), cancel=cancel)
+        _check(cancel)
+        record("ngram", "ngram-simple speculation on the same target (drafts only when the text repeats"
+               + (f"; at most {size_m} per round to fit n_batch" if size_m < cfg.ngram_size_m else "") + ")",
+               nt.speculative.tokens, t0)
+        out[-1]["n_drafted"] = nt.speculative.n_drafted
+
+    _check(cancel)
+    chunk = CONTROL_CHUNK if opts.n_batch != CONTROL_CHUNK else 1
+    say(f"control: vanilla with a prefill chunk of {chunk}")
+    t0 = time.perf_counter()
+    arm = run_to_end(vanilla_greedy(eng, prompt, replace(opts, n_batch=chunk), cancel=cancel))
+    _check(cancel)
+    record("prefill-chunk", f"plain greedy with the prompt prefilled in chunks of {chunk} (run: {opts.n_batch})",
+           arm.tokens, t0)
+    out[-1]["n_batch"] = chunk
+    return out

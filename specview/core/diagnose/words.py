@@ -1,0 +1,232 @@
+"""The diagnosis in words: the explanation stored in the trace and what ``specview run`` prints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..trace import Trace
+from .classify import FAR_FACTOR, FAR_FLOOR, LOGIT_TOL
+
+
+def _piece(trace: Trace, token: int | None) -> str:
+    if token is None:
+        return "(none)"
+    for arm in (trace.vanilla, trace.speculative):
+        for st in arm.steps:
+            if st.token == token:
+                return repr(st.piece)
+    return f"#{token}"
+
+
+def _controls_sentence(ctrls: list[dict[str, Any]] | None) -> str:
+    if not ctrls:
+        return ""
+    same = [c["name"] for c in ctrls if c.get("identical")]
+    diff = [f"{c['name']} (at token {c['first_mismatch']})" for c in ctrls if c.get("identical") is False]
+    parts = []
+    if same:
+        parts.append("stayed identical to vanilla: " + ", ".join(same))
+    if diff:
+        parts.append("diverged: " + ", ".join(diff))
+    return " Controls " + "; ".join(parts) + "." if parts else ""
+
+
+def serial_form_words(form: str | None) -> str:
+    if form == "ub1-server":
+        return "the same server with -ub 1 (every row of a verify batch in its own single-token micro-batch)"
+    return "the speculative loop with every verify row computed as its own single-token pass"
+
+
+def serial_line(sv: dict[str, Any] | None) -> str | None:
+    """One line on the serial-verify control, or None when it did not run."""
+    if not sv:
+        return None
+    form = serial_form_words(sv.get("form"))
+    if sv.get("identical_to_vanilla") is None:
+        return f"serial verify  not run ({sv.get('skipped') or 'not available for this engine'})"
+    if sv["identical_to_vanilla"]:
+        n = sv.get("n_tokens")
+        return (f"serial verify  IDENTICAL to vanilla{'' if n is None else f' over all {n} tokens'}: {form} "
+                f"reproduces plain greedy, so the fork comes from batched-vs-single numerics (proven)")
+    rep = sv.get("vanilla_repeat")
+    tail = ""
+    if rep is not None:
+        tail = ("; vanilla run again repeats itself up to there" if rep.get("identical")
+                else f"; vanilla run again differs from itself at token {rep.get('first_mismatch')}")
+    return (f"serial verify  DIFFERS from vanilla at token {sv.get('first_mismatch')}: {form} does not reproduce "
+            f"plain greedy{tail}")
+
+
+def reference_line(ref: dict[str, Any] | None) -> str | None:
+    if not ref:
+        return None
+    if ref.get("skipped"):
+        return f"backend check  not run ({ref['skipped']})"
+    t = ref.get("totals") or {}
+    kl, top1 = t.get("kl_mean"), t.get("same_top1")
+    nums = (f"mean KL {kl:.2e} nats, same top-1 {top1:.1%}" if kl is not None and top1 is not None else "no positions")
+    who = f"{ref.get('test_label')} against {ref.get('reference_label')}"
+    if ref.get("ok"):
+        return f"backend check  ok: {who}, {nums}"
+    return (f"BACKEND CHECK FAILED  {who}: {nums} ({'; '.join(ref.get('problems') or [])}). This backend computes "
+            f"the model wrongly; read nothing into a fork until it is fixed")
+
+
+def explain(d: dict[str, Any], trace: Trace) -> str:
+    verdict, rule = d["verdict"], d["rule"]
+    ctrl = _controls_sentence(d.get("controls"))
+    ref = d.get("reference")
+    pre = ""
+    if ref and ref.get("ok") is False:
+        pre = (f"Before anything else: the backend check failed ({'; '.join(ref.get('problems') or [])}); this "
+               f"backend does not compute the model as the CPU does, so the fork below may be its fault. ")
+    if verdict == "identical":
+        return (f"{pre}The speculative arm produced exactly vanilla's {trace.comparison.agree} tokens: greedy "
+                f"speculative decoding was lossless on this run.{ctrl}")
+    rp = d["replays"]
+    env = d["envelope"]
+    th = d["thresholds"]
+    sv = d.get("serial_verify") or {}
+    a, b = _piece(trace, d["vanilla_token"]), _piece(trace, d["speculative_token"])
+    sp = rp["speculative"] if rp else {}
+    numbers = ""
+    if rp and d.get("gap") is not None and env and env.get("max") is not None:
+        numbers = (f" The teacher-forced replays agree: one token per pass picks {a} by {d['gap']:.4f} logits over "
+                   f"{b}; the speculative arm's own {sp['shape']} picks {b} by {sp['gap']:.4f}, while the two "
+                   f"shapes move this target's logits by up to {env['max']:.4f} (p95 {env['p95']:.4f}) over the "
+                   f"shared prefix.")
+    if rule == "serial-verify-reproduces-vanilla":
+        return (f"{pre}The serial-verify control, {serial_form_words(sv.get('form'))}, reproduces vanilla token "
+                f"for token, so drafting, acceptance, rollback and the KV cache are right. That proves the fork at "
+                f"token {d['fork']} ({a} against {b}) comes from the verify pass computing several rows at once, "
+                f"whose rounding differs from one row at a time: the argmax flipped on a near-tie.{numbers} This "
+                f"is expected on quantized targets and is not a bug in the speculative loop.{ctrl}")
+    if rule == "serial-verify-differs":
+        return (f"{pre}The serial-verify control, {serial_form_words(sv.get('form'))}, computes every KV entry and "
+                f"every row exactly as vanilla computes them, yet it still differs from vanilla (at token "
+                f"{sv.get('first_mismatch')}), while vanilla repeats itself. Batched numerics cannot explain that: "
+                f"the loop or its cache is wrong (a rejected draft kept by the rollback, an accepted token's KV "
+                f"entry lost, a draft accepted that the target did not pick, wrong positions). This is worth a bug "
+                f"report: attach the trace.{ctrl}")
+    if rule == "vanilla-repeat-disagrees":
+        rep = sv.get("vanilla_repeat") or next(
+            (c for c in d.get("controls") or [] if c.get("name") == "vanilla-twice"), {})
+        return (f"{pre}Vanilla decoding run again on a fresh context gives different tokens (first at token "
+                f"{rep.get('first_mismatch')}): this backend is not deterministic, so a fork between the arms "
+                f"says nothing about speculative decoding. Report the nondeterminism to the backend (threads, "
+                f"GPU atomics).{ctrl}")
+    if verdict == "near-tie":
+        how = ("within the largest shift seen before the fork" if rule == "gap-within-envelope"
+               else f"above the largest shift seen before the fork but under the far threshold {th['far']:.3f}")
+        return (f"{pre}Both teacher-forced replays reproduce what the arms did, from clean contexts: one token per "
+                f"pass picks {a} by {d['gap']:.4f} logits over {b}; the speculative arm's own {sp['shape']} "
+                f"picks {b} by {sp['gap']:.4f}. Between the two shapes this target's logits move by up to "
+                f"{env['max']:.4f} (p95 {env['p95']:.4f}) over the shared prefix, and the gap is {how}: the "
+                f"argmax flipped on a near-tie through batched-versus-single rounding. This is expected on "
+                f"quantized targets and is not a bug in the speculative loop.{ctrl}")
+    if verdict == "state":
+        if rule == "speculative-unreproducible":
+            dev = sp["first_deviation"]
+            st = trace.speculative.steps[dev]
+            return (f"{pre}Rebuilding the speculative arm's KV state from its own recorded batches on a clean "
+                    f"context gives different logits from what the arm recorded, from token {dev} on (round "
+                    f"{st.round}, up to {sp['max_recorded_delta']:.4f} logits off), and a second clean replay agrees "
+                    f"with the first. So the arm's state was not the state its accepted tokens imply"
+                    f"{'; from a clean state its verify pass picks ' + _piece(trace, sp['token']) + ', not ' + b if not sp['reproduces_token'] else ''}. "
+                    f"Suspect the KV rollback (a rejected draft kept), wrong positions, or injected state. "
+                    f"This is worth a bug report: attach the trace.{ctrl}")
+        if rule == "vanilla-unreproducible":
+            dev = rp["single"]["first_deviation"]
+            return (f"{pre}Replaying plain greedy on a clean context gives different logits from what the vanilla "
+                    f"arm recorded, from token {dev} on, while two clean replays agree: the vanilla arm's context "
+                    f"was not clean. This is worth a bug report: attach the trace.{ctrl}")
+        serial = (" The serial-verify control reproduces vanilla, so the loop and its cache are right: the batched "
+                  "verify pass itself computes something else (kernels or positions in passes of more than one "
+                  "token)." if sv.get("identical_to_vanilla") else "")
+        return (f"{pre}Both replays reproduce their tokens, but the gap at the fork, {d['gap']:.4f} logits, is far "
+                f"beyond what batched-versus-single numerics move logits anywhere else in the shared prefix "
+                f"(max {env['max']:.4f}; far means above {th['far']:.3f}). Rounding does not do that: suspect "
+                f"positions or batch handling in the verify pass.{serial} This is worth a bug report: attach the "
+                f"trace.{ctrl}")
+    # nondeterministic, from the replays
+    which = "vanilla" if rule == "vanilla-replays-disagree" else "speculative"
+    key = "single" if which == "vanilla" else "speculative"
+    dev = rp[key]["first_deviation"]
+    return (f"{pre}The {which} arm does not reproduce itself: replaying it twice from clean contexts in its own "
+            f"shape gives different logits (first at token {dev}). With a nondeterministic backend a fork between "
+            f"the arms says nothing about speculative decoding; report the nondeterminism to the backend "
+            f"(threads, GPU atomics) and run the controls.{ctrl}")
+
+
+def format_verdict(diag: dict[str, Any]) -> str:
+    """The readable lines ``specview run`` prints after its summary: the verdict, then the serial-verify control."""
+    verdict = diag.get("verdict")
+    th = diag.get("thresholds") or {}
+    lines = []
+    ref_line = reference_line(diag.get("reference"))
+    if ref_line and ref_line.startswith("BACKEND"):
+        lines.append(ref_line)
+    lines.append(f"VERDICT  {str(verdict).upper()}" + (f"  (rule {diag['rule']})" if diag.get("rule") else ""))
+    sv = serial_line(diag.get("serial_verify"))
+    if sv:
+        lines.append("  " + sv)
+    if ref_line and not ref_line.startswith("BACKEND"):
+        lines.append("  " + ref_line)
+    rp = diag.get("replays")
+    env = diag.get("envelope")
+    if diag.get("fork") is not None and rp:
+        si, sp = rp["single"], rp["speculative"]
+        vp, sp_ = diag.get("vanilla_piece"), diag.get("speculative_piece")
+        lines.append(f"  fork at token {diag['fork']}: a = vanilla {diag['vanilla_token']}"
+                     f"{'' if vp is None else ' ' + repr(vp)}, b = speculative {diag['speculative_token']}"
+                     f"{'' if sp_ is None else ' ' + repr(sp_)}")
+        lines.append(f"  gap (one token per pass)  logit(a) - logit(b) = {si['gap']:.4f}; ranks a {si['rank_a']}, "
+                     f"b {si['rank_b']}; replay picks {si['token']} "
+                     f"({'reproduces vanilla' if si['reproduced'] else 'does NOT reproduce vanilla'})")
+        lines.append(f"  speculative shape ({sp['shape']})  logit(b) - logit(a) = {sp['gap']:.4f}; "
+                     f"ranks b {sp['rank_b']}, a {sp['rank_a']}; replay picks {sp['token']} "
+                     f"({'reproduces the speculative arm' if sp['reproduced'] else 'does NOT reproduce the speculative arm'})")
+        for key, name in (("single", "vanilla"), ("speculative", "speculative")):
+            r = rp[key]
+            if not r["reproduced"]:
+                rr = r["rerun_consistent"]
+                lines.append(f"  {name} replay deviates from the record at token {r['first_deviation']} "
+                             f"(up to {r['max_recorded_delta']:.4f} logits); a second clean replay "
+                             f"{'agrees with the first' if rr else 'differs from the first'}")
+    if env:
+        at_fork = f", at the fork {env['at_fork']:.4f}" if env.get("at_fork") is not None else ""
+        if env["max"] is None:
+            lines.append(f"  envelope  no shared positions before the fork{at_fork}")
+        else:
+            lines.append(f"  envelope  max {env['max']:.4f}, p95 {env['p95']:.4f}, median {env['median']:.4f} "
+                         f"logits over {env['positions']} shared positions (top-{env['top_k']} union){at_fork}")
+    if th.get("far") is not None:
+        nt = th.get("near_tie")
+        lines.append(f"  thresholds  (supporting numbers; they decide only where the serial-verify control cannot "
+                     f"run) near-tie: both replays reproduce and gap <= far; within the envelope: gap <= "
+                     f"max {'n/a' if nt is None else f'{nt:.4f}'}; state: gap > far = max({th['far_factor']:g} x "
+                     f"envelope max, {th['far_floor']:g}) = {th['far']:.4f}, or a replay that does not reproduce "
+                     f"its arm (tolerance {th['logit_tol']:g} logits)")
+    else:
+        lines.append(f"  thresholds  identical: every token equal; replays run only on a fork "
+                     f"(far factor {th.get('far_factor', FAR_FACTOR):g}, floor {th.get('far_floor', FAR_FLOOR):g}, "
+                     f"tolerance {th.get('logit_tol', LOGIT_TOL):g})")
+    ar = diag.get("at_risk")
+    if ar is not None and th.get("at_risk") is not None:
+        lines.append(f"  at risk  {len(ar)} vanilla positions have a top-1/top-2 margin below the envelope max "
+                     f"{th['at_risk']:.4f}" + (f": {', '.join(map(str, ar[:12]))}{' ...' if len(ar) > 12 else ''}"
+                                                if ar else ""))
+    ctrls = diag.get("controls")
+    if ctrls:
+        lines.append("  controls")
+        for c in ctrls:
+            if c.get("skipped"):
+                res = f"skipped ({c['skipped']})"
+            elif c["identical"]:
+                drafted = f", {c['n_drafted']} drafted" if c.get("n_drafted") is not None else ""
+                res = f"identical ({c['n_tokens']} tokens{drafted})"
+            else:
+                res = f"diverges at token {c['first_mismatch']}"
+            lines.append(f"    {c['name']:<14} {res}  - {c['description']}")
+    lines.append("  " + diag.get("explanation", ""))
+    return "\n".join(lines)
