@@ -58,7 +58,7 @@ from .config import EngineSettings, check_value
 from .errors import BackendUnavailable, Cancelled, ConfigError, SpecviewError
 from .generate import prefill
 from .prompts import PromptError, PromptSpec, builtin_names, builtin_prompts
-from .kernels_text import heatmap, ranges, table
+from .kernels_text import heatmap, ranges, settings_label, table
 from .topk import topk
 from .trace import json_safe, read_json, write_atomic
 
@@ -112,19 +112,6 @@ def parse_widths(text: str) -> tuple[int, ...]:
             raise ConfigError(f"widths: {part!r} must be widths >= 1, ranges low-high", setting="widths")
         out.update(range(a, b + 1))
     return tuple(sorted(out))
-
-
-def settings_label(settings: EngineSettings) -> str:
-    """The settings that differ from the defaults, short: ``fa on, ub 1`` ('' for the defaults)."""
-    short = {"flash_attn": "fa", "n_ubatch": "ub", "n_batch": "b", "threads": "t", "kv_type": "kv",
-             "gpu_layers": "ngl"}
-    base = EngineSettings()
-    parts = []
-    for name, abbr in short.items():
-        v = getattr(settings, name)
-        if v != getattr(base, name):
-            parts.append(f"{abbr} {v}")
-    return ", ".join(parts)
 
 
 # -- results -----------------------------------------------------------------------------

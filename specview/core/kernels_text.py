@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+from .config import EngineSettings
+
 # the map's classes (specview.core.kernels) are duck-typed here: kernels imports this module, not the reverse
 KernelMap = TargetMap = WidthStats = Any
 
@@ -33,6 +35,19 @@ def ranges(ws: Sequence[int]) -> str:
         out.append(str(ws[i]) if i == j else f"{ws[i]}-{ws[j]}")
         i = j + 1
     return ", ".join(out)
+
+
+def settings_label(settings: EngineSettings) -> str:
+    """The settings that differ from the defaults, short: ``fa on, ub 1`` ('' for the defaults)."""
+    short = {"flash_attn": "fa", "n_ubatch": "ub", "n_batch": "b", "threads": "t", "kv_type": "kv",
+             "gpu_layers": "ngl"}
+    base = EngineSettings()
+    parts = []
+    for name, abbr in short.items():
+        v = getattr(settings, name)
+        if v != getattr(base, name):
+            parts.append(f"{abbr} {v}")
+    return ", ".join(parts)
 
 
 def cell(st: WidthStats | None) -> str:

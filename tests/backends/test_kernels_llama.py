@@ -85,5 +85,5 @@ def test_tiny_model_width_matches_direct_computation(tiny_target, width):
 def test_demo_width_matches_direct_computation(demo_paths):
     with Session() as s:
         km = check_width(s, str(demo_paths["Q8_0"]), ["Write an essay on the importance of sleep for students."],
-                         4, 8, EngineSettings())
+                         4, 8, EngineSettings(threads=1))
     assert km.targets[0].model.get("quantization") == "Q8_0"
