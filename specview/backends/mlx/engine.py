@@ -31,6 +31,7 @@ from .folders import (
     display_name,
     folder_quantization,
     folder_size,
+    kv_group_size,
 )
 from .lib import _kind_of, _mx, _Pieces, _tokenizer_kind, _wire_memory, mlx_environment
 
@@ -312,18 +313,7 @@ class MLXEngine(Engine):
         return cache
 
     def _kv_group_size(self) -> int:
-        cfg = self.model.config
-        hd = _text_cfg(cfg, "head_dim")
-        if not hd:
-            hidden, heads = _text_cfg(cfg, "hidden_size"), _text_cfg(cfg, "num_attention_heads")
-            hd = hidden // heads if hidden and heads else 64
-        for g in (64, 32):
-            if int(hd) % g == 0:
-                return g
-        raise SpecviewError(
-            f"{self.model.path.name}: a quantized KV cache needs a head size divisible by 32 (it is {hd}); "
-            "use --kv-type f16"
-        )
+        return kv_group_size(self.model.config, name=self.model.path.name)
 
     def _stream(self) -> Any:
         if self._tls_stream is not None:

@@ -12,7 +12,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from ...core.errors import ModelFileError
+from ...core.errors import ModelFileError, SpecviewError
 
 
 def _read_config(folder: Path) -> dict[str, Any]:
@@ -148,3 +148,17 @@ def display_name(folder: Path) -> str:
     if repo is not None:
         return repo.name.split("--", 2)[-1]
     return folder.name
+
+
+def kv_group_size(cfg: dict[str, Any], *, name: str = "the model") -> int:
+    """The group size of a quantized KV cache for this model: 64, or 32 where the head size needs it."""
+    hd = _text_cfg(cfg, "head_dim")
+    if not hd:
+        hidden, heads = _text_cfg(cfg, "hidden_size"), _text_cfg(cfg, "num_attention_heads")
+        hd = hidden // heads if hidden and heads else 64
+    for g in (64, 32):
+        if int(hd) % g == 0:
+            return g
+    raise SpecviewError(
+        f"{name}: a quantized KV cache needs a head size divisible by 32 (it is {hd}); use --kv-type f16"
+    )
