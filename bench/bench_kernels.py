@@ -11,7 +11,8 @@ mean is the baseline, so a machine that slows down or speeds up during the
 bench hurts both sides alike).  Every model is loaded before anything is timed.
 Goal: the map costs no more than the baseline.
 
-Also printed: forward passes and rows the map ran, what the same map would cost
+``--stop-at-difference`` maps as ``specview prescribe`` does (a width is not
+measured further once a row differs).  Also printed: forward passes and rows the map ran, what the same map would cost
 with a separate single-token walk per width (the schedule the map avoids by
 rolling one walk back for every width), and the per-width table and heatmap.
 """
@@ -34,6 +35,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--table", action="store_true", help="also print the per-width tables")
+    ap.add_argument("--stop-at-difference", action="store_true",
+                    help="map as `specview prescribe` does: a width stops at its first differing row")
     args = ap.parse_args()
 
     from specview.core.config import DEMO_DRAFT, DEMO_TARGET, EngineSettings, RunConfig
@@ -66,10 +69,11 @@ def main() -> int:
           f"{args.threads or 'all'}", flush=True)
     b1 = baseline()
     print(f"kernel map: {len(targets)} targets x {len(prompts)} prompts, widths {args.widths}, "
-          f"{args.positions} positions each", flush=True)
+          f"{args.positions} positions each{', stopping a width at its first difference' if args.stop_at_difference else ''}",
+          flush=True)
     t0 = time.perf_counter()
     km = kernel_map(session, targets, prompts, widths, args.positions, settings,
-                    progress=lambda m: print(f"  {m}", flush=True))
+                    progress=lambda m: print(f"  {m}", flush=True), stop_at_difference=args.stop_at_difference)
     t_map = time.perf_counter() - t0
     b2 = baseline()
     base = (b1 + b2) / 2
@@ -86,8 +90,10 @@ def main() -> int:
         print()
     print(km.heatmap())
     print()
-    print(f"forward passes: {pairs * (walk + blocks)} ({pairs} x ({walk} single-token walk + {blocks} verify blocks)); "
-          f"rows compared: {pairs * rows}; a walk per width would take {naive} passes")
+    measured = sum(st.rows for t in km.targets for st in t.widths.values())
+    print(f"schedule: {pairs} x ({walk} single-token walk + {blocks} verify blocks) = {pairs * (walk + blocks)} "
+          f"forward passes, {pairs * rows} rows; rows compared: {measured}; a separate walk per width would take "
+          f"{naive} passes")
     for t in km.targets:
         print(f"  {t.label:<14} {t.seconds:7.1f} s   safe widths {t.safe_widths()}   safe n_max {t.safe_n_max()}")
     print(f"kernel map: {t_map:.1f} s; one {args.tokens}-token run of both arms: {base:.1f} s "

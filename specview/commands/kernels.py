@@ -21,8 +21,8 @@ def _csv(text: str) -> list[str]:
     return out
 
 
-def add_map_flags(p: argparse.ArgumentParser, *, widths: str = "1-16",
-                  positions: int = DEFAULT_POSITIONS) -> argparse._ArgumentGroup:
+def add_map_flags(p: argparse.ArgumentParser, *, widths: str = "1-16", positions: int = DEFAULT_POSITIONS,
+                  stop: bool = False) -> argparse._ArgumentGroup:
     """The flags that say what to map: targets, prompts, widths, positions, and the engine settings."""
     g = p.add_argument_group("map")
     g.add_argument("-m", "--targets", "--target", dest="targets", action="append", type=_csv, default=None,
@@ -36,6 +36,10 @@ def add_map_flags(p: argparse.ArgumentParser, *, widths: str = "1-16",
                    f"(the rollback control) is always mapped (default {widths})")
     g.add_argument("--positions", type=int, default=positions,
                    help=f"teacher-forced positions per prompt at every width (default {positions})")
+    g.add_argument("--stop-at-difference", action=argparse.BooleanOptionalAction, default=stop,
+                   help="stop measuring a width at its first row that differs: which widths are bit-identical is "
+                   "answered as fully, in less time, but a differing width's figures cover only the rows measured "
+                   f"(default {'on' if stop else 'off'})")
     g.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     skip = [f.name for f in declared(RunConfig) if f.name not in ("chat", "top_k")]
     # the context is sized to the map; settings declared for one engine only (a server's binary) do not apply
@@ -134,7 +138,8 @@ def map_from_args(args: argparse.Namespace, session, progress: Progress):
              f"widths {args.widths}, {args.positions} positions each")
     try:
         return kernel_map(session, targets, prompts, widths, args.positions, settings,
-                          backend=args.backend or "llama.cpp", top_k=args.top_k or 8, progress=progress)
+                          backend=args.backend or "llama.cpp", top_k=args.top_k or 8, progress=progress,
+                          stop_at_difference=args.stop_at_difference)
     except ConfigError as exc:
         raise cli_error(exc) from None
 

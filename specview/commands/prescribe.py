@@ -37,7 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         epilog="Example: specview prescribe --targets demo:Q8_0,demo:Q4_K_M --suite-results suite.json. "
         "Exit status: 0 done, 2 error, 130 interrupted.",
     )
-    g = add_map_flags(p, widths=DEFAULT_WIDTHS, positions=DEFAULT_POSITIONS)
+    g = add_map_flags(p, widths=DEFAULT_WIDTHS, positions=DEFAULT_POSITIONS, stop=True)
     g.add_argument("--map", dest="map_file", metavar="FILE", default=None,
                    help="use a saved kernel map (specview kernels -o FILE) instead of mapping again; its targets, "
                    "prompts and settings are used")

@@ -132,6 +132,8 @@ class WidthStats:
     flip_at: list[tuple[str, int]] = field(default_factory=list)
     #: the first row that was not bit-identical: (prompt, token index, row of the pass), or None
     first_difference: tuple[str, int, int] | None = None
+    #: measuring stopped at the first differing row (the figures cover the rows measured)
+    stopped: bool = False
 
     @property
     def bit_identical(self) -> bool:
@@ -149,6 +151,7 @@ class WidthStats:
             "below_shift": self.below_shift, "differing_by_row": list(self.differing_by_row),
             "flip_at": [list(x) for x in self.flip_at],
             "first_difference": list(self.first_difference) if self.first_difference else None,
+            "stopped": self.stopped,
         }
 
     @classmethod
@@ -162,6 +165,7 @@ class WidthStats:
             differing_by_row=[int(x) for x in d.get("differing_by_row", [])],
             flip_at=[(str(p), int(j)) for p, j in d.get("flip_at", [])],
             first_difference=(str(fd[0]), int(fd[1]), int(fd[2])) if fd else None,
+            stopped=bool(d.get("stopped", False)),
         )
 
 
@@ -432,8 +436,13 @@ def _not_in_process(backend: str) -> str:
 def map_target(session: Any, target: str, prompts: Sequence[PromptSpec], widths: Sequence[int], positions: int,
                settings: EngineSettings, *, backend: str = "llama.cpp", top_k: int = DEFAULT_TOP_K,
                progress: ProgressFn | None = None, cancel: CancelFn | None = None,
-               on_pass: Callable[[int], None] | None = None) -> TargetMap:
-    """One row of the map (see the module docstring for the method)."""
+               on_pass: Callable[[int], None] | None = None, stop_at_difference: bool = False) -> TargetMap:
+    """One row of the map (see the module docstring for the method).
+
+    ``stop_at_difference``: a width is not measured further once one of its rows
+    differs (which widths are bit-identical is still fully answered; a stopped
+    width's figures cover only the rows measured).
+    """
     say = progress or (lambda msg: None)
     cancel = cancel or (lambda: False)
     t0 = time.perf_counter()
@@ -455,6 +464,7 @@ def map_target(session: Any, target: str, prompts: Sequence[PromptSpec], widths:
         raise ConfigError(f"widths go up to {max(widths)} but the batch size is {eng.n_batch}: one verify pass "
                           f"cannot be wider than -b; raise --n-batch or narrow --widths", setting="n_batch")
     accs = {w: _Acc(w) for w in widths}
+    stopped: set[int] = set()
     out_prompts = []
     for p, toks in zip(prompts, seqs):
         if cancel():
@@ -487,11 +497,18 @@ def map_target(session: Any, target: str, prompts: Sequence[PromptSpec], widths:
         for s, w in blocks:
             if cancel():
                 raise Cancelled("kernel map cancelled")
+            if w in stopped:
+                if on_pass:
+                    on_pass(1)
+                continue
             eng.truncate(n_prompt + s - 1)
             out = eng.eval(seq[s - 1:s - 1 + w], rows=range(w))
             for i in range(w):
                 j = s + i
                 accs[w].see(p.name, j, i, rows[j], out[i], tops, top_k, margins[j])
+            if stop_at_difference and accs[w].stats.identical < accs[w].stats.rows:
+                stopped.add(w)
+                accs[w].stats.stopped = True
             if on_pass:
                 on_pass(1)
         out_prompts.append(PromptSequence(name=p.name, prompt_tokens=toks, tokens=seq, positions=positions))
@@ -522,6 +539,7 @@ def kernel_map(
     progress: ProgressFn | None = None,
     cancel: CancelFn | None = None,
     on_fraction: Callable[[float], None] | None = None,
+    stop_at_difference: bool = False,
 ) -> KernelMap:
     """Map every target (under every settings given) over ``prompts`` at ``widths``.
 
@@ -529,7 +547,9 @@ def kernel_map(
     loaded models to use (None: a new one for ``backend``, closed afterwards).
     ``progress`` gets one line per target and prompt; ``on_fraction`` the share of
     forward passes done; ``cancel`` is checked between forward passes and raises
-    :class:`~specview.core.errors.Cancelled`.
+    :class:`~specview.core.errors.Cancelled`.  ``stop_at_difference`` stops
+    measuring a width at its first differing row: the safe widths are answered
+    as fully, for less (see :func:`map_target`).
     """
     t0 = time.perf_counter()
     owned = session_or_runner is None
@@ -566,7 +586,8 @@ def kernel_map(
         for target in targets:
             for st in settings_list:
                 rows.append(map_target(session, target, kprompts, widths, positions, st, backend=backend,
-                                       top_k=top_k, progress=progress, cancel=cancel, on_pass=tick))
+                                       top_k=top_k, progress=progress, cancel=cancel, on_pass=tick,
+                                       stop_at_difference=stop_at_difference))
         env = _environment(backend)
     finally:
         if owned:

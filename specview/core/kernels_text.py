@@ -115,6 +115,8 @@ def target_table(t: TargetMap) -> str:
             mark = "  = single-token" if w > 1 else "  = control (the same pass after a rollback)"
         elif w == 1:
             mark = "  ! control failed: not deterministic"
+        if st.stopped:
+            mark += "  (stopped at the first difference)"
         lines.append(f"  {w:>5} {st.rows:>6} {share:>16} {_num(st.max_delta):>9} {_num(st.p95_delta):>9} "
                      f"{st.flips:>6} {st.below_shift:>14}{mark}")
     lines.append("  " + verdict_line(t))

@@ -356,7 +356,7 @@ def prescribe(
             st1 = replace(t.settings, n_ubatch=1)
             say(f"prescription: mapping {t.target} with -ub 1 over widths 1-{n + 1}")
             km1 = kernel_map(session, [t.target], prompts, range(1, n + 2), kmap.positions, st1, backend=backend,
-                             top_k=kmap.top_k, progress=progress, cancel=cancel)
+                             top_k=kmap.top_k, progress=progress, cancel=cancel, stop_at_difference=True)
             t1 = km1.targets[0]
             proven = t1.safe_n_max() is not None and t1.safe_n_max() >= n
             m1 = speed(n, st1)

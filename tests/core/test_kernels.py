@@ -14,6 +14,7 @@ from specview.core.engine import LoadedModel
 from specview.core.errors import BackendUnavailable, Cancelled, ConfigError
 from specview.core.kernels import (KernelMap, KernelMapError, block_starts, kernel_map, parse_widths,
                                    passes_needed, tokens_needed)
+from specview.core.kernels_text import target_table
 from specview.core.registry import register_backend, unregister_backend
 from specview.core.session import InProcessBackend, Session
 
@@ -238,3 +239,20 @@ def test_refusals(toy):
 
     with pytest.raises(BackendUnavailable, match="--engine llama.cpp"):
         kernel_map(ServerLike(), ["x"], PROMPTS, backend="llama-server")
+
+
+def test_stop_at_difference_answers_the_same_widths_for_less(toy):
+    args = (toy, ["dispatch:4:1.0"], PROMPTS)
+    kw = dict(widths=range(1, 7), positions=12, backend="kernels-toy")
+    full = kernel_map(*args, **kw).targets[0]
+    fr = []
+    quick = kernel_map(*args, **kw, stop_at_difference=True, on_fraction=fr.append).targets[0]
+    assert quick.safe_widths() == full.safe_widths() == [1, 2, 3]
+    for w in range(1, 7):
+        a, b = full.widths[w], quick.widths[w]
+        if w < 4:
+            assert (b.rows, b.identical, b.stopped) == (a.rows, a.identical, False)
+        else:
+            assert b.stopped and b.rows == w < a.rows and b.identical == 0  # one block, then no more
+    assert fr[-1] == pytest.approx(1.0)
+    assert "stopped at the first difference" in target_table(quick)
