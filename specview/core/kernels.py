@@ -107,9 +107,9 @@ def parse_widths(text: str) -> tuple[int, ...]:
         try:
             a, b = int(lo), int(hi) if sep else int(lo)
         except ValueError:
-            raise ConfigError(f"widths: {part!r} is not a width or a range like 1-16", setting="widths") from None
+            raise ConfigError(f"{part!r} is not a width or a range like 1-16", setting="widths") from None
         if a < 1 or b < a:
-            raise ConfigError(f"widths: {part!r} must be widths >= 1, ranges low-high", setting="widths")
+            raise ConfigError(f"{part!r}: widths are >= 1 and ranges run low-high", setting="widths")
         out.update(range(a, b + 1))
     return tuple(sorted(out))
 

@@ -21,6 +21,8 @@ def _num(x: float) -> str:
         return "n/a"
     if x == 0:
         return "0"
+    if x < 1e-3:
+        return f"{x:.1e}"
     return f"{x:.4f}" if x < 100 else f"{x:.1f}"
 
 
@@ -102,7 +104,7 @@ def verdict_line(t: TargetMap) -> str:
 
 def target_table(t: TargetMap) -> str:
     q = t.model.get("quantization") or "?"
-    head = (f"{t.label}  ({q}; {t.threads_used or '?'} threads; {len(t.prompts)} prompt(s) x "
+    head = (f"{t.label}  ({q}; threads {t.threads_used or '?'}; {len(t.prompts)} prompt(s) x "
             f"{t.prompts[0].positions if t.prompts else 0} positions; {t.seconds:.1f} s)")
     cols = (f"  {'width':>5} {'rows':>6} {'bit-identical':>16} {'max|Δ|':>9} {'p95|Δ|':>9} {'flips':>6} "
             f"{'margin<max|Δ|':>14}")
