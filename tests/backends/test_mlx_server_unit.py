@@ -144,3 +144,16 @@ def test_the_backend_is_registered_and_describes_itself():
     assert (be.name, be.model_kind, be.in_process) == ("mlx-server", "folder", False)
     assert be.spec_types() == ["none", "draft-simple"]
     assert be.label == "mlx_lm.server"
+
+
+def test_doctor_names_the_program_or_says_what_to_do():
+    pytest.importorskip("mlx.core")
+    pytest.importorskip("mlx_lm")
+    from specview.core.config import EngineSettings
+    from specview.core.registry import get_backend
+
+    be = get_backend("mlx-server")
+    found = be.setup_facts(EngineSettings())
+    assert [f.name for f in found] == ["program", "in_process"] and found[0].status == "ok"
+    missing = be.setup_facts(EngineSettings(server_bin="/nowhere/mlx_lm.server"))
+    assert missing[0].value is None and "does not exist" in missing[0].text and missing[0].advice

@@ -77,6 +77,26 @@ class MLXServerBackend(Backend):
 
         return {f"in_process_{k}": v for k, v in mlx_environment().items()}
 
+    def setup_facts(self, settings: EngineSettings, *, deep: bool = True) -> list[Any]:
+        """The program specview would start, and the mlx-lm it diagnoses with (no server is started)."""
+        from ...core.facts import Fact
+        from ..local_server.process import ServerError
+        from ..mlx.lib import mlx_environment
+        from .process import find_server_program
+
+        env = mlx_environment()
+        inproc = Fact(self.name, "in_process", {k: env.get(k) for k in ("mlx", "mlx_lm")},
+                      f"in process (prompt tokens, diagnosis): mlx {env.get('mlx')}, mlx-lm {env.get('mlx_lm')}",
+                      "info")
+        try:
+            program = find_server_program(settings.server_bin or None)
+        except ServerError as exc:
+            return [Fact(self.name, "program", None, f"mlx_lm.server: not found ({exc})", "info",
+                         advice="pip install 'specview[mlx]', or give --server-bin PATH"), inproc]
+        import shlex
+
+        return [Fact(self.name, "program", program, f"mlx_lm.server: {shlex.join(program)}", "ok"), inproc]
+
     def runner(self, *, progress: ProgressFn | None = None) -> Any:
         from .runner import MLXServerRunner
 
