@@ -82,6 +82,15 @@ def _is_token(t: Any) -> bool:
     return isinstance(t, int) and not isinstance(t, bool) and t >= 0
 
 
+def user_path(path: str | os.PathLike[str]) -> Path:
+    """``path`` with a leading ``~`` or ``~user`` expanded where that user exists, else as written."""
+    p = Path(path)
+    try:
+        return p.expanduser()
+    except (RuntimeError, KeyError):  # "~name" of no user on this machine: a file name that starts with ~
+        return p
+
+
 def builtin_names() -> list[str]:
     return sorted(f.stem for f in PROMPTS_DIR.glob("*.txt"))
 
@@ -103,7 +112,7 @@ def builtin_prompts(names: Iterable[str] | None = None) -> list[PromptSpec]:
 
 def read_text_file(path: str | os.PathLike[str], what: str = "prompt file") -> str:
     """A UTF-8 text file's contents, or :class:`PromptError` naming the file."""
-    p = Path(path).expanduser()
+    p = user_path(path)
     try:
         return p.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -116,7 +125,7 @@ def read_text_file(path: str | os.PathLike[str], what: str = "prompt file") -> s
 
 def prompt_from_file(path: str | os.PathLike[str], *, chat: bool = True, name: str | None = None,
                      category: str | None = None) -> PromptSpec:
-    p = Path(path).expanduser()
+    p = user_path(path)
     return PromptSpec(name=name or p.stem, text=read_text_file(p), chat=chat, category=category)
 
 
@@ -125,7 +134,7 @@ def read_toml(path: str | os.PathLike[str], error: type[SpecviewError] = PromptE
     """A TOML file as a dict, or ``error`` naming the file (unreadable, not UTF-8, not TOML, nested too deeply)."""
     import tomllib
 
-    p = Path(path).expanduser()
+    p = user_path(path)
     try:
         raw = p.read_bytes()
     except FileNotFoundError:

@@ -170,7 +170,10 @@ def strip_code_spans(line: str) -> str:
     """Remove CommonMark code spans (a backtick run, then the same-length run)."""
     out, i = [], 0
     while i < len(line):
-        if line[i] == "`":
+        if line[i] == "\\" and i + 1 < len(line) and line[i + 1] in "`\\":  # an escaped backtick opens nothing
+            out.append(line[i:i + 2])
+            i += 2
+        elif line[i] == "`":
             j = i
             while j < len(line) and line[j] == "`":
                 j += 1

@@ -20,7 +20,8 @@ from typing import Any
 from ..config import (DEMO_DRAFT, DEMO_TARGET, SPEC_TYPES_IN_PROCESS, EngineSettings, RunConfig, _kind, axes,
                       check_value, declared, default_of, field_of, settings_class)
 from ..errors import ConfigError, SpecviewError
-from ..prompts import PromptError, PromptSpec, builtin_prompts, prompt_from_file, read_toml, suite_prompts
+from ..prompts import (PromptError, PromptSpec, builtin_prompts, prompt_from_file, read_toml, suite_prompts,
+                       user_path)
 
 #: drafters that are a spec type rather than a draft model
 NON_MODEL_DRAFTERS = tuple(t for t in SPEC_TYPES_IN_PROCESS if t != "draft-simple")
@@ -149,9 +150,9 @@ class _SpecMethods:
                 elif kind == "folder":
                     # model folders, or Hugging Face ids (org/name) fetched at load time
                     is_id = not name.startswith(("/", ".", "~")) and name.count("/") == 1
-                    if not (Path(name).expanduser().is_dir() or is_id):
+                    if not (user_path(name).is_dir() or is_id):
                         raise MatrixError(f"{where}{role} {name}: no such {self.backend} model folder")
-                elif kind == "gguf" and not Path(name).expanduser().is_file():
+                elif kind == "gguf" and not user_path(name).is_file():
                     raise MatrixError(f"{where}{role} {name}: no such file")
 
     def to_json(self) -> dict[str, Any]:
@@ -266,7 +267,8 @@ def _engine(eng: dict[str, Any], where: str, *, strict: bool) -> EngineSettings:
             raise MatrixError(f"{where}: unknown [engine] key(s) {', '.join(sorted(map(str, bad)))}; known: "
                               f"{', '.join(sorted(allowed))}"
                               + (f" ({', '.join(hint)} is an axis: a top-level key)" if hint else ""))
-    kw = {k: _checked(EngineSettings, k, v, f"{where}.{k}") for k, v in eng.items() if k in allowed}
+    prefix = f"{where}: [engine] " if strict else f"{where}."
+    kw = {k: _checked(EngineSettings, k, v, f"{prefix}{k}") for k, v in eng.items() if k in allowed}
     return EngineSettings(**kw)
 
 
@@ -303,7 +305,7 @@ def _prompt_entry(i: int, entry: Any, base: Path, chat: bool, source: str) -> Pr
     if "file" in entry:
         if not isinstance(entry["file"], str):
             raise MatrixError(f"{where}.file must be a file name")
-        f = Path(entry["file"]).expanduser()
+        f = user_path(entry["file"])
         if not f.is_absolute():
             f = base / f
         try:
@@ -320,7 +322,7 @@ def _model_path(name: str, base: Path) -> str:
 
     if name in NON_MODEL_DRAFTERS or is_demo_name(name):
         return name
-    p = Path(name).expanduser()
+    p = user_path(name)
     if not p.is_absolute():
         p = base / p
     return str(p)
@@ -400,6 +402,6 @@ def spec_from_dict(d: Any, *, base: Path | None = None, source: str | None = Non
 
 def load_spec(path: str | os.PathLike[str]) -> MatrixSpec:
     """Read a matrix definition from a TOML file (``docs/matrix.md`` shows one)."""
-    p = Path(path).expanduser()
+    p = user_path(path)
     return spec_from_dict(read_toml(p, MatrixError), base=p.parent, source=str(p))
 

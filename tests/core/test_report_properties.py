@@ -1,0 +1,236 @@
+"""Property-based tests for the files specview reads and the reports it writes from them.
+
+Generated traces, matrix documents, TOML matrix specs and prompt files hold hostile values in every field
+(markup, Markdown, control, right-to-left and zero-width characters; huge, negative, NaN and infinite numbers),
+and are also corrupted one field or a few bytes at a time.  The properties:
+
+* reading a file either succeeds or raises specview's own error (:class:`SpecviewError`), never anything else;
+* a report made from whatever was read (HTML and Markdown) never contains markup that came from a field: the
+  HTML parses to specview's own tags only, and the Markdown, rendered by a CommonMark parser with raw HTML
+  allowed, yields only the elements specview writes, as many as it writes.
+
+The examples are fixed (``derandomize``) and few, so the suite stays quick and repeatable.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from strategies import (corrupt_bytes, corrupt_field, markup_text, matrix_docs, toml_specs, traces)
+from test_report import Collect, check_html, check_markdown
+
+from specview.core.errors import SpecviewError
+from specview.core.matrix import (MatrixRun, MatrixSpec, expand, format_rates, grid, load_spec, rates, summarize,
+                                  validate_matrix)
+from specview.core.matrix.cells import cell_config
+from specview.core.prompts import prompt_from_file, read_toml, suite_from_dict
+from specview.core.report import matrix_html, matrix_markdown, trace_html, trace_markdown
+from specview.core.report.write import read_input
+from specview.core.trace import Trace
+
+markdown_it = pytest.importorskip("markdown_it")
+
+FIXED = settings(derandomize=True, max_examples=30, deadline=None, database=None,
+                 phases=(Phase.explicit, Phase.generate),  # a failure is reported as found: shrinking these takes minutes
+                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 16  # the HTML writer embeds bytes as given; the checks parse tags only
+PLOT_FILES = {"margins": "report-margins.png", "acceptance": "report-acceptance.png"}
+MD_TAGS = {"h2", "h3", "h4", "p", "ul", "li", "table", "thead", "tbody", "tr", "th", "td", "code", "pre", "strong",
+           "details", "summary", "sub", "img", "br"}
+
+
+def rendered_markdown(md: str, *, strong: int, imgs: set[str]) -> None:
+    """Render with CommonMark (+ tables, raw HTML on) and check that only specview's own elements come out."""
+    check_markdown(md)
+    page = markdown_it.MarkdownIt("commonmark", {"html": True}).enable("table").render(md)
+    c = Collect()
+    c.feed(page)
+    c.close()
+    assert set(c.tags) <= MD_TAGS, set(c.tags) - MD_TAGS
+    assert not [a for a in c.attrs if a[1].startswith("on")]
+    assert c.tags.count("strong") == strong
+    assert {i.get("src") for i in c.imgs} <= imgs
+    for tag, k, v in c.attrs:
+        if k in ("src", "href"):
+            assert tag == "img" and v in imgs, (tag, k, v)
+
+
+def _bold_cells(doc: dict) -> int:
+    g = grid(doc)
+    return sum(1 for cell in g.at.values() if cell.get("status") == "ok" and not cell.get("identical"))
+
+
+def check_trace_reports(trace: Trace) -> None:
+    check_html(trace_html(trace, {"margins": PNG, "acceptance": PNG}))
+    rendered_markdown(trace_markdown(trace, PLOT_FILES), strong=1, imgs=set(PLOT_FILES.values()))
+
+
+def check_matrix(doc: dict) -> None:
+    """Everything a reader does with a matrix document that passed validation."""
+    summarize(doc)
+    format_rates(rates(doc))
+    check_html(matrix_html(doc), bold=0)
+    rendered_markdown(matrix_markdown(doc), strong=_bold_cells(doc), imgs=set())
+
+
+# -- traces ----------------------------------------------------------------------------------
+@FIXED
+@given(traces())
+def test_trace_reports_never_leak_markup(trace: Trace):
+    with tempfile.TemporaryDirectory() as d:
+        back = Trace.load(trace.save(Path(d) / "t.json"))
+    check_trace_reports(back)
+
+
+@FIXED
+@given(traces(), st.data())
+def test_a_trace_with_one_field_of_another_type_reads_or_is_refused(trace: Trace, data):
+    doc = data.draw(corrupt_field(json.loads(trace.dumps())))
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "t.json"
+        f.write_text(json.dumps(doc), encoding="utf-8")
+        try:
+            kind, obj = read_input(f)
+        except SpecviewError:
+            return
+    if kind == "trace":
+        check_trace_reports(obj)
+    else:
+        check_matrix(obj)
+
+
+@settings(FIXED, max_examples=20)
+@given(traces(), st.data())
+def test_a_trace_file_with_corrupted_bytes_reads_or_is_refused(trace: Trace, data):
+    raw = data.draw(corrupt_bytes(trace.dumps().encode("utf-8")))
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "t.json"
+        f.write_bytes(raw)
+        try:
+            kind, obj = read_input(f)
+        except SpecviewError:
+            return
+    if kind == "trace":
+        check_trace_reports(obj)
+
+
+# -- matrix documents ------------------------------------------------------------------------
+@FIXED
+@given(matrix_docs())
+def test_matrix_reports_never_leak_markup(doc: dict):
+    validate_matrix(doc, source="generated")
+    check_matrix(doc)
+    MatrixSpec.from_json(doc["spec"])
+
+
+@FIXED
+@given(matrix_docs(), st.data())
+def test_a_matrix_with_one_field_of_another_type_reads_or_is_refused(doc: dict, data):
+    bad = data.draw(corrupt_field(doc))
+    try:
+        validate_matrix(bad, source="corrupted")
+    except SpecviewError:
+        return
+    check_matrix(bad)
+
+
+@settings(FIXED, max_examples=20)
+@given(matrix_docs(), st.data())
+def test_a_matrix_file_with_corrupted_bytes_reads_or_is_refused(doc: dict, data):
+    raw = data.draw(corrupt_bytes(json.dumps(doc).encode("utf-8")))
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "m.json"
+        f.write_bytes(raw)
+        try:
+            kind, obj = read_input(f)
+        except SpecviewError:
+            return
+    if kind == "matrix":
+        check_matrix(obj)
+
+
+# -- TOML matrix specs -----------------------------------------------------------------------
+def _spec_or_refusal(path: Path) -> MatrixSpec | None:
+    try:
+        spec = load_spec(path)
+        spec.validate(check_files=False)
+    except SpecviewError:
+        return None
+    try:
+        spec.validate()  # its model names are no files here: refused, never a crash
+    except SpecviewError:
+        pass
+    return spec
+
+
+def _check_spec(spec: MatrixSpec) -> None:
+    cells = expand(spec)
+    for p in cells[:20]:
+        try:
+            cell_config(spec, p)
+        except SpecviewError:
+            pass
+    doc = json.loads(json.dumps(MatrixRun(spec=spec, cells=cells).to_json()))
+    validate_matrix(doc, source="from a TOML spec")
+    check_matrix(doc)
+
+
+@FIXED
+@given(toml_specs())
+def test_a_toml_spec_with_hostile_values_reads_or_is_refused(text: str):
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "m.toml"
+        f.write_text(text, encoding="utf-8")
+        spec = _spec_or_refusal(f)
+    if spec is not None:
+        _check_spec(spec)
+
+
+@settings(FIXED, max_examples=20)
+@given(toml_specs(), st.data())
+def test_a_toml_spec_with_corrupted_bytes_reads_or_is_refused(text: str, data):
+    raw = data.draw(corrupt_bytes(text.encode("utf-8")))
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "m.toml"
+        f.write_bytes(raw)
+        spec = _spec_or_refusal(f)
+    if spec is not None:
+        _check_spec(spec)
+
+
+# -- prompt files and the suite --------------------------------------------------------------
+@settings(FIXED, max_examples=20)
+@given(st.one_of(markup_text.map(lambda s: s.encode("utf-8", "surrogatepass")), st.binary(max_size=64)))
+def test_a_prompt_file_reads_as_its_text_or_is_refused(raw: bytes):
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "p.txt"
+        f.write_bytes(raw)
+        try:
+            p = prompt_from_file(f, category="x")
+        except SpecviewError:
+            with pytest.raises(UnicodeDecodeError):
+                raw.decode("utf-8")
+            return
+    assert p.text == raw.decode("utf-8") and p.name == "p" and p.category == "x"
+
+
+@settings(FIXED, max_examples=20)
+@given(st.data())
+def test_a_suite_file_with_corrupted_bytes_reads_or_is_refused(data):
+    from specview.core.prompts import SUITE_FILE
+
+    raw = data.draw(corrupt_bytes(SUITE_FILE.read_bytes()[:3000]))
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "suite.toml"
+        f.write_bytes(raw)
+        try:
+            prompts = suite_from_dict(read_toml(f), source=str(f))
+        except SpecviewError:
+            return
+    assert all(isinstance(p.text, str) and p.text and isinstance(p.category, str) for p in prompts)
