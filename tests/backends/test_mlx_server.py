@@ -104,7 +104,9 @@ def test_planted_batched_near_tie_is_diagnosed_through_mlx_lm_in_process(models,
     assert (diag["verdict"], diag["rule"]) == ("near-tie", "serial-verify-reproduces-vanilla")
     rp = diag["replays"]
     assert rp["single"]["reproduced"] and rp["speculative"]["reproduced"]
-    assert rp["speculative"]["batch_size"] == 4 and 0 <= rp["speculative"]["batch_index"] < 4
+    shape = rp["speculative"]  # a verify pass of 1 + min(n_max, tokens left) rows emitted the fork token
+    assert 2 <= shape["batch_size"] <= 4 and 0 <= shape["batch_index"] < shape["batch_size"]
+    assert shape["from_draft_flags"][fork] is shape["from_draft"]
     assert diag["serial_verify"]["identical_to_vanilla"] and diag["serial_verify"]["n_tokens"] == 20
     assert abs(diag["gap"] - v.steps[fork].margin) < 1e-4  # logp(a) - logp(b) is the recorded margin
     assert diag["not_measured"] and trace.diagnosis is diag
@@ -128,7 +130,8 @@ def test_planted_rollback_bug_in_the_server_is_a_state_bug(models, tmp_path):
     assert diag["verdict"] == "state" and diag["rule"] == "speculative-unreproducible"
     sp = diag["replays"]["speculative"]
     assert diag["replays"]["single"]["reproduced"] and not sp["reproduced"] and sp["rerun_consistent"]
-    assert sp["first_deviation"] == trace.comparison.first_mismatch.index
+    # the kept draft moves the logits from the first rejection on; the tokens part at the fork or later
+    assert sp["first_deviation"] <= trace.comparison.first_mismatch.index
     assert diag["serial_verify"]["identical_to_vanilla"]
 
 
