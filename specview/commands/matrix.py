@@ -63,7 +63,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         f"{', '.join(axes())} and prompts; record identical / first mismatch, the verdict, "
         "acceptance and speedup per cell; and say in plain words which setting flips the outcome. "
         "With --suite it runs the built-in prompt suite and reports, per setting, the divergence rate with a "
-        "95%% interval, where the forks fall and how large the gaps at the forks are. "
+        "95% interval, where the forks fall and how large the gaps at the forks are. "
         "Each model file is loaded once; the vanilla arm runs once per target, prompt and settings. "
         "Results are rewritten to the JSON file after every cell (schema specview.matrix/1). "
         "List values are comma-separated; list flags may be repeated. Flags override the --config file.",
@@ -97,6 +97,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         if f.metadata.get("choices"):
             act = p._option_string_actions[f.metadata["flags"][0]]
             act.type = _with_choices(act.type, name)
+    _matrix_defaults_in_help(p)
     add_engine_choice(p, groups.get("engine"), matrix=True)
     g = p.add_argument_group("output")
     g.add_argument("-o", "--out", "--json", dest="out", default="matrix.json",
@@ -115,6 +116,20 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     g.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=main)
     return p
+
+
+def _matrix_defaults_in_help(p: argparse.ArgumentParser) -> None:
+    """Where a matrix's default differs from a single run's, its flag's help says the matrix's."""
+    import re
+
+    from ..core.matrix.spec import MATRIX_DEFAULTS
+    from ..core.matrix.suite import SUITE_MAX_TOKENS
+
+    shown = {**{k: str(v) for k, v in MATRIX_DEFAULTS.items()}, "p_min": ",".join(f"{x:g}" for x in DEFAULT_P_MIN)}
+    for act in p._actions:
+        if act.dest in shown and act.help:
+            extra = f"; {SUITE_MAX_TOKENS} with --suite" if act.dest == "max_tokens" else "; 0 with --suite"
+            act.help = re.sub(r"\(default [^)]*\)", f"(default {shown[act.dest]}{extra})", act.help)
 
 
 def _flat(values: list[list[Any]] | None) -> list[Any] | None:
