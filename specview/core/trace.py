@@ -8,14 +8,27 @@ refused with a message naming the file and what is wrong.
 from __future__ import annotations
 
 import json
-import math
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
-from .engine import SpecviewError
+from .errors import SpecviewError
+from .jsonfile import (  # noqa: F401  (read_json, json_safe, write_atomic are imported from here too)
+    MAX_DEPTH,
+    Malformed,
+    as_bool,
+    as_dict,
+    as_int,
+    as_list,
+    as_num,
+    as_str,
+    json_depth,
+    json_safe,
+    read_json,
+    short,
+    write_atomic,
+)
 
 SCHEMA = "specview.trace/1"
 TOP_LEVEL_KEYS = (
@@ -43,7 +56,7 @@ class Step:
     piece: str
     pos: int  # KV position the token will occupy (prompt length + index)
     top_ids: list[int]
-    top_logits: list[float]
+    top_logits: list[float | None]  # None: a logit JSON cannot hold (NaN, infinity), as written to file
     # top-1 minus top-2 logit of the row that produced the token.  Engines that
     # report only probabilities (llama-server) give log-probability differences,
     # which equal logit differences; None where the engine reported nothing.
@@ -58,7 +71,7 @@ class Step:
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
-        d["top_logits"] = [round(float(x), 5) for x in self.top_logits]
+        d["top_logits"] = [None if x is None else round(float(x), 5) for x in self.top_logits]
         d["margin"] = None if self.margin is None else round(float(self.margin), 5)
         if not self.serial:
             del d["serial"]
@@ -72,8 +85,8 @@ class Round:
     index: int
     drafted: int
     accepted: int
-    draft_ms: float
-    verify_ms: float
+    draft_ms: float | None  # None: the engine does not time drafting and verifying apart (llama-server)
+    verify_ms: float | None
     batch_size: int  # T of the verify pass (1 + drafted), prefill chunk for round 0
     first_step: int  # index of the first token this round emitted
     draft_tokens: list[int] = field(default_factory=list)
@@ -82,8 +95,8 @@ class Round:
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
-        d["draft_ms"] = round(self.draft_ms, 3)
-        d["verify_ms"] = round(self.verify_ms, 3)
+        d["draft_ms"] = None if self.draft_ms is None else round(self.draft_ms, 3)
+        d["verify_ms"] = None if self.verify_ms is None else round(self.verify_ms, 3)
         if not self.serial:
             del d["serial"]
         return d
@@ -160,22 +173,39 @@ class ArmResult:
         return d
 
     @classmethod
-    def from_json(cls, name: str, d: dict[str, Any]) -> "ArmResult":
+    def from_json(cls, name: str, d: Any) -> "ArmResult":
+        """The arm ``name`` from its JSON form; :class:`Malformed` names the first field that is wrong."""
+        a = as_dict(d, name)
         arm = cls(name=name)
-        arm.tokens = [int(t) for t in d["tokens"]]
-        arm.text = str(d.get("text", ""))
-        arm.stop_reason = str(d.get("stop_reason", ""))
-        arm.prompt_ms = float(d.get("prompt_ms", 0.0))
-        arm.gen_ms = float(d.get("gen_ms", 0.0))
-        ev = d.get("eval_ms", 0.0)
-        arm.eval_ms = None if ev is None else float(ev)
-        arm.drafter = d.get("drafter")
-        arm.steps = [Step(**s) for s in d["steps"]]
-        arm.rounds = [Round(**r) for r in d.get("rounds", [])]
-        if not arm.rounds and d.get("n_drafted") is not None:  # totals without rounds: an engine's own counts
-            arm.reported_drafted = int(d["n_drafted"])
-            arm.reported_accepted = int(d.get("n_accepted") or 0)
+        arm.tokens = [as_int(t, f"{name}.tokens[{i}]") for i, t in enumerate(as_list(a.get("tokens"), f"{name}.tokens"))]
+        arm.text = as_str(a.get("text"), f"{name}.text")
+        arm.stop_reason = as_str(a.get("stop_reason", ""), f"{name}.stop_reason")
+        arm.prompt_ms = as_num(a.get("prompt_ms", 0.0), f"{name}.prompt_ms")
+        arm.gen_ms = as_num(a.get("gen_ms", 0.0), f"{name}.gen_ms")
+        arm.eval_ms = as_num(a.get("eval_ms", 0.0), f"{name}.eval_ms", none=True)
+        arm.drafter = as_str(a.get("drafter"), f"{name}.drafter", none=True)
+        steps = as_list(a.get("steps"), f"{name}.steps")
+        if len(steps) != len(arm.tokens):
+            raise Malformed(name, f"has {len(arm.tokens)} tokens but {len(steps)} steps")
+        arm.steps = [_step(s, i, arm.tokens, f"{name}.steps[{i}]") for i, s in enumerate(steps)]
+        rounds = a.get("rounds", [])
+        if name == "speculative" and "rounds" not in a:
+            raise Malformed(f"{name}.rounds", "is missing (an empty list when the engine reports no rounds)")
+        arm.rounds = [_round(r, len(arm.tokens), f"{name}.rounds[{i}]")
+                      for i, r in enumerate(as_list(rounds, f"{name}.rounds"))]
+        if not arm.rounds and a.get("n_drafted") is not None:  # totals without rounds: an engine's own counts
+            arm.reported_drafted = as_int(a["n_drafted"], f"{name}.n_drafted")
+            arm.reported_accepted = as_int(a.get("n_accepted") or 0, f"{name}.n_accepted")
         return arm
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first position where ``a`` and ``b`` differ, counting a length difference; None if equal."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return None if len(a) == len(b) else n
 
 
 @dataclass
@@ -206,15 +236,65 @@ class Comparison:
         }
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "Comparison":
-        fm = d.get("first_mismatch")
-        return cls(
-            identical=bool(d["identical"]),
-            agree=int(d.get("agree", 0)),
-            n_vanilla=int(d.get("n_vanilla", 0)),
-            n_speculative=int(d.get("n_speculative", 0)),
-            first_mismatch=None if fm is None else Mismatch(**fm),
+    def of(cls, vanilla: ArmResult, speculative: ArmResult) -> "Comparison":
+        """Compare two arms token by token.
+
+        Arms that stop at different lengths (one hit EOS, one was cancelled) but
+        agree on every token they share are *not* identical; the mismatch is at
+        the shorter length with ``None`` for the arm that has no token there.
+        """
+        i = first_difference(vanilla.tokens, speculative.tokens)
+        if i is None:
+            n = len(vanilla.tokens)
+            return cls(True, n, n, n, None)
+
+        def at(arm: ArmResult) -> tuple[int | None, str | None]:
+            if i < len(arm.tokens):
+                return arm.tokens[i], arm.steps[i].piece if i < len(arm.steps) else None
+            return None, None
+
+        (vt, vp), (st, sp) = at(vanilla), at(speculative)
+        offset = sum(len(s.piece) for s in vanilla.steps[:i])
+        return cls(False, i, len(vanilla.tokens), len(speculative.tokens), Mismatch(i, offset, vt, st, vp, sp))
+
+    @classmethod
+    def from_json(cls, d: Any, vanilla: ArmResult | None = None, speculative: ArmResult | None = None) -> "Comparison":
+        """The comparison from its JSON form; given the arms, it must also be the one they make."""
+        c = as_dict(d, "comparison")
+        for key in ("identical", "first_mismatch"):
+            if key not in c:
+                raise Malformed("comparison", f"needs {key!r}")
+        fm = c["first_mismatch"]
+        if fm is not None:
+            f = as_dict(fm, "comparison.first_mismatch")
+            unknown = sorted(set(f) - _MISMATCH_KEYS)
+            if unknown:
+                raise Malformed("comparison.first_mismatch", f"has unknown key(s) {', '.join(map(repr, unknown))}")
+            w = "comparison.first_mismatch"
+            fm = Mismatch(
+                index=as_int(f.get("index"), f"{w}.index"),
+                char_offset=as_int(f.get("char_offset"), f"{w}.char_offset"),
+                vanilla_token=as_int(f.get("vanilla_token"), f"{w}.vanilla_token", none=True),
+                speculative_token=as_int(f.get("speculative_token"), f"{w}.speculative_token", none=True),
+                vanilla_piece=as_str(f.get("vanilla_piece"), f"{w}.vanilla_piece", none=True),
+                speculative_piece=as_str(f.get("speculative_piece"), f"{w}.speculative_piece", none=True),
+            )
+        comp = cls(
+            identical=as_bool(c["identical"], "comparison.identical"),
+            agree=as_int(c.get("agree", 0), "comparison.agree"),
+            n_vanilla=as_int(c.get("n_vanilla", 0), "comparison.n_vanilla"),
+            n_speculative=as_int(c.get("n_speculative", 0), "comparison.n_speculative"),
+            first_mismatch=fm,
         )
+        if vanilla is None or speculative is None:
+            return comp
+        # derived data: it must say what the arms say (a reader indexes the arms with it)
+        want = cls.of(vanilla, speculative)
+        for key in ("identical", "agree", "n_vanilla", "n_speculative", "first_mismatch"):
+            if key in c and getattr(comp, key) != getattr(want, key):
+                raise Malformed(f"comparison.{key}", f"is {short(getattr(comp, key))} but the arms give "
+                                                     f"{short(getattr(want, key))}")
+        return want
 
 
 @dataclass
@@ -247,29 +327,38 @@ class Trace:
         return d
 
     def dumps(self) -> str:
-        return json.dumps(json_safe(self.to_json()), ensure_ascii=False, indent=1)
+        d = json_safe(self.to_json())
+        text = json.dumps(d, ensure_ascii=False, indent=1)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate read from a \\uD800 escape: keep it as an escape
+            text = json.dumps(d, ensure_ascii=True, indent=1)
+        return text
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         return write_atomic(path, self.dumps())
 
     @classmethod
     def from_json(cls, d: Any, *, source: str = "<trace>") -> "Trace":
+        """A trace from its JSON form, every field checked; :class:`TraceError` names the file and the field."""
         validate(d, source=source)
         known = set(TOP_LEVEL_KEYS) | {"diagnosis"}
         try:
+            vanilla = ArmResult.from_json("vanilla", d["vanilla"])
+            speculative = ArmResult.from_json("speculative", d["speculative"])
             return cls(
                 config=d["config"],
                 environment=d["environment"],
                 models=d["models"],
                 prompt=d["prompt"],
-                vanilla=ArmResult.from_json("vanilla", d["vanilla"]),
-                speculative=ArmResult.from_json("speculative", d["speculative"]),
-                comparison=Comparison.from_json(d["comparison"]),
+                vanilla=vanilla,
+                speculative=speculative,
+                comparison=Comparison.from_json(d["comparison"], vanilla, speculative),
                 diagnosis=d.get("diagnosis"),
                 extra={k: v for k, v in d.items() if k not in known},
             )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise TraceError(f"{source}: malformed specview trace ({type(exc).__name__}: {exc})") from exc
+        except Malformed as exc:
+            raise TraceError(f"{source}: malformed specview trace: {exc}") from None
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> "Trace":
@@ -280,93 +369,104 @@ class Trace:
         return cls.from_json(d, source=str(p))
 
 
-def read_json(path: str | os.PathLike[str], error: type[SpecviewError] = SpecviewError) -> Any:
-    """Parse a JSON file, or raise ``error`` naming the file and what is wrong with it."""
-    p = Path(path)
-    if not p.exists():
-        raise error(f"{p}: no such file")
-    try:
-        raw = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise error(f"{p}: cannot read it as UTF-8 text ({exc})") from None
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise error(f"{p}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
-
-
-def json_safe(obj: Any) -> Any:
-    """JSON has no NaN/inf: write them as null rather than emit invalid JSON."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_safe(v) for v in obj]
-    return obj
-
-
 def validate(d: Any, *, source: str = "<trace>") -> None:
-    """Raise :class:`TraceError` unless ``d`` is a specview trace this version can read."""
+    """Raise :class:`TraceError` unless ``d`` has a specview trace's header and blocks.
+
+    The arms and the comparison are checked field by field as they are read
+    (:meth:`Trace.from_json`).
+    """
     if not isinstance(d, dict):
         raise TraceError(f"{source}: not a specview trace (the top level is {type(d).__name__}, not an object)")
     schema = d.get("schema")
     if not isinstance(schema, str) or not schema.startswith("specview.trace/"):
         raise TraceError(
-            f"{source}: not a specview trace (schema is {schema!r}, expected {SCHEMA!r}). "
+            f"{source}: not a specview trace (schema is {short(schema)}, expected {SCHEMA!r}). "
             "Open a file written by `specview run --json` or the app's Save."
         )
     if schema != SCHEMA:
-        raise TraceError(f"{source}: trace schema {schema!r} is not supported by this specview (reads {SCHEMA!r})")
+        raise TraceError(f"{source}: trace schema {short(schema)} is not supported by this specview (reads {SCHEMA!r})")
     missing = [k for k in TOP_LEVEL_KEYS if k not in d]
     if missing:
         raise TraceError(f"{source}: malformed specview trace, missing key(s): {', '.join(missing)}")
-    models = d["models"]
-    if not isinstance(models, dict) or "target" not in models or "draft" not in models:
-        raise TraceError(f"{source}: malformed specview trace: 'models' needs 'target' and 'draft'")
-    if not isinstance(d["prompt"], dict) or not isinstance(d["prompt"].get("tokens"), list):
-        raise TraceError(f"{source}: malformed specview trace: 'prompt.tokens' must be a list of token ids")
-    for arm in ("vanilla", "speculative"):
-        a = d[arm]
-        if not isinstance(a, dict):
-            raise TraceError(f"{source}: malformed specview trace: '{arm}' must be an object")
-        for key, typ in (("tokens", list), ("steps", list), ("text", str)):
-            if not isinstance(a.get(key), typ):
-                raise TraceError(f"{source}: malformed specview trace: '{arm}.{key}' must be a {typ.__name__}")
-        if len(a["tokens"]) != len(a["steps"]):
-            raise TraceError(
-                f"{source}: malformed specview trace: '{arm}' has {len(a['tokens'])} tokens "
-                f"but {len(a['steps'])} steps"
-            )
-        if not all(isinstance(t, int) for t in a["tokens"]):
-            raise TraceError(f"{source}: malformed specview trace: '{arm}.tokens' must hold integers")
-    if not isinstance(d["speculative"].get("rounds"), list):
-        raise TraceError(f"{source}: malformed specview trace: 'speculative.rounds' must be a list")
-    comp = d["comparison"]
-    if not isinstance(comp, dict) or "identical" not in comp or "first_mismatch" not in comp:
-        raise TraceError(f"{source}: malformed specview trace: 'comparison' needs 'identical' and 'first_mismatch'")
-
-
-def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
-    """Write ``text`` to ``path`` so that readers see the old file or the new, never half of one."""
-    p = Path(path)
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        raise SpecviewError(f"{p}: the folder {parent} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=parent)
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp's 0600 would surprise whoever shares the file
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return p
+        for key in ("config", "environment"):
+            as_dict(d[key], key)
+        models = as_dict(d["models"], "models")
+        if "target" not in models or "draft" not in models:
+            raise Malformed("models", "needs 'target' and 'draft'")
+        as_dict(models["target"], "models.target")
+        as_dict(models["draft"], "models.draft", none=True)
+        prompt = as_dict(d["prompt"], "prompt")
+        for i, t in enumerate(as_list(prompt.get("tokens"), "prompt.tokens")):
+            as_int(t, f"prompt.tokens[{i}]")
+        as_str(prompt.get("text"), "prompt.text", none=True)
+        as_str(prompt.get("chat_note"), "prompt.chat_note", none=True)
+        for key in ("chat", "raw_tokens"):
+            if key in prompt:
+                as_bool(prompt[key], f"prompt.{key}")
+        as_dict(d.get("diagnosis"), "diagnosis", none=True)
+    except Malformed as exc:
+        raise TraceError(f"{source}: malformed specview trace: {exc}") from None
+
+
+# -- reading: every field checked, so whatever reads a loaded trace can trust its types ----------------
+_STEP_KEYS = {f for f in Step.__dataclass_fields__}
+_ROUND_KEYS = {f for f in Round.__dataclass_fields__}
+_MISMATCH_KEYS = {f for f in Mismatch.__dataclass_fields__}
+
+
+def _step(d: Any, i: int, tokens: list[int], where: str) -> Step:
+    s = as_dict(d, where)
+    unknown = sorted(set(s) - _STEP_KEYS)
+    if unknown:
+        raise Malformed(where, f"has unknown key(s) {', '.join(map(short, unknown))}")
+    for key in ("index", "token", "piece", "pos", "top_ids", "top_logits", "margin"):
+        if key not in s:
+            raise Malformed(where, f"needs {key!r}")
+    step = Step(
+        index=as_int(s["index"], f"{where}.index"),
+        token=as_int(s["token"], f"{where}.token"),
+        piece=as_str(s["piece"], f"{where}.piece"),
+        pos=as_int(s["pos"], f"{where}.pos"),
+        top_ids=[as_int(t, f"{where}.top_ids[{k}]") for k, t in enumerate(as_list(s["top_ids"], f"{where}.top_ids"))],
+        top_logits=[as_num(x, f"{where}.top_logits[{k}]", none=True)
+                    for k, x in enumerate(as_list(s["top_logits"], f"{where}.top_logits"))],
+        margin=as_num(s["margin"], f"{where}.margin", none=True),
+        round=as_int(s.get("round", 0), f"{where}.round", none=True),
+        from_draft=as_bool(s.get("from_draft", False), f"{where}.from_draft", none=True),
+        batch_size=as_int(s.get("batch_size", 1), f"{where}.batch_size", none=True),
+        batch_index=as_int(s.get("batch_index", 0), f"{where}.batch_index", none=True),
+        serial=as_bool(s.get("serial", False), f"{where}.serial"),
+    )
+    if step.index != i:
+        raise Malformed(f"{where}.index", f"is {step.index}; step {i} must say {i}")
+    if step.token != tokens[i]:
+        raise Malformed(f"{where}.token", f"is {step.token} but the arm's token {i} is {tokens[i]}")
+    return step
+
+
+def _round(d: Any, n_tokens: int, where: str) -> Round:
+    r = as_dict(d, where)
+    unknown = sorted(set(r) - _ROUND_KEYS)
+    if unknown:
+        raise Malformed(where, f"has unknown key(s) {', '.join(map(short, unknown))}")
+    for key in ("index", "drafted", "accepted", "batch_size", "first_step"):
+        if key not in r:
+            raise Malformed(where, f"needs {key!r}")
+    rnd = Round(
+        index=as_int(r["index"], f"{where}.index"),
+        drafted=as_int(r["drafted"], f"{where}.drafted"),
+        accepted=as_int(r["accepted"], f"{where}.accepted"),
+        draft_ms=as_num(r.get("draft_ms"), f"{where}.draft_ms", none=True),
+        verify_ms=as_num(r.get("verify_ms"), f"{where}.verify_ms", none=True),
+        batch_size=as_int(r["batch_size"], f"{where}.batch_size"),
+        first_step=as_int(r["first_step"], f"{where}.first_step"),
+        draft_tokens=[as_int(t, f"{where}.draft_tokens[{k}]")
+                      for k, t in enumerate(as_list(r.get("draft_tokens", []), f"{where}.draft_tokens"))],
+        serial=as_bool(r.get("serial", False), f"{where}.serial"),
+    )
+    if rnd.accepted > rnd.drafted:
+        raise Malformed(f"{where}.accepted", f"is {rnd.accepted}, more than the {rnd.drafted} drafted")
+    if rnd.first_step > n_tokens:
+        raise Malformed(f"{where}.first_step", f"is {rnd.first_step}, past the arm's {n_tokens} tokens")
+    return rnd

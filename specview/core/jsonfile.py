@@ -1,0 +1,178 @@
+"""JSON files as specview reads and writes them: depth-safe reading, atomic writing, typed fields.
+
+* :func:`read_json` refuses nesting deeper than any specview file has, before
+  anything walks the document recursively (a file nested 100,000 levels deep is
+  an error naming the file, never a ``RecursionError``).
+* :func:`write_atomic` leaves the old file or the new, never half of one.
+* :func:`json_safe` writes NaN and infinity as null: JSON has neither.
+* The ``field`` checkers raise :class:`Malformed` naming the field's path, so a
+  loader can say exactly what is wrong and its callers can trust the types.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .errors import SpecviewError
+
+#: deeper than any file specview writes; deeper input is refused before anything walks it recursively
+MAX_DEPTH = 64
+_CONTAINERS = (dict, list)
+
+
+def read_json(path: str | os.PathLike[str], error: type[SpecviewError] = SpecviewError,
+              *, max_depth: int = MAX_DEPTH) -> Any:
+    """Parse a JSON file, or raise ``error`` naming the file and what is wrong with it.
+
+    Nesting deeper than ``max_depth`` is refused (a file nested 100,000 levels
+    deep gives this error, never a RecursionError), so whatever reads the result
+    may walk it recursively.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise error(f"{p}: no such file")
+    if p.is_dir():
+        raise error(f"{p}: is a folder, not a JSON file")
+    try:
+        raw = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"{p}: cannot read it as UTF-8 text ({exc})") from None
+    too_deep = error(f"{p}: nested more than {max_depth} levels deep; no specview file is, so it is not one")
+    try:
+        d = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise error(f"{p}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    except RecursionError:
+        raise too_deep from None
+    except ValueError as exc:  # e.g. an integer literal too long for Python to convert
+        raise error(f"{p}: not valid JSON ({exc})") from None
+    if json_depth(d, limit=max_depth) > max_depth:
+        raise too_deep
+    return d
+
+
+def json_depth(obj: Any, *, limit: int = MAX_DEPTH) -> int:
+    """Nesting depth of parsed JSON (a scalar is 0), counted without recursion; stops past ``limit``."""
+    level = [obj] if type(obj) in _CONTAINERS else []
+    depth = 0
+    while level and depth <= limit:
+        depth += 1
+        nxt: list[Any] = []
+        for x in level:
+            nxt += [v for v in (x.values() if type(x) is dict else x) if type(v) is dict or type(v) is list]
+        level = nxt
+    return depth
+
+
+def json_safe(obj: Any) -> Any:
+    """JSON has no NaN/inf: write them as null rather than emit invalid JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to ``path`` so that readers see the old file or the new, never half of one."""
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise SpecviewError(f"{p}: the folder {parent} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=parent)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp's 0600 would surprise whoever shares the file
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return p
+
+
+# -- typed fields ----------------------------------------------------------------------------------
+_MAX_INT = 2**63 - 1  # ids, positions, counts: whatever reads a trace may hold them in 64-bit arrays
+
+
+class Malformed(ValueError):
+    """One field of a trace is wrong: ``where`` is its path (``vanilla.steps[3].token``)."""
+
+    def __init__(self, where: str, what: str):
+        super().__init__(f"'{where}' {what}")
+        self.where = where
+
+
+def short(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
+def type_name(v: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null",
+            int: "an integer", float: "a number"}.get(type(v), type(v).__name__)
+
+
+def as_dict(v: Any, where: str, *, none: bool = False) -> Any:
+    if v is None and none:
+        return None
+    if not isinstance(v, dict):
+        raise Malformed(where, f"must be an object{' or null' if none else ''}, not {type_name(v)}")
+    return v
+
+
+def as_list(v: Any, where: str) -> list:
+    if not isinstance(v, list):
+        raise Malformed(where, f"must be a list, not {type_name(v)}")
+    return v
+
+
+def as_str(v: Any, where: str, *, none: bool = False) -> Any:
+    if v is None and none:
+        return None
+    if not isinstance(v, str):
+        raise Malformed(where, f"must be a string{' or null' if none else ''}, not {type_name(v)}")
+    return v
+
+
+def as_bool(v: Any, where: str, *, none: bool = False) -> Any:
+    if v is None and none:
+        return None
+    if not isinstance(v, bool):
+        raise Malformed(where, f"must be true or false{' or null' if none else ''}, not {type_name(v)}")
+    return v
+
+
+def as_int(v: Any, where: str, *, none: bool = False) -> Any:
+    if v is None and none:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise Malformed(where, f"must be a whole number{' or null' if none else ''}, not {type_name(v)}")
+    if not 0 <= v <= _MAX_INT:
+        raise Malformed(where, f"is {short(v)}, outside 0..{_MAX_INT}")
+    return v
+
+
+def as_num(v: Any, where: str, *, none: bool = False) -> Any:
+    if v is None and none:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise Malformed(where, f"must be a number{' or null' if none else ''}, not {type_name(v)}")
+    try:
+        return float(v)
+    except OverflowError:
+        raise Malformed(where, f"is {short(v)}, too large for a number") from None
