@@ -14,10 +14,10 @@ RUN_TIMEOUT = 300_000
 
 @pytest.fixture(scope="module")
 def server_bin() -> str:
-    from specview.core import demo
+    from specview.core.paths import cache_dir
 
     env = os.environ.get("SPECVIEW_LLAMA_SERVER")
-    path = Path(env) if env else demo.cache_dir() / "llama-server" / "0.3.36" / "llama-server"
+    path = Path(env) if env else cache_dir() / "llama-server" / "0.3.36" / "llama-server"
     if not path.is_file():
         if os.environ.get("SPECVIEW_REQUIRE_SERVER") == "1":
             pytest.fail(f"SPECVIEW_REQUIRE_SERVER=1 but {path} is missing: run scripts/build-llama-server.sh")
