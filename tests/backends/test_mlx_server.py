@@ -146,7 +146,12 @@ def test_cli_run_on_the_demo_folders_and_its_report(tmp_path):
                         capture_output=True, text=True, env=env, timeout=600)
     assert cp.returncode in (0, 1), cp.stderr
     trace = Trace.load(out)
-    assert trace.config["backend"] == "mlx-server" and trace.models["target"]["quantization"] == "8bit"
+    from specview.backends.mlx import DEMO_MLX
+    from specview.core.config import DEMO_TARGET
+
+    bits, group, _ = DEMO_MLX[DEMO_TARGET.split(":", 1)[1]]  # the MLX folder that stands for the demo target
+    tgt = trace.models["target"]
+    assert trace.config["backend"] == "mlx-server" and (tgt["quant_bits"], tgt["quant_group_size"]) == (bits, group)
     assert len(trace.vanilla.tokens) == len(trace.speculative.tokens) == 4 or "eos" in (
         trace.vanilla.stop_reason, trace.speculative.stop_reason)
     assert trace.prompt["chat"] and trace.extra["server"]["vanilla"]["usage"]["prompt_tokens"] == len(
