@@ -128,7 +128,9 @@ def summary(trace: Trace, *, context: int = 8) -> str:
     lines.append("")
     rate = s.acceptance_rate
     mean = s.mean_accepted
-    if not s.rounds and s.reported_drafted is not None:
+    if not s.rounds and s.reported_drafted is None and s.drafter not in (None, "none"):
+        lines.append("drafted, accepted: not reported by this engine (no per-round data or totals)")
+    elif not s.rounds and s.reported_drafted is not None:
         lines.append(f"drafted {s.n_drafted}, accepted {s.n_accepted} (the engine's own totals; no per-round data): "
                      f"acceptance {'n/a' if rate is None else f'{rate:.1%}'}")
     else:

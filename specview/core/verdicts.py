@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-#: the diagnosis' verdicts, in order of severity for a user
-VERDICTS = ("identical", "near-tie", "state", "nondeterministic")
+#: the diagnosis' verdicts, in order of severity for a user; ``inconclusive`` is a fork that could
+#: not be diagnosed where it ran (an engine whose server hides what the replay needs)
+VERDICTS = ("identical", "near-tie", "state", "nondeterministic", "inconclusive")
 #: what a grid cell or a summary can show: the verdicts plus two display-only categories
 CATEGORIES = (*VERDICTS, "diverged", "error")
 
@@ -33,6 +34,7 @@ RULES: dict[str, str] = {
     "gap-far-beyond-envelope": "the fork's gap is far beyond anything batched-versus-single rounding moved",
     "gap-within-envelope": "the fork's gap is within the shift batched-versus-single rounding caused before it",
     "gap-below-far": "the fork's gap is above the largest shift seen before it but below the 'far' threshold",
+    "not-measured": "what the diagnosis needs could not be measured on this engine (its reason is recorded)",
 }
 
 #: one line per category, as the app's verdict bar and the reports say it
@@ -41,6 +43,7 @@ WORDS: dict[str, str] = {
     "near-tie": "near-tie flipped by batched-vs-single numerics",
     "state": "state bug (not a near-tie)",
     "nondeterministic": "nondeterministic (an arm does not reproduce itself)",
+    "inconclusive": "inconclusive (could not be diagnosed here)",
     "diverged": "diverged (not diagnosed)",
     "error": "error",
 }
@@ -51,6 +54,7 @@ COLOURS: dict[str | None, str] = {
     "near-tie": "#f6e3a1",
     "state": "#f2a7a7",
     "nondeterministic": "#c9b6e8",
+    "inconclusive": "#e4e4e4",
     "diverged": "#f3c89b",
     "error": "#d0d0d0",
     None: "#ffffff",
@@ -62,6 +66,7 @@ STRONG: dict[str, str] = {
     "near-tie": "#b7791f",
     "state": "#c62828",
     "nondeterministic": "#6a4c9c",
+    "inconclusive": "#616161",
     "diverged": "#d9822b",
     "error": "#757575",
 }
