@@ -152,3 +152,19 @@ def test_a_trace_with_odd_values_still_reports_or_is_refused(tmp_path: Path, cap
         check_markdown((tmp_path / "r" / "report.md").read_text(encoding="utf-8"))
         page = (tmp_path / "r" / "report.html").read_text(encoding="utf-8")
         assert "not a valid run" in page  # n_max is no number: no llama.cpp commands are made up from it
+
+
+@pytest.mark.parametrize("kind", ["trace", "matrix"])
+def test_a_number_of_five_thousand_digits_is_refused_or_shown(kind, tmp_path: Path, capsys):
+    """Python refuses to parse integers of more than 4300 digits: that must be specview's error, not a crash."""
+    if kind == "trace":
+        d = json.loads(hostile_trace().dumps())
+    else:
+        run_matrix(spec(), FakeSession(), out=tmp_path / "m.json")
+        d = json.loads((tmp_path / "m.json").read_text())
+    text = json.dumps(d)[:-1] + ', "big": ' + "7" * 5000 + "}"
+    f = tmp_path / "big.json"
+    f.write_text(text, encoding="utf-8")
+    rc = cli.main(["report", str(f), "-o", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert rc in (0, 2) and "Traceback" not in err, err

@@ -36,7 +36,7 @@ from specview.core.trace import Trace
 
 markdown_it = pytest.importorskip("markdown_it")
 
-FIXED = settings(derandomize=True, max_examples=30, deadline=None, database=None,
+FIXED = settings(derandomize=True, max_examples=20, deadline=None, database=None,
                  phases=(Phase.explicit, Phase.generate),  # a failure is reported as found: shrinking these takes minutes
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 16  # the HTML writer embeds bytes as given; the checks parse tags only
@@ -105,7 +105,7 @@ def test_a_trace_with_one_field_of_another_type_reads_or_is_refused(trace: Trace
         check_matrix(obj)
 
 
-@settings(FIXED, max_examples=20)
+@settings(FIXED, max_examples=12)
 @given(traces(), st.data())
 def test_a_trace_file_with_corrupted_bytes_reads_or_is_refused(trace: Trace, data):
     raw = data.draw(corrupt_bytes(trace.dumps().encode("utf-8")))
@@ -140,7 +140,7 @@ def test_a_matrix_with_one_field_of_another_type_reads_or_is_refused(doc: dict, 
     check_matrix(bad)
 
 
-@settings(FIXED, max_examples=20)
+@settings(FIXED, max_examples=12)
 @given(matrix_docs(), st.data())
 def test_a_matrix_file_with_corrupted_bytes_reads_or_is_refused(doc: dict, data):
     raw = data.draw(corrupt_bytes(json.dumps(doc).encode("utf-8")))
@@ -192,7 +192,7 @@ def test_a_toml_spec_with_hostile_values_reads_or_is_refused(text: str):
         _check_spec(spec)
 
 
-@settings(FIXED, max_examples=20)
+@settings(FIXED, max_examples=12)
 @given(toml_specs(), st.data())
 def test_a_toml_spec_with_corrupted_bytes_reads_or_is_refused(text: str, data):
     raw = data.draw(corrupt_bytes(text.encode("utf-8")))
@@ -205,7 +205,7 @@ def test_a_toml_spec_with_corrupted_bytes_reads_or_is_refused(text: str, data):
 
 
 # -- prompt files and the suite --------------------------------------------------------------
-@settings(FIXED, max_examples=20)
+@settings(FIXED, max_examples=12)
 @given(st.one_of(markup_text.map(lambda s: s.encode("utf-8", "surrogatepass")), st.binary(max_size=64)))
 def test_a_prompt_file_reads_as_its_text_or_is_refused(raw: bytes):
     with tempfile.TemporaryDirectory() as d:
@@ -220,7 +220,7 @@ def test_a_prompt_file_reads_as_its_text_or_is_refused(raw: bytes):
     assert p.text == raw.decode("utf-8") and p.name == "p" and p.category == "x"
 
 
-@settings(FIXED, max_examples=20)
+@settings(FIXED, max_examples=12)
 @given(st.data())
 def test_a_suite_file_with_corrupted_bytes_reads_or_is_refused(data):
     from specview.core.prompts import SUITE_FILE

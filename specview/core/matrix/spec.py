@@ -34,8 +34,13 @@ DRAFT_GROUP = "speculation"
 #: top-level TOML keys that are not settings
 OWN_KEYS = ("targets", "drafters", "prompts", "builtin_prompts", "suite", "chat", "backend", "engine", "diagnose")
 
-_short = reprlib.Repr()
-_short.maxlevel, _short.maxstring, _short.maxother, _short.maxlist = 2, 60, 60, 6
+class _Short(reprlib.Repr):
+    def repr_int(self, x: int, level: int) -> str:  # repr() refuses integers of more than 4300 digits
+        return repr(x) if x.bit_length() <= 256 else f"<a {x.bit_length()}-bit integer>"
+
+
+_short = _Short()
+_short.maxlevel, _short.maxstring, _short.maxother, _short.maxlist, _short.maxdict = 2, 60, 60, 6, 6
 
 
 def show(value: Any) -> str:
