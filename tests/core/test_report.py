@@ -400,3 +400,34 @@ def test_markdown_renders_without_injected_html():
         assert len(counts) == 1, counts
     # the piece "|" shows as a plain |, not as "\|", in the table of facts
     assert "\\|" not in text
+
+
+def test_the_writer_takes_its_plots_from_the_renderer_given(tmp_path: Path):
+    from specview.core.report.write import write_report
+
+    t = hostile_trace(n=40, fork=9)
+    calls = []
+
+    def renderer(trace):
+        calls.append(trace)
+        return {"margins": _tiny_png(), "not-a-plot": b"ignored"}
+
+    written = write_report(t, tmp_path / "a", plots=renderer)
+    assert calls == [t] and {p.name for p in written.values()} == {"report.html", "report.md", "report-margins.png"}
+    assert len(check_html((tmp_path / "a" / "report.html").read_text(encoding="utf-8")).imgs) == 1
+    written = write_report(t, tmp_path / "b")  # no renderer: no plots
+    assert {p.name for p in written.values()} == {"report.html", "report.md"}
+    assert not check_html((tmp_path / "b" / "report.html").read_text(encoding="utf-8")).imgs
+
+
+def test_report_without_qt_writes_no_plots_and_says_so(tmp_path: Path, monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "specview.gui.export", None)  # importing it now raises ImportError
+    src = tmp_path / "t.json"
+    hostile_trace().save(src)
+    assert cli.main(["report", str(src), "-o", str(tmp_path / "r")]) == 0
+    err = capsys.readouterr().err
+    assert "no plots" in err and len(err.strip().splitlines()) == 1
+    assert not list((tmp_path / "r").glob("*.png"))
+    check_html((tmp_path / "r" / "report.html").read_text(encoding="utf-8"))

@@ -22,7 +22,7 @@ as an axis (``n_max``, ``p_min``: draft-simple cells only; ``flash_attn``).
 from __future__ import annotations
 
 from ..prompts import PromptSpec, builtin_prompts, prompt_from_file
-from .cells import CellParams, cell_config, cell_record, describe, error_record, expand, model_label, verdict_label
+from .cells import CellParams, cell_config, cell_record, describe, error_record, expand, model_label
 from .document import SCHEMA, load_matrix, validate_matrix
 from .rates import format_rates, rates, wilson
 from .run import MatrixRun, fmt_seconds, run_cell, run_matrix
@@ -33,7 +33,7 @@ __all__ = [
     "SCHEMA", "NON_MODEL_DRAFTERS", "AXIS_NAMES", "ROW_AXES", "COL_AXES",
     "MatrixError", "MatrixSpec", "PromptSpec", "CellParams", "MatrixRun", "Grid",
     "builtin_prompts", "prompt_from_file", "spec_from_dict", "load_spec", "toml_keys",
-    "expand", "cell_config", "cell_record", "error_record", "describe", "model_label", "verdict_label",
+    "expand", "cell_config", "cell_record", "error_record", "describe", "model_label",
     "run_matrix", "run_cell", "fmt_seconds", "validate_matrix", "load_matrix",
     "grid", "summarize", "axis_value_label", "rates", "format_rates", "wilson",
 ]

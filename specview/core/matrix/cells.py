@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..config import RunConfig, axes, with_setting
-from ..verdicts import cell_label
 from .spec import NON_MODEL_DRAFTERS, MatrixSpec, axis_fields, axis_short, cell_settings, draft_axes, engine_axes
 
 
@@ -97,11 +96,6 @@ def cell_config(spec: MatrixSpec, params: CellParams) -> RunConfig:
         if value is not None:
             cfg = with_setting(cfg, name, value)
     return cfg
-
-
-def verdict_label(cell: dict[str, Any]) -> str:
-    """What a cell shows in words: its verdict, "diverged (not diagnosed)" or "error"."""
-    return cell_label(cell)
 
 
 def describe(params: CellParams) -> str:

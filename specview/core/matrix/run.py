@@ -23,7 +23,8 @@ from ..config import RunConfig
 from ..errors import SpecviewError
 from ..registry import Runner, get_backend
 from ..trace import Trace, json_safe, write_atomic
-from .cells import CellParams, cell_config, cell_record, describe, error_record, expand, verdict_label
+from ..verdicts import cell_label
+from .cells import CellParams, cell_config, cell_record, describe, error_record, expand
 from .document import SCHEMA, validate_matrix
 from .spec import MatrixError, MatrixSpec
 
@@ -258,7 +259,7 @@ def _run_cells(spec: MatrixSpec, runner: Runner, run: MatrixRun, cells: list[Cel
             elapsed = time.perf_counter() - t_start
             eta = elapsed / n_run * (todo - n_run)
             outcome = "error: " + rec["error"] if rec["status"] == "error" else (
-                "identical" if rec["identical"] else f"fork at token {rec['first_mismatch']} ({verdict_label(rec)})")
+                "identical" if rec["identical"] else f"fork at token {rec['first_mismatch']} ({cell_label(rec)})")
             say(f"[{len(run.records)}/{len(cells)}] {describe(params)}: {outcome} "
                 f"({rec['seconds']:.1f} s; ETA {fmt_seconds(eta)})")
         else:

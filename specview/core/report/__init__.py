@@ -12,7 +12,6 @@ Qt-free: a trace (or a matrix document) and already rendered PNG plots become te
 from __future__ import annotations
 
 from ..llama_flags import llama_commands, ngl_text
-from ..verdicts import COLOURS as VERDICT_COLOURS, WORDS as VERDICT_WORDS
 from .escape import esc, md_code, md_fence, md_text, visible
 from .facts import PLOT_CAPTIONS, earliest_fork, fork_context, headline, trace_title, verdict_facts, verdict_of
 from .html import matrix_html, rates_html, trace_html
@@ -20,7 +19,7 @@ from .markdown import matrix_markdown, rates_md, trace_markdown
 from .write import read_input, write_report
 
 __all__ = [
-    "llama_commands", "ngl_text", "VERDICT_COLOURS", "VERDICT_WORDS", "esc", "md_code", "md_fence", "md_text",
+    "llama_commands", "ngl_text", "esc", "md_code", "md_fence", "md_text",
     "visible", "PLOT_CAPTIONS", "earliest_fork", "fork_context", "headline", "trace_title", "verdict_facts",
     "verdict_of", "matrix_html", "rates_html", "trace_html", "matrix_markdown", "rates_md", "trace_markdown",
     "read_input", "write_report",
