@@ -114,11 +114,7 @@ def trace_plots(trace: Any) -> dict[str, bytes]:
 
 def write_trace_report(trace: Any, folder: str | os.PathLike[str]) -> dict[str, Path]:
     """Write the HTML and Markdown report of ``trace`` into ``folder``, with the plots drawn here."""
-    try:
-        from ..core.report.write import write_report
-    except ImportError:  # the writer before it moved into the Qt-free core
-        from ..report import write_report  # type: ignore[no-redef]
+    from ..core.report.write import write_report
 
-        return write_report(trace, folder)
     return write_report(trace, folder, plots=trace_plots)
 

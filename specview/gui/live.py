@@ -16,38 +16,18 @@ import math
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from ..core.trace import Round, Step
 from .panes import PaintClock, PanePair
-from .plots import AcceptancePlot, MarginPlot
+from .plots import AcceptancePlot, MarginPlot, Series
 from .worker import ArmStarted, RunRequest, StepsEvent
 
 FRAME_MS = 33  # streaming redraws: about 30 a second when drawing is cheap
-DRAW_SHARE = 0.04  # at most this share of wall time goes to drawing while a run streams
+DRAW_SHARE = 0.03  # at most this share of wall time goes to drawing while a run streams
+PLOT_SHARE = 0.015  # of which the plots (a few new tokens barely move a long run's curves) at most this share
 MAX_FRAME_MS = 1000
 ARMS = ("vanilla", "speculative")
-
-
-class Series:
-    """A growing float array (amortized appends, views without copies)."""
-
-    def __init__(self, capacity: int = 1024):
-        self._a = np.empty(capacity, float)
-        self.n = 0
-
-    def extend(self, values: list[float]) -> None:
-        k = len(values)
-        if self.n + k > len(self._a):
-            bigger = np.empty(max(2 * len(self._a), self.n + k), float)
-            bigger[:self.n] = self._a[:self.n]
-            self._a = bigger
-        self._a[self.n:self.n + k] = values
-        self.n += k
-
-    def view(self) -> np.ndarray:
-        return self._a[:self.n]
 
 
 def _margin(step: Step) -> float:
@@ -85,6 +65,8 @@ class LiveView(QObject):
         self.frames = 0  # frames drawn while streaming (the benchmark reports the rate)
         self.frame_ms: list[float] = []  # GUI-thread cost of each frame, painting included
         self._paint_mark = 0.0
+        self._plots_due = 0.0  # when the plots may be drawn again
+        self._plot_mark = 0.0
         self.timer = QTimer(self)
         self.timer.setInterval(FRAME_MS)
         self.timer.timeout.connect(self.flush)
@@ -98,13 +80,15 @@ class LiveView(QObject):
         return self.live.request is not None and self.live.request.id == rid
 
     def start_frames(self) -> None:
-        self._paint_mark = PaintClock.seconds
+        self._paint_mark, self._plot_mark, self._plots_due = PaintClock.seconds, PaintClock.plots, 0.0
         self.timer.setInterval(FRAME_MS)
         self.timer.start()
 
     def stop(self) -> None:
         """Stop the frames and draw what is still pending."""
         self.timer.stop()
+        self._plots_due = 0.0
+        self.live.dirty = True  # the plots may be a frame or two behind the text
         self.flush()
 
     def on_arm_started(self, ev: ArmStarted) -> None:
@@ -116,6 +100,7 @@ class LiveView(QObject):
             live.rounds = []
         live.first_diff = None
         self.panes.pane(arm).clear_tokens()
+        self.margin_plot.restart(arm)
         if arm == "vanilla":  # a fresh run: forget the old trace's marks everywhere
             self.panes.clear()
             for plot in (self.margin_plot, self.acceptance):
@@ -171,9 +156,20 @@ class LiveView(QObject):
                     # while the second arm streams at the end, show the first at the same place in the text;
                     # once the user scrolls either pane, they scroll together from where the user put them
                     self.panes.align_on(self.panes.speculative, self.panes.vanilla, len(live.steps[arm]) - 1)
-        x_max = live.request.cfg.max_tokens if live.request is not None else None
-        self.margin_plot.set_arrays(live.margins["vanilla"].view(), live.margins["speculative"].view(), x_max=x_max)
-        self.acceptance.set_rounds(live.rounds, streaming=True)
-        if live.first_diff is not None:
-            self.margin_plot.mark_fork(live.first_diff)
+        now = time.perf_counter()
+        if now >= self._plots_due:
+            # the plots have a budget of their own: with a long run loaded they cost more than the text
+            # and change less, so they are drawn less often than the panes when they are expensive
+            painted = PaintClock.plots - self._plot_mark  # the plots' painting since their last update
+            self._plot_mark = PaintClock.plots
+            x_max = live.request.cfg.max_tokens if live.request is not None else None
+            self.margin_plot.set_arrays(live.margins["vanilla"].view(), live.margins["speculative"].view(),
+                                        x_max=x_max)
+            self.acceptance.set_rounds(live.rounds, streaming=True)
+            fork = live.first_diff
+            if fork is not None and (not self.margin_plot.fork_line.isVisible()
+                                     or self.margin_plot.fork_line.value() != fork):
+                self.margin_plot.mark_fork(fork)
+            cost = time.perf_counter() - now + painted
+            self._plots_due = now + max(FRAME_MS / 1000.0, cost / PLOT_SHARE)
         self.sigFrame.emit(live)

@@ -28,9 +28,10 @@ DIFF_HUE = QColor(230, 150, 30)
 
 
 class PaintClock:
-    """Seconds the GUI thread has spent painting the panes and plots (for the frame budget)."""
+    """Seconds the GUI thread has spent painting the panes and plots, and the plots alone (for the frame budget)."""
 
     seconds = 0.0
+    plots = 0.0
 
 
 def blend(a: QColor, b: QColor, t: float) -> QColor:

@@ -15,7 +15,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor, QPalette
-from PySide6.QtWidgets import QLabel
+from PySide6.QtWidgets import QGraphicsItem, QLabel
 
 from ..core.trace import Round, Step
 from .panes import DRAFT_HUE, MISMATCH_HUE, PaintClock, blend, is_dark
@@ -24,6 +24,27 @@ VANILLA_HUE = QColor(40, 110, 220)
 SPEC_HUE = QColor(235, 120, 20)
 ENVELOPE_HUE = QColor(150, 90, 210)
 MAX_BARS = 600  # above this many rounds the acceptance bars show means of bins of rounds
+WIDE_POINTS = 2000  # up to this many tokens the speculative margins are drawn with a wider stroke
+
+
+class Series:
+    """A growing float array: amortized appends, views without copies (a streaming run's margins and rounds)."""
+
+    def __init__(self, capacity: int = 1024):
+        self._a = np.empty(capacity, float)
+        self.n = 0
+
+    def extend(self, values: Sequence[float]) -> None:
+        k = len(values)
+        if self.n + k > len(self._a):
+            bigger = np.empty(max(2 * len(self._a), self.n + k), float)
+            bigger[:self.n] = self._a[:self.n]
+            self._a = bigger
+        self._a[self.n:self.n + k] = values
+        self.n += k
+
+    def view(self) -> np.ndarray:
+        return self._a[:self.n]
 
 
 def _finite(x: Any) -> float:
@@ -68,6 +89,9 @@ class TimedPlot(pg.PlotWidget):
         pi = self.getPlotItem()
         for name in ("left", "bottom"):
             pi.getAxis(name).enableAutoSIPrefix(False)  # a token index or a logit has no SI unit
+            # axes (and the grid they draw) are painted from a cached image unless their range changed:
+            # repainting their text every frame was most of a streaming frame's cost
+            pi.getAxis(name).setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
         self.default_hint = hint
         self.hint = QLabel(hint, self)
         self.hint.setObjectName("plot_hint")
@@ -104,7 +128,9 @@ class TimedPlot(pg.PlotWidget):
     def paintEvent(self, ev) -> None:  # noqa: N802 - Qt name
         t0 = time.perf_counter()
         super().paintEvent(ev)
-        PaintClock.seconds += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        PaintClock.seconds += dt
+        PaintClock.plots += dt
 
 
 class AcceptancePlot(TimedPlot):
@@ -123,6 +149,7 @@ class AcceptancePlot(TimedPlot):
         pi.setMouseEnabled(x=True, y=False)
         pi.getViewBox().enableAutoRange(axis="y", enable=False)
         self.legend = pi.addLegend(offset=(-8, 6), labelTextSize="8pt")
+        self.legend.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
         self.drafted = pg.PlotDataItem(stepMode="center", fillLevel=0, name="drafted")
         self.accepted = pg.PlotDataItem(stepMode="center", fillLevel=0, name="accepted")
         pi.addItem(self.drafted)
@@ -134,6 +161,8 @@ class AcceptancePlot(TimedPlot):
         self.fork_line.setVisible(False)
         pi.addItem(self.fork_line, ignoreBounds=True)
         self.rounds: list[Round] = []
+        self._cols: dict[str, Series] = {c: Series() for c in ("index", "first", "drafted", "accepted")}
+        self._last: Round | None = None
         self.bin = 1
         self._x_span = 0
         self._y_top = 0.0
@@ -160,7 +189,10 @@ class AcceptancePlot(TimedPlot):
 
     def set_rounds(self, rounds: Sequence[Round], *, rate: float | None = None, mean: float | None = None,
                    streaming: bool = False) -> None:
-        """Show the rounds; while ``streaming`` the x range grows in steps instead of every frame."""
+        """Show the rounds.  While ``streaming`` the rounds only grow: the new ones are appended to the plot's
+        arrays, the x range grows in steps instead of every frame, and the title waits for the end."""
+        if streaming and rounds and len(rounds) == len(self.rounds) and rounds[-1] is self._last:
+            return  # nothing new: leave the plot as it is drawn
         vb = self.getPlotItem().getViewBox()
         if streaming:
             vb.enableAutoRange(axis="x", enable=False)
@@ -170,19 +202,35 @@ class AcceptancePlot(TimedPlot):
         else:
             self._x_span = 0
             vb.enableAutoRange(axis="x", enable=True)
-        self._set_rounds(rounds, rate=rate, mean=mean)
+        self._set_rounds(rounds, rate=rate, mean=mean, streaming=streaming)
 
-    def _set_rounds(self, rounds: Sequence[Round], *, rate: float | None, mean: float | None) -> None:
+    def _take(self, rounds: Sequence[Round], streaming: bool) -> None:
+        """The rounds' numbers as arrays: only the new rounds are read while a run streams."""
+        k = self._cols["index"].n
+        if not (streaming and 0 < k <= len(rounds) and rounds[k - 1] is self._last):
+            self._cols = {c: Series(max(64, len(rounds))) for c in ("index", "first", "drafted", "accepted")}
+            k = 0
+        tail = rounds[k:]
+        for c in self._cols:
+            self._cols[c].extend([getattr(r, "first_step" if c == "first" else c) for r in tail])
+        self._last = rounds[-1] if rounds else None
         self.rounds = list(rounds)
+
+    def _set_rounds(self, rounds: Sequence[Round], *, rate: float | None, mean: float | None,
+                    streaming: bool = False) -> None:
+        self._take(rounds, streaming)
         n = len(self.rounds)
         self.bin = 1
+        d_all, a_all = self._cols["drafted"].view(), self._cols["accepted"].view()
         if n:
-            d = np.fromiter((r.drafted for r in self.rounds), float, n)
-            a = np.fromiter((r.accepted for r in self.rounds), float, n)
+            d, a = d_all, a_all
             x0 = self.rounds[0].index - 0.5
-            if n > MAX_BARS:
+            cap = MAX_BARS
+            if self.isVisible():  # no more bars than can be seen: one per two pixels at most
+                cap = min(MAX_BARS, max(50, int(self.getPlotItem().getViewBox().width()) // 2))
+            if n > cap:
                 # long runs: one bar per bin of rounds, its height the bin's mean
-                b = self.bin = -(-n // MAX_BARS)
+                b = self.bin = -(-n // cap)
                 m = -(-n // b)
                 counts = np.full(m, b, float)
                 counts[-1] = n - b * (m - 1)
@@ -209,13 +257,12 @@ class AcceptancePlot(TimedPlot):
             self._y_top = 0.0
             self._x_span = 0
             self.show_empty(True)
-        drafted = sum(r.drafted for r in self.rounds)
-        accepted = sum(r.accepted for r in self.rounds)
+        drafted, accepted = int(d_all.sum()), int(a_all.sum())
         if rate is None and drafted:
             rate = accepted / drafted
         if mean is None:
-            rs = [r for r in self.rounds if r.index > 0]
-            mean = sum(r.accepted + 1 for r in rs) / len(rs) if rs else None
+            verify = self._cols["index"].view() > 0  # round 0 is the prefill
+            mean = float(a_all[verify].mean()) + 1 if verify.any() else None
         if n:
             self.summary = (f"acceptance {rate * 100:.1f}% ({accepted}/{drafted})" if rate is not None
                             else "nothing drafted")
@@ -226,18 +273,15 @@ class AcceptancePlot(TimedPlot):
                 self.summary += f" (bars: means of {self.bin})"
         else:
             self.summary = "draft acceptance per round"
-        if self.summary != self._title:
-            self._title = self.summary
-            self.setTitle(self.summary, size="9pt")
+        title = "draft acceptance per round" if streaming else self.summary  # a title that changes every
+        if title != self._title:  # frame lays the plot out again every frame
+            self._title = title
+            self.setTitle(title, size="9pt")
 
     def round_of_token(self, i: int) -> Round | None:
-        lo = None
-        for r in self.rounds:
-            if r.first_step <= i:
-                lo = r
-            else:
-                break
-        return lo
+        """The round that made token ``i`` (the last round starting at or before it)."""
+        k = int(np.searchsorted(self._cols["first"].view(), i, side="right")) - 1
+        return self.rounds[k] if 0 <= k < len(self.rounds) else None
 
     def mark_token(self, i: int | None) -> None:
         r = self.round_of_token(i) if i is not None else None
@@ -279,6 +323,7 @@ class MarginPlot(TimedPlot):
         pi.setDownsampling(auto=True, mode="peak")
         pi.getViewBox().enableAutoRange(axis="y", enable=False)  # y is set with headroom for the legend
         self.legend = pi.addLegend(offset=(-8, 4), labelTextSize="8pt", colCount=2)
+        self.legend.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
         self.envelope_base = pg.PlotDataItem()
         self.envelope = pg.PlotDataItem(name="replay envelope")
         self.envelope_fill = pg.FillBetweenItem(self.envelope_base, self.envelope)
@@ -318,7 +363,9 @@ class MarginPlot(TimedPlot):
         text = palette.color(QPalette.ColorRole.Text)
         dark = is_dark(palette)
         self.vanilla.setPen(pg.mkPen(VANILLA_HUE.lighter(140) if dark else VANILLA_HUE, width=1))
-        self.speculative.setPen(pg.mkPen(SPEC_HUE.lighter(115) if dark else SPEC_HUE, width=2.5))
+        self._spec_colour = SPEC_HUE.lighter(115) if dark else SPEC_HUE
+        self._wide = None
+        self._spec_pen(max(self.n_vanilla, self.n_speculative, 0))
         self.envelope.setPen(pg.mkPen(ENVELOPE_HUE, width=1))
         self.envelope_fill.setBrush(pg.mkBrush(blend(base, ENVELOPE_HUE, 0.35)))
         self.at_risk.setPen(pg.mkPen(MISMATCH_HUE, width=1.5))
@@ -347,12 +394,32 @@ class MarginPlot(TimedPlot):
     def set_steps(self, vanilla: Sequence[Step], speculative: Sequence[Step]) -> None:
         self.set_arrays(self.margins(vanilla), self.margins(speculative))
 
+    def restart(self, arm: str) -> None:
+        """An arm starts again: its next margins replace the curve even if they are as many as before."""
+        if arm == "vanilla":
+            self.n_vanilla = -1
+        else:
+            self.n_speculative = -1
+
+    def _spec_pen(self, n: int) -> None:
+        """The speculative arm's wider stroke (both arms show where they agree) while the points are few
+        enough to see; a long run's curves are drawn thin: a thick stroke costs twice the paint."""
+        wide = n <= WIDE_POINTS
+        if wide != self._wide:
+            self._wide = wide
+            self.speculative.setPen(pg.mkPen(self._spec_colour, width=2.5 if wide else 1))
+
     def set_arrays(self, v: np.ndarray, s: np.ndarray, *, x_max: int | None = None) -> None:
         """Set both arms' margins.
 
-        While a run streams, ``x_max`` (the run's max tokens) fixes the x range and
-        the y range only ever grows, so the axes are not laid out again every frame.
+        While a run streams, ``x_max`` (the run's max tokens) fixes the x range,
+        the y range only ever grows (so the axes are not laid out again every
+        frame), and an arm whose margins did not grow is left as it is.
         """
+        grew = (len(v) != self.n_vanilla, len(s) != self.n_speculative)
+        streaming = x_max is not None
+        if streaming and not any(grew) and self._x_max == x_max:
+            return  # nothing new: leave the plot as it is drawn
         self.n_vanilla, self.n_speculative = len(v), len(s)
         self.show_empty(not (len(v) or len(s)))
         if self.empty:
@@ -360,8 +427,11 @@ class MarginPlot(TimedPlot):
             self.speculative.setData([], [])
             self._x_max, self._y_top = None, 0.0
             return
-        self.vanilla.setData(np.arange(len(v), dtype=float), v)
-        self.speculative.setData(np.arange(len(s), dtype=float), s)
+        self._spec_pen(max(len(v), len(s)))
+        if grew[0] or not streaming:
+            self.vanilla.setData(np.arange(len(v), dtype=float), v)
+        if grew[1] or not streaming:
+            self.speculative.setData(np.arange(len(s), dtype=float), s)
         top = 1.0
         for a in (v, s):
             if len(a) and np.isfinite(a).any():

@@ -23,7 +23,7 @@ from ..core.trace import Step, Trace
 from .panes import MISMATCH_HUE, blend, is_dark
 
 #: what a bar's kind stands for, as a verdict category (its colour); "error" is the panes' mismatch red
-KIND_CATEGORY = {"ok": "identical", "warn": "near-tie", "bad": "state"}
+KIND_CATEGORY = {"ok": "identical", "warn": "near-tie", "bad": "state", "unsure": "inconclusive"}
 TRY_SCHEME = "try:"
 #: demo quantizations, the ones whose kernels most often flip a near-tie first
 FORKY_DEMOS = ("demo:Q4_K_M", "demo:BF16", "demo:F16", "demo:Q8_0")
@@ -175,7 +175,7 @@ def trace_verdict(trace: Trace, *, cancelled: bool = False, diagnosis_error: str
     else:
         # amber for a near-tie (expected numerics), red for a state bug, nondeterminism or no diagnosis,
         # the same colours as the matrix grid and the report
-        kind = "warn" if verdict == "near-tie" else "bad"
+        kind = {"near-tie": "warn", "inconclusive": "unsure"}.get(verdict or "", "bad")
         i = fm.index
         vm = v.steps[i].margin if i < len(v.steps) else None
         sm = s.steps[i] if i < len(s.steps) else None
@@ -239,7 +239,7 @@ class VerdictBar(QLabel):
         self._palette_key: int | None = None
 
     def show_text(self, text: str, kind: str) -> None:
-        """Show ``text`` tinted for ``kind``: info, ok, warn, bad or error."""
+        """Show ``text`` tinted for ``kind``: info, ok, warn, bad, unsure or error."""
         pal = self.window().palette() if self.window() is not None else self.palette()
         if kind == self.kind and self._palette_key == pal.cacheKey():
             if text != self.text():

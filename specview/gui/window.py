@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import html
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from .worker import (ArmStarted, Derived, DeriveRequest, MatrixRequest, Progress
 
 AUTO_RUN_MS = 450  # debounce for flip-and-see
 AUTO_RUN_PROMPT_MS = 1200  # longer while typing a prompt
+VERDICT_EVERY_S = 0.25  # the verdict bar's running count is rewritten at most this often
 APP_SETTINGS = ("diagnose", "auto_run")
 
 
@@ -65,6 +67,7 @@ class MainWindow(QMainWindow):
         self._derive: tuple[DeriveRequest, str] | None = None
         self._preload: PreloadRequest | None = None
         self._suspend_auto = True
+        self._said, self._said_fork = 0.0, None  # when the running count was last written, and its fork
 
         self._build_ui()
         build_menus(self)
@@ -346,6 +349,10 @@ class MainWindow(QMainWindow):
         total = req.cfg.max_tokens
         self.progress.setRange(0, 2 * total)
         self.progress.setValue(min(2 * total, nv + ns))
+        now = time.perf_counter()
+        if now - self._said < VERDICT_EVERY_S and (live.first_diff is None) == (self._said_fork is None):
+            return  # new words lay the window out again: a few times a second is enough to read them
+        self._said, self._said_fork = now, live.first_diff
         fork = f" · arms differ from token {live.first_diff}" if live.first_diff is not None else ""
         self.verdict.show_text(f"Running: vanilla {nv}/{total} tokens, speculative {ns}/{total}{fork}", "info")
 

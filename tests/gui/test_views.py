@@ -224,8 +224,11 @@ def test_settings_are_remembered(make_window, tmp_path):
 def test_defaults_open_on_the_demo_essay(make_window):
     w = make_window()
     cfg = w.build_config()
-    assert (cfg.target, cfg.draft, cfg.chat, cfg.max_tokens) == ("demo:Q8_0", "demo:Q4_0", True, 256)
-    assert cfg.prompt == "Write an essay on the importance of sleep for students."
+    from specview.core.config import DEMO_DRAFT, DEMO_TARGET
+    from specview.core.demo import DEMO_PROMPT
+
+    assert (cfg.target, cfg.draft, cfg.chat, cfg.max_tokens) == (DEMO_TARGET, DEMO_DRAFT, True, 256)  # as `specview run`
+    assert cfg.prompt == DEMO_PROMPT
     assert w.prompt_choice.currentText() == "essay"
     assert {"essay", "technical", "code", "list"} <= set(w.prompts)
 
