@@ -118,7 +118,11 @@ class Malformed(ValueError):
 
 
 def short(v: Any) -> str:
-    r = repr(v)
+    """A bounded repr for error messages (an integer too long for Python to print gets its size instead)."""
+    try:
+        r = repr(v)
+    except ValueError:  # int max_str_digits
+        return f"an integer of about {int(v.bit_length() * 0.30103)} digits"
     return r if len(r) <= 40 else r[:37] + "..."
 
 

@@ -222,3 +222,15 @@ def test_lone_surrogates_are_written_as_escapes_and_read_back(tmp_path):
     assert "\\ud800" in p.read_text(encoding="utf-8")
     back = Trace.load(p)
     assert back.prompt["text"] == "a\ud800b" and back.models["target"]["path"] == "\udfff.gguf"
+
+
+def test_numbers_python_cannot_print_or_hold_are_refused_with_their_size(tmp_path):
+    doc = forked_doc()
+    doc["vanilla"]["steps"][0]["token"] = 10**5000  # a document built in memory: repr() of it raises
+    with pytest.raises(TraceError, match="an integer of about 5000 digits"):
+        Trace.from_json(doc)
+    f = tmp_path / "long.json"
+    f.write_text(json.dumps(forked_doc()).replace('"tokens": [1, 2]', '"tokens": [1' + "0" * 5000 + "]"))
+    with pytest.raises(TraceError, match="not valid JSON") as ei:  # json.loads itself refuses it
+        Trace.load(f)
+    assert str(f) in str(ei.value)
