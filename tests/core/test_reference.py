@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from fakes import BrokenBackend, FakeBackend, FakeEngine, ToyModel
+from fakes import BrokenBackend, FakeBackend, ToyModel
 from specview.core import diagnose as dmod
 from specview.core import reference as ref
 from specview.core.config import EngineSettings, RunConfig

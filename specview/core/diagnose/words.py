@@ -83,14 +83,15 @@ def explain(d: dict[str, Any], trace: Trace) -> str:
     if verdict == "identical":
         return (f"{pre}The speculative arm produced exactly vanilla's {trace.comparison.agree} tokens: greedy "
                 f"speculative decoding was lossless on this run.{ctrl}")
-    rp = d["replays"]
-    env = d["envelope"]
-    th = d["thresholds"]
+    # an engine that diagnoses from the outside may lack replays or an envelope: read what is there
+    rp = d.get("replays") or {}
+    env = d.get("envelope") or {}
+    th = d.get("thresholds") or {}
     sv = d.get("serial_verify") or {}
     a, b = _piece(trace, d["vanilla_token"]), _piece(trace, d["speculative_token"])
-    sp = rp["speculative"] if rp else {}
+    sp = rp.get("speculative") or {}
     numbers = ""
-    if rp and d.get("gap") is not None and env and env.get("max") is not None:
+    if sp.get("shape") and d.get("gap") is not None and env.get("max") is not None:
         numbers = (f" The teacher-forced replays agree: one token per pass picks {a} by {d['gap']:.4f} logits over "
                    f"{b}; the speculative arm's own {sp['shape']} picks {b} by {sp['gap']:.4f}, while the two "
                    f"shapes move this target's logits by up to {env['max']:.4f} (p95 {env['p95']:.4f}) over the "
@@ -128,11 +129,13 @@ def explain(d: dict[str, Any], trace: Trace) -> str:
         if rule == "speculative-unreproducible":
             dev = sp["first_deviation"]
             st = trace.speculative.steps[dev]
+            picks = ("" if sp["reproduces_token"]
+                     else f"; from a clean state its verify pass picks {_piece(trace, sp['token'])}, not {b}")
             return (f"{pre}Rebuilding the speculative arm's KV state from its own recorded batches on a clean "
                     f"context gives different logits from what the arm recorded, from token {dev} on (round "
                     f"{st.round}, up to {sp['max_recorded_delta']:.4f} logits off), and a second clean replay agrees "
                     f"with the first. So the arm's state was not the state its accepted tokens imply"
-                    f"{'; from a clean state its verify pass picks ' + _piece(trace, sp['token']) + ', not ' + b if not sp['reproduces_token'] else ''}. "
+                    f"{picks}. "
                     f"Suspect the KV rollback (a rejected draft kept), wrong positions, or injected state. "
                     f"This is worth a bug report: attach the trace.{ctrl}")
         if rule == "vanilla-unreproducible":
@@ -185,7 +188,7 @@ def format_verdict(diag: dict[str, Any]) -> str:
                      f"({'reproduces vanilla' if si['reproduced'] else 'does NOT reproduce vanilla'})")
         lines.append(f"  speculative shape ({sp['shape']})  logit(b) - logit(a) = {sp['gap']:.4f}; "
                      f"ranks b {sp['rank_b']}, a {sp['rank_a']}; replay picks {sp['token']} "
-                     f"({'reproduces the speculative arm' if sp['reproduced'] else 'does NOT reproduce the speculative arm'})")
+                     f"({'reproduces' if sp['reproduced'] else 'does NOT reproduce'} the speculative arm)")
         for key, name in (("single", "vanilla"), ("speculative", "speculative")):
             r = rp[key]
             if not r["reproduced"]:
