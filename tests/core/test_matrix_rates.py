@@ -97,24 +97,24 @@ def test_wilson_textbook_values():
 # ---------------------------------------------------------------------------
 # rates from cells
 # ---------------------------------------------------------------------------
-def _cell(i, prompt, cat, *, target="demo:Q8_0", fork=None, gap=None, th=None, status="ok"):
+def _cell(i, prompt, cat, *, target="demo:Q8_0", fork=None, gap=None, far=None, status="ok"):
     return {"index": i, "status": status, "category": cat,
             "params": {"target": target, "drafter": "demo:Q4_0", "spec_type": "draft-simple", "n_max": 3,
                        "p_min": 0.0, "flash_attn": "auto", "prompt": prompt},
             "identical": None if status != "ok" else fork is None, "first_mismatch": fork,
             "verdict": "identical" if fork is None else ("near-tie" if gap is not None else "diverged"),
-            "gap": gap, "near_tie_threshold": th}
+            "gap": gap, "far_threshold": far}
 
 
 def test_rates_count_forks_positions_and_severity_per_setting_and_category():
     cells = [
-        _cell(0, "a", "math", fork=10, gap=0.005, th=0.05),   # near-tie, bin 0
-        _cell(1, "b", "math", fork=200, gap=0.3, th=0.05),    # material, bin 2
+        _cell(0, "a", "math", fork=10, gap=0.005, far=2.0),   # near-tie, bin 0
+        _cell(1, "b", "math", fork=200, gap=0.3, far=0.2),    # material, bin 2
         _cell(2, "c", "code"),
         _cell(3, "d", "code", fork=40),                       # undiagnosed
         _cell(4, "e", "code", status="error"),
         _cell(5, "a", "math", target="demo:F16"),
-        _cell(6, "b", "math", target="demo:F16", fork=64, gap=3.0, th=4.0),  # near-tie (within its own envelope), bin 4
+        _cell(6, "b", "math", target="demo:F16", fork=64, gap=3.0, far=4.0),  # near-tie (within its own threshold), bin 4
     ]
     doc = {"spec": {"max_tokens": 256, "prompts": []}, "cells": cells}
     r = rates(doc)
@@ -143,10 +143,11 @@ def test_gap_bins_hold_their_edges(gap):
 
 
 def test_severity_uses_the_cells_own_threshold():
-    assert severity({"gap": 0.2, "near_tie_threshold": 0.25}) == "near-tie"
-    assert severity({"gap": 0.2, "near_tie_threshold": 0.1}) == "material"
+    assert severity({"gap": 0.2, "far_threshold": 0.25}) == "near-tie"
+    assert severity({"gap": 0.2, "far_threshold": 0.1}) == "material"
     assert severity({"gap": None}) == "undiagnosed"
-    assert severity({"gap": 0.2, "verdict": "near-tie"}) == "near-tie"
+    assert severity({"gap": 1.9}) == severity({"gap": -1.9}) == "near-tie"  # no threshold recorded: 2 logits
+    assert severity({"gap": 2.5}) == "material"
 
 
 # ---------------------------------------------------------------------------

@@ -9,9 +9,10 @@ gives, over the prompts that ran:
 * the distribution of fork positions (token indices): quartiles and a
   histogram over the run length;
 * a severity histogram of the teacher-forced gaps at the forks: a fork is a
-  **near-tie** when its gap is within its cell's near-tie threshold (the
-  largest shift batched-versus-single numerics caused before the fork), and
-  **material** when it is above it; a fork nobody diagnosed has no gap;
+  **near-tie** when its gap is no larger than what batched-versus-single
+  numerics can flip (its diagnosis' "far" threshold: four times the largest
+  shift seen before the fork, and at least 2 logits, the gate one engine
+  uses), and **material** when it is above; a fork nobody diagnosed has no gap;
 * the same per prompt category (the suite tags each prompt with one).
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+from ..diagnose.classify import FAR_FLOOR
 from .summary import _setting_label, setting_key
 
 Z95 = 1.959963984540054
@@ -49,15 +51,13 @@ def _num(x: Any) -> float | None:
 
 
 def severity(cell: dict[str, Any]) -> str:
-    """A fork's severity: near-tie (gap within its cell's near-tie threshold), material, or undiagnosed."""
-    gap, th = _num(cell.get("gap")), _num(cell.get("near_tie_threshold"))
+    """A fork's severity: near-tie (its gap within the cell's "far" threshold, or 2 logits where none was
+    recorded), material (above it), or undiagnosed (no gap)."""
+    gap = _num(cell.get("gap"))
     if gap is None:
         return "undiagnosed"
-    if th is not None and abs(gap) <= th:
-        return "near-tie"
-    if th is None and cell.get("verdict") == "near-tie":
-        return "near-tie"
-    return "material"
+    far = _num(cell.get("far_threshold"))
+    return "near-tie" if abs(gap) <= (FAR_FLOOR if far is None else far) else "material"
 
 
 def gap_bin(gap: float) -> int:
@@ -185,7 +185,7 @@ def format_rates(r: dict[str, Any]) -> list[str]:
         lines.append(f"{g['label']}: {rate_text(g)}")
         if g["forks"]:
             lines.append(f"  positions  {positions_text(g)}")
-            lines.append(f"  gaps       {severity_text(g)} (near-tie: within the cell's replay envelope)")
+            lines.append(f"  gaps       {severity_text(g)} (near-tie: within what batched numerics can flip)")
             most = max((sum(b.values()) for b in g["gaps"]), default=0)
             for label, b in zip(labels, g["gaps"]):
                 n = sum(b.values())

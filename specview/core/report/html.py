@@ -246,7 +246,8 @@ def rates_html(r: dict[str, Any]) -> str:
     parts = ["<h2>Divergence rates</h2>",
              "<p class=note>Per setting, over the prompts it ran: the share of prompts whose arms fork, with a 95% "
              "Wilson interval (the band; the dark line is the rate). A fork is a near-tie when its teacher-forced "
-             "gap is within its cell's replay envelope, material when it is above it.</p>",
+             "gap is within what batched-versus-single numerics can flip (its diagnosis' far threshold: four "
+             "times the largest shift before the fork, at least 2 logits), material when it is above.</p>",
              "<table class=kv>" + head + "".join(_rate_row(g["label"], g) for g in settings) + "</table>"]
     cats = [(g["label"], c) for g in settings for c in g["categories"]]
     if cats:

@@ -148,8 +148,9 @@ def rates_md(r: dict[str, Any]) -> str:
             "|---|---|---|---|---|---|---|")
     out = ["### Divergence rates\n",
            "Per setting, over the prompts it ran: the share of prompts whose arms fork, with a 95% Wilson interval. "
-           "A fork is a near-tie when its teacher-forced gap is within its cell's replay envelope, material when it "
-           "is above it.\n",
+           "A fork is a near-tie when its teacher-forced gap is within what batched-versus-single numerics can flip "
+           "(its diagnosis' far threshold: four times the largest shift before the fork, at least 2 logits), "
+           "material when it is above.\n",
            "\n".join([head.format("setting"), *(_rate_row(g["label"], g) for g in settings)]) + "\n"]
     cats = [(g["label"], c) for g in settings for c in g["categories"]]
     if cats:
