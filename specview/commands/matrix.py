@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from ..core.config import DEMO_DRAFT, DEMO_TARGET, EngineSettings, RunConfig, axes, field_of, settings_class
-from ..core.errors import SpecviewError
+from ..core.errors import ConfigError, SpecviewError
 from ..core.verdicts import cell_text
-from .common import Progress, add_engine_choice, add_setting_flags, given_settings, parse_tokens
+from .common import Progress, add_engine_choice, add_setting_flags, cli_error, given_settings, parse_tokens
 
 EXIT_IDENTICAL, EXIT_DIVERGED, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -184,7 +184,7 @@ def spec_from_args(args: argparse.Namespace):
             setattr(spec, key, v)
     chat = True if args.chat is None else bool(args.chat)
     given = _prompts(args, chat)
-    if suite_cats is not None or args.suite is not None:
+    if args.suite is not None:
         given = suite(suite_cats) + given
     if given or args.builtin_prompts is not None or not from_file:
         use_builtin = args.builtin_prompts if args.builtin_prompts is not None else not given
@@ -200,11 +200,16 @@ def spec_from_args(args: argparse.Namespace):
     eng = given_settings(args, EngineSettings)
     for name in [n for n in eng if n in ax]:
         setattr(spec, name, _flat(eng.pop(name)))
-    spec.engine = replace(spec.engine, **eng)
+    try:
+        spec.engine = replace(spec.engine, **eng)
+    except ConfigError as exc:
+        raise cli_error(exc) from None
     if args.full_text:
         spec.stop_after_fork = None
     elif args.stop_after_fork is not None:
         spec.stop_after_fork = args.stop_after_fork
+    elif args.suite is not None and spec.stop_after_fork is None:
+        spec.stop_after_fork = STOP_AFTER_FORK
     if args.diagnose is not None:
         spec.diagnose = bool(args.diagnose)
     if args.backend is not None:
