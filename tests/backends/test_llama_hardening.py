@@ -238,10 +238,11 @@ def test_a_prompt_that_is_not_unicode_text_is_a_clear_error(model):
 
 # -- threads -----------------------------------------------------------------------------------------
 def test_threads_resolve_from_the_setting_then_the_variable_then_the_cores(monkeypatch):
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     monkeypatch.delenv("SPECVIEW_THREADS", raising=False)
-    assert default_threads() == max(1, os.cpu_count() or 1)
+    assert default_threads() == cores  # every core this process may run on
     monkeypatch.setenv("SPECVIEW_THREADS", "0")
-    assert default_threads() == max(1, os.cpu_count() or 1)  # 0 means every core, like -t 0
+    assert default_threads() == cores  # 0 means every core, like -t 0
     monkeypatch.setenv("SPECVIEW_THREADS", " 3 ")
     assert default_threads() == 3 and resolve_threads(0) == 3
     assert resolve_threads(5) == 5  # an explicit -t wins over the variable
@@ -259,3 +260,35 @@ def test_the_context_uses_the_resolved_thread_count(model, monkeypatch):
     e = LlamaEngine(model, EngineSettings(threads=2), n_ctx=64)
     assert e.threads == 2 and model._ll.llama_n_threads(e.ctx) == 2
     e.close()
+
+
+# -- imports -------------------------------------------------------------------------------------------
+def test_core_and_this_backend_import_with_qt_and_llama_cpp_hidden(tmp_path):
+    """The core, the demo's names and this package import without PySide6, pyqtgraph or llama-cpp-python;
+    the engine then says plainly that llama-cpp-python is missing, and the demo list still works."""
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('PySide6', 'pyqtgraph', 'shiboken6', 'llama_cpp'):\n"
+        "            raise ImportError(f'{name} is hidden for this check')\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import specview.core.session, specview.core.diagnose, specview.core.matrix, specview.core.demo\n"
+        "import specview.backends.llama_cpp as lc\n"
+        "from specview.backends.llama_cpp import demo\n"
+        "from specview.core.registry import get_backend\n"
+        "from specview.core.errors import BackendUnavailable\n"
+        "assert [r['name'] for r in demo.available()][0] == 'demo:F32'\n"
+        "try:\n"
+        "    get_backend('llama.cpp')\n"
+        "except BackendUnavailable as exc:\n"
+        "    assert 'pip install llama-cpp-python' in str(exc), exc\n"
+        "else:\n"
+        "    raise AssertionError('the llama.cpp engine loaded without llama-cpp-python')\n"
+        "assert not any(m.split('.')[0] in ('PySide6', 'pyqtgraph', 'llama_cpp') for m in sys.modules)\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "SPECVIEW_CACHE": str(tmp_path)}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr

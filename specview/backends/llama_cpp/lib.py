@@ -66,7 +66,7 @@ def recent_log(n: int = 8) -> str:
 
 
 def default_threads() -> int:
-    """Threads when --threads is 0: ``$SPECVIEW_THREADS`` if set to a positive number, else every core.
+    """Threads when --threads is 0: ``$SPECVIEW_THREADS`` if set to a positive number, else every usable core.
 
     llama.cpp's worker threads spin at barriers, so on a busy machine fewer
     threads than cores can be much faster; the variable lets a user (or a
@@ -82,7 +82,15 @@ def default_threads() -> int:
                 "such as 2 (0 means every core), or unset it", setting="threads")
         if int(env) > 0:
             return int(env)
-    return max(1, os.cpu_count() or 1)
+    return usable_cores()
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS has one, else every core)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # macOS and Windows have no sched_getaffinity
+        return max(1, os.cpu_count() or 1)
 
 
 def resolve_threads(threads: int) -> int:
