@@ -87,10 +87,14 @@ def engine_flags(config: Mapping[str, Any]) -> list[str]:
     return flags
 
 
-def sampling_flags(config: Mapping[str, Any]) -> list[str]:
-    """Greedy sampling (requests set it again; on a command line it makes the server's default greedy)."""
+def sampling_flags(config: Mapping[str, Any], *, eos: bool = True) -> list[str]:
+    """Greedy sampling (requests set it again; on a command line it makes the server's default greedy).
+
+    ``eos=False`` leaves ``--ignore-eos`` out: a server gets it per request, so
+    one server serves runs with and without it.
+    """
     flags = ["--temp", "0", "--top-k", "1"]
-    if config.get("ignore_eos"):
+    if eos and config.get("ignore_eos"):
         flags.append("--ignore-eos")
     return flags
 
@@ -174,7 +178,7 @@ def server_argv(config: Mapping[str, Any], *, target: str, draft: str | None = N
         eng["n_ubatch"] = int(ubatch)
     cfg = dict(config, engine=eng)
     both, spec_only = split_server_args(eng.get("server_args") or "")
-    argv = ["-m", target, *engine_flags(cfg), *sampling_flags(cfg)]
+    argv = ["-m", target, *engine_flags(cfg), *sampling_flags(cfg, eos=False)]
     if speculative:
         argv += spec_flags(cfg, draft)
     argv += ["-np", "1", *both]

@@ -116,6 +116,7 @@ def test_one_server_runs_both_arms_and_its_vanilla_equals_a_server_without_the_d
     assert "-md" in rec["vanilla"]["server"]["args"]  # with its drafter loaded
     assert rec["vanilla"]["off_shape"] == [] and rec["vanilla"]["drafted"] == 0
     assert rec["vanilla"]["evaluated_first"] == len(prompt_tokens)  # then one token per request
+    assert rec["vanilla"]["check"]["identical"]  # the runner checked it once against a drafter-free server
     with ServerRunner(single_server=False) as two:
         ref = two.run(cfg(server_bin, prompt_tokens, spec_type="draft-simple", draft="demo:Q4_0"))
     assert ref.extra["server"]["protocol"] == "two-servers"
@@ -166,6 +167,23 @@ def test_a_broken_single_server_vanilla_falls_back_to_its_own_server_and_says_so
         assert rec["protocol"] == "two-servers" and "request 3 evaluated 2 tokens" in rec["protocol_reason"]
         assert rec["vanilla"]["form"] == "one-request" and "-md" not in rec["vanilla"]["server"]["args"]
         assert r.loads == 2 and len(t.vanilla.tokens) == 16
+
+
+def test_a_vanilla_arm_that_differs_from_a_drafter_free_server_is_replaced_and_the_pair_keeps_two_servers(
+        server_bin, prompt_tokens, monkeypatch):
+    monkeypatch.setattr(sbe, "arm_difference", lambda a, b: "token 3: 10 against 11")
+    with ServerRunner() as r:
+        c = cfg(server_bin, prompt_tokens, spec_type="draft-simple", draft="demo:Q4_0", max_tokens=12)
+        t = r.run(c)
+        rec = t.extra["server"]
+        assert rec["protocol"] == "two-servers" and "token 3: 10 against 11" in rec["protocol_reason"]
+        assert rec["vanilla"]["form"] == "one-request" and rec["vanilla"]["check"]["identical"] is False
+        loads = r.loads
+        t2 = r.run(replace(c, n_max=2, prompt_tokens=prompt_tokens[:-1]))  # same pair: two servers, no new check
+        rec2 = t2.extra["server"]
+        assert rec2["protocol"] == "two-servers" and "token 3: 10 against 11" in rec2["protocol_reason"]
+        assert rec2["vanilla"]["form"] == "one-request" and "check" not in rec2["vanilla"]
+        assert r.loads == loads + 1  # only the speculative server for the new n_max
 
 
 def test_p_min_1_on_the_command_line_is_identical_to_vanilla(server_bin, prompt_tokens, tmp_path):
@@ -302,7 +320,7 @@ def test_a_server_that_dies_mid_run_is_named_and_nothing_is_left(server_bin, pro
     msg = str(ei.value)
     assert killed and f"llama-server (speculative, pid {killed[0]}) exited" in msg
     assert "signal SIGKILL" in msg and "a request" in msg
-    assert len(started) == 1 and _all_gone(started)
+    assert len(started) == 2 and _all_gone(started)  # the drafter's server and the drafter-free one it was checked on
 
 
 def test_a_port_taken_between_check_and_bind_is_named_from_the_servers_output(server_bin, monkeypatch):
@@ -338,12 +356,14 @@ def test_cancel_keeps_what_was_computed_and_the_runner_stops_its_server_on_close
             flag["n"] += 1
 
     with ServerRunner(progress=progress) as r:
-        t = r.run(cfg(server_bin, prompt_tokens, max_tokens=400, ignore_eos=True,
+        t = r.run(cfg(server_bin, prompt_tokens, max_tokens=160, ignore_eos=True,
                       engine=EngineSettings(threads=1, n_ctx=1024)), on_event=on_event, cancel=lambda: flag["n"] > 0)
-        assert t.vanilla.stop_reason == "max_tokens" and len(t.vanilla.tokens) == 400
-        assert t.speculative.stop_reason == "cancelled" and 10 < len(t.speculative.tokens) < 400
+        assert t.vanilla.stop_reason == "max_tokens" and len(t.vanilla.tokens) == 160
+        assert t.speculative.stop_reason == "cancelled" and 10 < len(t.speculative.tokens) < 160
         assert t.speculative.tokens == t.vanilla.tokens[:len(t.speculative.tokens)]
-        assert [p.pid for p in r.pool.live()] == started  # the server survived the dropped request ...
+        spid = t.extra["server"]["speculative"]["server"]["pid"]
+        assert spid in [p.pid for p in r.pool.live()]  # the server survived the dropped request ...
         again = r.run(cfg(server_bin, prompt_tokens, max_tokens=8))  # ... and answers the next one
         assert again.speculative.tokens == t.vanilla.tokens[:8]
-    assert len(started) == 1 and _all_gone(started)
+        assert again.extra["server"]["speculative"]["server"]["pid"] == spid
+    assert spid in started and _all_gone(started)

@@ -89,6 +89,7 @@ class Plan:
     protocol: str  # "single-server" or "two-servers"
     protocol_reason: str | None
     ubatch: int | None  # 1 for a serial-verify run
+    check_key: tuple = ()  # what the single-server premise is checked for: binary, target, drafter, type, flags
 
 
 class ServerBackend(Backend):
@@ -154,7 +155,7 @@ class ServerRunner(Runner):
     """
 
     def __init__(self, *, progress: ProgressFn | None = None, single_server: bool = True, keep_servers: bool = True,
-                 server_bin: str | None = None, server_args: str | None = None):
+                 server_bin: str | None = None, server_args: str | None = None, check_single_server: bool = True):
         self.progress = progress or (lambda msg: None)
         self.single_server = single_server
         self.keep_servers = keep_servers
@@ -165,6 +166,9 @@ class ServerRunner(Runner):
         self.speculative_runs = 0
         self._vocab: dict[str, Any] = {}
         self._vanilla: dict[tuple, tuple[ArmResult, dict[str, Any]]] = {}
+        #: the single-server premise per Plan.check_key: None = checked and held, text = how it broke
+        self._checked: dict[tuple, str | None] = {}
+        self.check_single_server = check_single_server
 
     @property
     def loads(self) -> int:  # type: ignore[override]
@@ -230,8 +234,12 @@ class ServerRunner(Runner):
             protocol, reason = "two-servers", TWO_SERVER_TYPES[cfg.spec_type]
         else:
             protocol, reason = "single-server", None
+        check_key = (binary, target, draft, cfg.spec_type, tuple(_without_ctx(vanilla_argv)),
+                     tuple(split_server_args(cfg.engine.server_args)[1]))
+        if protocol == "single-server" and self._checked.get(check_key):
+            protocol, reason = "two-servers", self._checked[check_key]
         return Plan(binary, info, target, draft, tokens, n_ctx, threads, config, vanilla_argv, spec_argv,
-                    protocol, reason, ubatch)
+                    protocol, reason, ubatch, check_key)
 
     def server(self, plan: Plan, role: str, *, cancel: Callable[[], bool] = _never,
                ubatch: int | None = None) -> tuple[LlamaServer, bool]:
@@ -332,19 +340,54 @@ class ServerRunner(Runner):
                                            cancel=cancel, on_step=emit)
             rec = {"form": "token-by-token", "server": _server_record(sserver), **_tbt_record(tbt, len(plan.tokens))}
             problem = _chain_problem(tbt, len(plan.tokens))
-            if problem is None:
-                if arm.stop_reason != "cancelled":
-                    self.vanilla_runs += 1
-                    self._vanilla[key] = (arm, rec)
+            if problem is None and arm.stop_reason == "cancelled":
                 return arm, rec
-            self.progress(f"the one-token requests did not run plain decoding ({problem}): running the vanilla "
-                          "arm on its own server")
+            ref = None
+            if problem is None and self.check_single_server and plan.check_key not in self._checked:
+                # once per (binary, target, drafter, spec type, flags): the premise, against a server without the drafter
+                self.progress("checking the one-token requests against a server without the drafter")
+                ref, ref_rec = self._one_request_vanilla(plan, cfg, None, cancel)
+                diff = arm_difference(arm, ref)
+                rec["check"] = {"against": "the vanilla arm of a server without the drafter (one request)",
+                                "server": ref_rec["server"], "identical": diff is None, "difference": diff}
+                if diff is not None:
+                    problem = f"the one-token requests gave another vanilla arm than a server without the drafter ({diff})"
+                self._checked[plan.check_key] = None if diff is None else (
+                    f"on the drafter's server {problem}, so the vanilla arm ran on a server without the drafter")
+            elif problem is None and plan.check_key in self._checked:
+                rec["check"] = {"identical": True, "earlier": True}
+            if problem is None:
+                self.vanilla_runs += 1 + (ref is not None)
+                self._vanilla[key] = (arm, rec)
+                return arm, rec
             fallback = f"on the drafter's server {problem}, so the vanilla arm ran on a server without the drafter"
+            self._checked[plan.check_key] = fallback
+            self.progress(f"the one-token requests did not run plain decoding ({problem}): using the vanilla arm of "
+                          "a server without the drafter")
+            if ref is not None:
+                arm, rec = ref, dict(ref_rec, fallback=fallback, check=rec.get("check"))
+                if emit:
+                    for st in arm.steps:
+                        emit(st)
+                self.vanilla_runs += 2
+                self._vanilla[key] = (arm, rec)
+                return arm, rec
         else:
             fallback = None
+        arm, rec = self._one_request_vanilla(plan, cfg, emit, cancel)
+        if fallback:
+            rec["fallback"] = fallback
+        self.vanilla_runs += 1
+        self._vanilla[key] = (arm, rec)
+        return arm, rec
+
+    def _one_request_vanilla(self, plan: Plan, cfg: RunConfig, emit: Callable[[Any], None] | None,
+                             cancel: Callable[[], bool]) -> tuple[ArmResult, dict[str, Any]]:
+        """The vanilla arm as one request on a server without the drafter."""
+        vm = self.vocab(plan.target)
         vserver, _ = self.server(plan, "vanilla", cancel=cancel)
         self.progress(f"vanilla arm: {cfg.max_tokens} tokens on llama-server pid {vserver.pid}")
-        body = completion_body(plan.tokens, cfg.max_tokens, n_probs=n_probs, ignore_eos=cfg.ignore_eos)
+        body = completion_body(plan.tokens, cfg.max_tokens, n_probs=max(cfg.top_k, 2), ignore_eos=cfg.ignore_eos)
         resp = vserver.post("/completion", body, cancel=cancel)
         arm = arm_from_response("vanilla", resp, prompt_len=len(plan.tokens), piece=vm.piece)
         last = ((len(plan.tokens) - 1) % cfg.engine.n_batch) + 1
@@ -354,12 +397,7 @@ class ServerRunner(Runner):
         if emit:
             for st in arm.steps:
                 emit(st)
-        rec = {"form": "one-request", "server": _server_record(vserver), "timings": resp.get("timings")}
-        if fallback:
-            rec["fallback"] = fallback
-        self.vanilla_runs += 1
-        self._vanilla[key] = (arm, rec)
-        return arm, rec
+        return arm, {"form": "one-request", "server": _server_record(vserver), "timings": resp.get("timings")}
 
     def _speculative_arm(self, plan: Plan, cfg: RunConfig, server: LlamaServer, on_event: EventFn | None,
                          cancel: Callable[[], bool]) -> tuple[ArmResult, dict[str, Any]]:
@@ -417,7 +455,7 @@ class ServerRunner(Runner):
                              "list_devices": info["devices_raw"], "spec_types": info["spec_types"]},
             **host_environment(),
         }
-        srv = self.pool.find(plan.binary, plan.spec_argv) if plan.ubatch is None else None
+        srv = self.pool.find(plan.binary, plan.spec_argv)
         n_ctx = plan.n_ctx
         if srv is not None and "-c" in srv.args:
             n_ctx = int(srv.args[srv.args.index("-c") + 1])  # a reused server may have a larger context
@@ -483,6 +521,18 @@ def _chain_problem(tbt: TokenByToken, prompt_len: int) -> str | None:
         j = off[0]
         return (f"request {j} evaluated {tbt.evaluated[j]} tokens where plain decoding evaluates "
                 f"{prompt_len if j == 0 else 1}")
+    return None
+
+
+def arm_difference(a: ArmResult, b: ArmResult) -> str | None:
+    """Where two vanilla arms differ: a token, or a log-probability where both report the row (None: they agree)."""
+    for x, y in zip(a.steps, b.steps):
+        if x.token != y.token:
+            return f"token {x.index}: {x.token} against {y.token}"
+        if x.top_ids and y.top_ids and (x.top_ids != y.top_ids or x.top_logits != y.top_logits):
+            return f"the log-probabilities of token {x.index}"
+    if len(a.tokens) != len(b.tokens):
+        return f"{len(a.tokens)} tokens against {len(b.tokens)}"
     return None
 
 

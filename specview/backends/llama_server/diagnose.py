@@ -422,7 +422,8 @@ def _printable_replays(vrep: dict[str, Any], vagain: ArmResult, reps: dict[str, 
     has it, with the others).
     """
     at = reps["at_fork"]
-    pick = next((x for x in at if row and x["T"] == row + 1), None) or next((x for x in at if x["token"] == b), None)
+    flipped = [x for x in at if x["token"] == b and x["evaluated"] == x["T"]]
+    pick = next((x for x in flipped if row and x["T"] == row + 1), None) or next(iter(flipped), None)
     if gap is None or lower or pick is None or pick["token"] != b or pick["gap_b_minus_a"] is None:
         return None
     st = vagain.steps[i] if i < len(vagain.steps) else None
