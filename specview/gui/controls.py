@@ -468,8 +468,9 @@ class RunControls(QWidget):
             self.sigPromptEdited.emit()
 
 
-class ControlsPanel(QScrollArea):
-    """The dock's contents: the run controls, then whether to re-run and diagnose, and Run / Cancel."""
+class ControlsPanel(QWidget):
+    """The dock's contents: the run controls (scrolling), and below them, always in view, whether to
+    re-run and diagnose, and Run / Cancel."""
 
     def __init__(self, prompts: dict[str, str], parent: QWidget | None = None):
         super().__init__(parent)
@@ -478,6 +479,12 @@ class ControlsPanel(QScrollArea):
         lay.setContentsMargins(6, 6, 6, 6)
         self.controls = RunControls(prompts)
         lay.addWidget(self.controls)
+        lay.addStretch(1)
+        self.scroll = QScrollArea()
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.scroll.setWidget(panel)
+        self.scroll.setMinimumWidth(panel.sizeHint().width() + 24)
         box = QGroupBox("Run")
         rl = QVBoxLayout(box)
         self.auto_run = QCheckBox("re-run when a setting changes")
@@ -493,6 +500,7 @@ class ControlsPanel(QScrollArea):
         self.run_button = QPushButton("Run")
         self.run_button.setObjectName("run_button")
         self.run_button.setToolTip("run both arms (Ctrl+R, F5)")
+        self.run_button.setDefault(True)
         self.cancel_button = QPushButton("Cancel")
         self.cancel_button.setObjectName("cancel_button")
         self.cancel_button.setToolTip("stop the run within one forward pass (Esc)")
@@ -500,9 +508,12 @@ class ControlsPanel(QScrollArea):
         buttons.addWidget(self.run_button)
         buttons.addWidget(self.cancel_button)
         rl.addLayout(buttons)
-        lay.addWidget(box)
-        lay.addStretch(1)
-        self.setWidgetResizable(True)
-        self.setFrameShape(QFrame.Shape.NoFrame)
-        self.setWidget(panel)
-        self.setMinimumWidth(panel.sizeHint().width() + 24)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.setSpacing(0)
+        outer.addWidget(self.scroll, 1)
+        run = QWidget()
+        run_lay = QVBoxLayout(run)
+        run_lay.setContentsMargins(6, 2, 6, 6)
+        run_lay.addWidget(box)
+        outer.addWidget(run)

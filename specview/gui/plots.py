@@ -355,6 +355,8 @@ class MarginPlot(TimedPlot):
         self.diagnosis: dict | None = None
         self.apply_palette(self.palette())
         self.scene().sigMouseClicked.connect(self._clicked)
+        self._legend_entry(self.envelope, None)
+        self._legend_entry(self.at_risk, None)
         self.show_empty(True)
 
     def apply_palette(self, palette: QPalette) -> None:
@@ -362,6 +364,7 @@ class MarginPlot(TimedPlot):
         base = palette.color(QPalette.ColorRole.Base)
         text = palette.color(QPalette.ColorRole.Text)
         dark = is_dark(palette)
+        self._text_colour = text.name()
         self.vanilla.setPen(pg.mkPen(VANILLA_HUE.lighter(140) if dark else VANILLA_HUE, width=1))
         self._spec_colour = SPEC_HUE.lighter(115) if dark else SPEC_HUE
         self._wide = None
@@ -382,10 +385,13 @@ class MarginPlot(TimedPlot):
             item[1].setAttr("color", text.name())
             item[1].setText(item[1].text)
 
-    def _set_legend_name(self, item, name: str) -> None:
-        for sample, label in self.legend.items:
-            if sample.item is item:
-                label.setText(name)
+    def _legend_entry(self, item, name: str | None) -> None:
+        """Name ``item`` in the legend as ``name``; None takes it out."""
+        self.legend.removeItem(item)
+        if name is not None:
+            self.legend.addItem(item, name)
+            self.legend.items[-1][1].setAttr("color", self._text_colour)
+            self.legend.items[-1][1].setText(name)
 
     @staticmethod
     def margins(steps: Sequence[Step]) -> np.ndarray:
@@ -473,16 +479,19 @@ class MarginPlot(TimedPlot):
         self.gap_lines = []
         self.envelope.setData([], [])
         self.envelope_base.setData([], [])
-        self._set_legend_name(self.envelope, "replay envelope")
         self.at_risk.setData([], [])
+        self._legend_entry(self.envelope, None)  # the legend names only what is drawn
+        self._legend_entry(self.at_risk, None)
         if self.diagnosis is None:
             return ""
+        envelope_name = None
         notes = []
         x, y = envelope_series(self.diagnosis.get("envelope"))
         if len(x):
             self.envelope.setData(x, y)
             self.envelope_base.setData(x, np.zeros_like(y))
             notes.append("envelope")
+            envelope_name = "replay envelope"
         env = self.diagnosis.get("envelope")
         if isinstance(env, dict):
             figures = []
@@ -495,13 +504,15 @@ class MarginPlot(TimedPlot):
                     self.gap_lines.append(ln)
                     figures.append(f"{key} {v:.3f}")
             if figures:
-                self._set_legend_name(self.envelope, "replay envelope (" + ", ".join(figures) + ")")
+                envelope_name = "replay envelope (" + ", ".join(figures) + ")"
+        self._legend_entry(self.envelope, envelope_name)
         risk = at_risk_positions(self.diagnosis.get("at_risk"))
         if risk:
             m = self.margins(vanilla)
             xs = [p for p in risk if 0 <= p < len(m)]
             self.at_risk.setData(np.array(xs, float), np.array([m[p] for p in xs], float))
             notes.append(f"{len(risk)} at-risk position{'s' if len(risk) != 1 else ''}")
+            self._legend_entry(self.at_risk, "at risk")
         return ", ".join(notes)
 
     def _clicked(self, ev) -> None:

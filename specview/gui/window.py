@@ -168,14 +168,14 @@ class MainWindow(QMainWindow):
         w.sigRunStarted.connect(self._on_started)
         w.sigArmStarted.connect(self._on_arm_started)
         w.sigSteps.connect(self.live.on_steps)
+        w.sigDiagnosing.connect(self._on_diagnosing)
         w.sigFinished.connect(self._on_finished)
         w.sigFailed.connect(self._on_failed)
         w.sigProgress.connect(self._on_progress)
         w.sigDerived.connect(self._on_derived)
         w.sigPreloaded.connect(self._on_preloaded)
         w.sigMatrixCell.connect(self.matrix_tab.on_cell)
-        w.sigMatrixFinished.connect(
-            lambda ev: self.matrix_tab.on_finished(ev, show_verdict=self.tabs.currentWidget() is self.matrix_tab))
+        w.sigMatrixFinished.connect(self._on_matrix_finished)  # a bound slot: queued into this thread
 
     @property
     def verdict_kind(self) -> str:
@@ -356,6 +356,15 @@ class MainWindow(QMainWindow):
         fork = f" · arms differ from token {live.first_diff}" if live.first_diff is not None else ""
         self.verdict.show_text(f"Running: vanilla {nv}/{total} tokens, speculative {ns}/{total}{fork}", "info")
 
+    def _on_diagnosing(self, ev: RunStarted) -> None:
+        if not self._current(ev.request_id):
+            return
+        self.live.stop()
+        fork = self.live.live.first_diff
+        if fork is not None:
+            self.verdict.show_text(f"The arms differ from token {fork}: diagnosing the fork (replays and controls)… "
+                                   "Esc cancels.", "info")
+
     def _on_progress(self, ev: Progress) -> None:
         # progress messages come while models load or derive and while the fork is diagnosed,
         # not while tokens stream: show an indeterminate bar until the next tokens arrive
@@ -416,6 +425,10 @@ class MainWindow(QMainWindow):
         if req is not None:
             self.tabs.setCurrentWidget(self.matrix_tab)
         return req
+
+    def _on_matrix_finished(self, ev: Any) -> None:
+        # a cell opened meanwhile keeps its verdict
+        self.matrix_tab.on_finished(ev, show_verdict=self.tabs.currentWidget() is self.matrix_tab)
 
     def _matrix_verdict(self, text: str, kind: str, tooltip: str) -> None:
         self.verdict.show_text(text, kind)

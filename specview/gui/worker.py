@@ -182,6 +182,7 @@ class ModelWorker(QObject):
     sigStep = Signal(object)  # StepEvent, one per token
     sigRound = Signal(object)  # RoundEvent, one per speculative round
     sigSteps = Signal(object)  # StepsEvent, a batch of tokens and rounds
+    sigDiagnosing = Signal(object)  # RunStarted: both arms are done, the diagnosis runs
     sigFinished = Signal(object)  # RunFinished
     sigFailed = Signal(object)  # RunFailed
     sigProgress = Signal(object)  # Progress
@@ -246,7 +247,8 @@ class ModelWorker(QObject):
             cancelled = req.cancelled or "cancelled" in (trace.vanilla.stop_reason, trace.speculative.stop_reason)
             diag_error = None
             if req.diagnose and not cancelled and trace.diagnosis is None:
-                self._progress("diagnosing the fork")
+                self.sigDiagnosing.emit(RunStarted(req.id, req.cfg))
+                self._progress("diagnosing the fork" if not trace.comparison.identical else "diagnosing the run")
                 try:
                     result = runner.diagnose(trace, req.cfg, controls=False, progress=self._progress,
                                              cancel=req.cancel_event.is_set)
