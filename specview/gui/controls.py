@@ -121,6 +121,18 @@ def backend_facts(name: str) -> tuple[str, str]:
     return (getattr(src, "label", "") or name), (getattr(src, "model_kind", "") or "gguf")
 
 
+def special_text(f: Field) -> str:
+    """What a setting's lowest value means, in a word or two, when its declaration says so
+    (``special=...``, or its help text's "``-1 = all``"); "" when it does not."""
+    if f.metadata.get("special"):
+        return str(f.metadata["special"])
+    lo = f.metadata.get("min")
+    m = re.search(r"(-?\d+)\s*=\s*([^,;(]+)", f.metadata.get("help") or "")
+    if lo is None or m is None or int(m.group(1)) != lo:
+        return ""
+    return m.group(2).strip()
+
+
 def _tooltip(f: Field) -> str:
     flags = " / ".join(f.metadata.get("flags") or ())
     helptext = f.metadata.get("help") or ""
@@ -151,6 +163,9 @@ class SettingControl:
             w = QSpinBox()
             lo, hi = meta.get("min"), meta.get("max")
             w.setRange(int(lo) if lo is not None else -INT_MAX, int(hi) if hi is not None else INT_MAX)
+            special = special_text(f)
+            if special:
+                w.setSpecialValueText(special)  # "-1 = all" reads better as "all"
             w.setKeyboardTracking(False)
             w.valueChanged.connect(on_change)
             self.label = label

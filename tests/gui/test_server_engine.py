@@ -54,3 +54,24 @@ def test_a_bad_server_binary_is_named_in_the_window(tmp_path, make_window):
     assert w.engine_problem is None and w.controls["server_bin"].isHidden()
     offered = [w.spec_type.itemData(i) for i in range(w.spec_type.count())]
     assert offered == ["draft-simple", "ngram-simple", "none"]
+
+
+def test_run_matrix_runs_every_cell_on_the_users_llama_server(server_bin, make_window, qtbot, tmp_path):
+    """Run > Run matrix with the llama-server engine: every cell runs on the server runner (it used to fail
+    every cell with "unknown engine", the matrix being handed an in-process session)."""
+    from specview.gui.matrix import matrix_spec
+
+    w = make_window(settings_path=None)
+    w.set_controls(backend="llama-server", server_bin=server_bin, target="demo:Q8_0", draft="demo:Q4_0",
+                   spec_type="draft-simple", max_tokens=16, diagnose=False, chat=True, threads=1,
+                   prompt="Write an essay on the importance of sleep for students.")
+    assert w.engine_problem is None
+    spec = matrix_spec(w.build_config(), ["demo:Q8_0"], ["demo:Q4_0", "none"], [3], diagnose=False)
+    with qtbot.waitSignal(w.sigMatrixFinished, timeout=RUN_TIMEOUT) as blk:
+        assert w.run_matrix(spec, out_dir=tmp_path / "m") is not None
+    doc = blk.args[0].doc
+    assert doc["status"] == "complete" and len(doc["cells"]) == doc["n_cells"] == 2
+    assert all(c["status"] == "ok" for c in doc["cells"]), [c.get("error") for c in doc["cells"]]
+    assert {c["config"]["backend"] for c in doc["cells"]} == {"llama-server"}
+    assert all(c["n_vanilla"] == 16 for c in doc["cells"])
+    assert type(w.host.worker.runner).__module__.startswith("specview.backends.llama_server")
