@@ -41,7 +41,13 @@ from PySide6.QtWidgets import (
 
 from ..core.config import EngineSettings, RunConfig, check_value, declared, default_of
 from ..core.errors import ConfigError, SpecviewError
-from ..core.registry import BUILTIN_BACKENDS, Backend, backend_names, backend_problem, get_backend
+from ..core.registry import (
+    BUILTIN_BACKENDS,
+    Backend,
+    backend_names,
+    backend_problem,
+    get_backend,
+)
 from .model_picker import ModelPicker
 from .settings import default_run
 
@@ -409,7 +415,6 @@ class RunControls(QWidget):
     def _refresh_engine(self, keep: Any, *, stick: bool = False) -> None:
         """Model kind, engine-specific rows, the engine's problem and spec types; ``stick`` keeps ``keep`` offered."""
         name = self.backend_name()
-        be = backend_or_none(name)
         kind = backend_facts(name)[1]
         for picker in (self.target, self.draft):
             picker.set_model_kind(kind)

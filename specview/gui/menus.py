@@ -1,4 +1,4 @@
-"""The main window's menus and keyboard shortcuts.
+"""The main window's menus, keyboard shortcuts and file dialogs.
 
 Every action is stored on the window (``window.act_run``, ...), so tests and
 other code can trigger it as a user would.
@@ -6,10 +6,12 @@ other code can trigger it as a user would.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
+from PySide6.QtWidgets import QFileDialog
 
 from .theme import THEMES
 
@@ -18,12 +20,12 @@ def build_menus(w: Any) -> None:
     """Give the main window ``w`` its File, Run and View menus."""
     mb = w.menuBar()
     m_file = mb.addMenu("&File")
-    w.act_open = QAction("&Open trace…", w, shortcut=QKeySequence.StandardKey.Open, triggered=w.open_dialog)
-    w.act_save = QAction("&Save trace…", w, shortcut=QKeySequence.StandardKey.Save, triggered=w.save_dialog)
+    w.act_open = QAction("&Open trace…", w, shortcut=QKeySequence.StandardKey.Open, triggered=lambda: open_dialog(w))
+    w.act_save = QAction("&Save trace…", w, shortcut=QKeySequence.StandardKey.Save, triggered=lambda: save_dialog(w))
     w.act_save.setEnabled(False)
     w.act_open_matrix = QAction("Open &Matrix…", w, shortcut=QKeySequence("Ctrl+Shift+O"),
                                 triggered=w.matrix_tab._choose_file)
-    w.act_export = QAction("&Export Report…", w, shortcut=QKeySequence("Ctrl+E"), triggered=w.export_dialog)
+    w.act_export = QAction("&Export Report…", w, shortcut=QKeySequence("Ctrl+E"), triggered=lambda: export_dialog(w))
     w.act_export.setToolTip("write the HTML and Markdown report of the trace on screen into a folder")
     w.act_export.setEnabled(False)
     act_quit = QAction("&Quit", w, shortcut=QKeySequence.StandardKey.Quit, triggered=w.close)
@@ -67,3 +69,23 @@ def build_menus(w: Any) -> None:
         m_theme.addAction(a)
         w.theme_actions[name] = a
     m_view.addAction(w.controls_dock.toggleViewAction())
+
+
+def open_dialog(w: Any) -> None:
+    path, _ = QFileDialog.getOpenFileName(w, "Open a specview trace or matrix", str(Path.cwd()),
+                                          "specview traces and matrices (*.json);;All files (*)")
+    if path:
+        w.open_trace(path)
+
+
+def save_dialog(w: Any) -> None:
+    path, _ = QFileDialog.getSaveFileName(w, "Save the trace", str(Path.cwd() / "trace.json"), "specview traces (*.json)")
+    if path:
+        w.save_trace(path)
+
+
+def export_dialog(w: Any) -> None:
+    folder = QFileDialog.getExistingDirectory(w, "Folder for the report (report.html, report.md and plots)",
+                                              str(Path.cwd()))
+    if folder:
+        w.export_report(folder)

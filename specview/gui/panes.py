@@ -14,11 +14,25 @@ import html
 import math
 import time
 from bisect import bisect_right
-from typing import Sequence
+from collections.abc import Sequence
 
 from PySide6.QtCore import QEvent, QPoint, Qt, Signal
-from PySide6.QtGui import QColor, QFont, QPalette, QTextCharFormat, QTextCursor, QTextFormat
-from PySide6.QtWidgets import QLabel, QSplitter, QTextEdit, QToolTip, QVBoxLayout, QWidget
+from PySide6.QtGui import (
+    QColor,
+    QFont,
+    QPalette,
+    QTextCharFormat,
+    QTextCursor,
+    QTextFormat,
+)
+from PySide6.QtWidgets import (
+    QLabel,
+    QSplitter,
+    QTextEdit,
+    QToolTip,
+    QVBoxLayout,
+    QWidget,
+)
 
 from ..core.trace import Step
 

@@ -111,3 +111,24 @@ def remember(recent: list[str], *names: str | None) -> list[str]:
                 out.remove(name)
             out.insert(0, name)
     return out[:RECENT_MAX]
+
+
+def restore_geometry(window: Any, geometry: Any) -> None:
+    """Put ``window`` where it was (``geometry`` as saved); on a small screen use all of it, else a good size."""
+    import base64
+
+    from PySide6.QtCore import QByteArray
+    from PySide6.QtWidgets import QApplication
+
+    if isinstance(geometry, str):
+        try:
+            if window.restoreGeometry(QByteArray(base64.b64decode(geometry))):
+                return
+        except (ValueError, TypeError):
+            pass
+    screen = QApplication.primaryScreen()
+    avail = screen.availableGeometry() if screen is not None else None
+    if avail is not None and avail.width() <= 1700 and avail.height() <= 1100:
+        window.setGeometry(avail)
+    else:
+        window.resize(1480, 920)

@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QByteArray, QSignalBlocker, Qt, QTimer, Signal
-from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QLabel, QMainWindow, QProgressBar, QTabWidget,
-                               QVBoxLayout, QWidget)
+from PySide6.QtCore import QSignalBlocker, Qt, QTimer, Signal
+from PySide6.QtWidgets import (QApplication, QDockWidget, QLabel, QMainWindow, QProgressBar, QTabWidget, QVBoxLayout,
+                               QWidget)
 
 from ..core.config import EngineSettings, RunConfig, settings_class
 from ..core.errors import ConfigError, SpecviewError
@@ -28,12 +28,12 @@ from .live import Live, LiveView
 from .matrix import MatrixDialog, MatrixTab, is_matrix_file
 from .matrix.tab import TAB_TIP
 from .menus import build_menus
-from .side_by_side import SideBySide, mismatch_positions  # noqa: F401  (mismatch_positions: the window's API)
-from .settings import read_settings, remember, write_settings
+from .settings import read_settings, remember, restore_geometry, write_settings
+from .side_by_side import SideBySide
 from .theme import apply_theme
 from .verdict_bar import VerdictBar, diagnosis_tooltip, speed_text, trace_verdict
-from .worker import (ArmStarted, Derived, DeriveRequest, MatrixRequest, Progress, PreloadRequest, RunFailed,
-                     RunFinished, RunRequest, RunStarted, WorkerHost)
+from .worker import (ArmStarted, Derived, DeriveRequest, MatrixRequest, PreloadRequest, Progress, RunFailed, RunFinished,
+                     RunRequest, RunStarted, WorkerHost)
 
 AUTO_RUN_MS = 450  # debounce for flip-and-see
 AUTO_RUN_PROMPT_MS = 1200  # longer while typing a prompt
@@ -74,7 +74,7 @@ class MainWindow(QMainWindow):
         self._connect_worker()
         self._apply_settings(self.settings)
         self.apply_theme(self.settings.get("theme", "system"))
-        self._restore_geometry()
+        restore_geometry(self, self.settings.get("geometry"))
         self.auto_timer = QTimer(self)
         self.auto_timer.setSingleShot(True)
         self.auto_timer.timeout.connect(self._auto_run)
@@ -209,21 +209,6 @@ class MainWindow(QMainWindow):
                              recent=remember(self.settings.get("recent", []), run.get("target"), run.get("draft")),
                              geometry=base64.b64encode(bytes(self.saveGeometry())).decode("ascii"))
         write_settings(self.settings_path, self.settings)
-
-    def _restore_geometry(self) -> None:
-        g = self.settings.get("geometry")
-        if isinstance(g, str):
-            try:
-                if self.restoreGeometry(QByteArray(base64.b64decode(g))):
-                    return
-            except (ValueError, TypeError):
-                pass
-        screen = QApplication.primaryScreen()
-        avail = screen.availableGeometry() if screen is not None else None
-        if avail is not None and avail.width() <= 1700 and avail.height() <= 1100:
-            self.setGeometry(avail)  # a small screen: use all of it
-        else:
-            self.resize(1480, 920)
 
     # ------------------------------------------------------------- config
     def build_config(self) -> RunConfig:
@@ -584,24 +569,6 @@ class MainWindow(QMainWindow):
             return None
         self._set_status(f"saved {p}")
         return p
-
-    def open_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Open a specview trace or matrix", str(Path.cwd()),
-                                              "specview traces and matrices (*.json);;All files (*)")
-        if path:
-            self.open_trace(path)
-
-    def save_dialog(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Save the trace", str(Path.cwd() / "trace.json"),
-                                              "specview traces (*.json)")
-        if path:
-            self.save_trace(path)
-
-    def export_dialog(self) -> None:
-        folder = QFileDialog.getExistingDirectory(self, "Folder for the report (report.html, report.md and plots)",
-                                                  str(Path.cwd()))
-        if folder:
-            self.export_report(folder)
 
     # ------------------------------------------------------------ theme
     def apply_theme(self, name: str) -> None:

@@ -13,7 +13,7 @@ from PySide6.QtWidgets import QApplication
 
 from specview.gui import export
 from specview.gui.panes import MISMATCH_HUE
-from specview.gui.plots import VANILLA_HUE, SPEC_HUE
+from specview.gui.plots import SPEC_HUE, VANILLA_HUE
 from specview.gui.theme import light_palette
 
 

@@ -6,15 +6,13 @@ A fake engine registered through the same door as the real ones
 
 from __future__ import annotations
 
-
 import pytest
+from conftest import synthetic_trace
 from PySide6.QtWidgets import QDialog
 
 from specview.core.config import EngineSettings, RunConfig
 from specview.core.registry import Backend, Runner, register_backend, unregister_backend
 from specview.core.trace import Trace
-
-from conftest import synthetic_trace
 
 FAKE = "fake-engine"
 

@@ -13,7 +13,7 @@ from PySide6.QtTest import QTest
 
 from specview.gui import models as gmodels
 from specview.gui.panes import Tints
-from specview.gui.window import mismatch_positions
+from specview.gui.side_by_side import mismatch_positions
 
 
 def contrast(a, b) -> float:
