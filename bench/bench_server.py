@@ -10,7 +10,8 @@ protocols run it in the same process, one after the other, on the same cells:
   drafter, server flags), kept across cells; the vanilla arm as one-token
   requests on it, cached per prompt;
 * **two servers per cell** (the former behaviour): a vanilla server and a
-  speculative server started for every cell and stopped after it.
+  speculative server started for every cell and stopped after it, both arms
+  run in every cell.
 
 Prints the cells, the server starts and the wall time of each, their ratio,
 and checks that both produced the same tokens in every cell.
@@ -55,13 +56,15 @@ def main() -> int:
           f"{args.tokens} tokens per arm, {args.target} + {args.draft}, -t {args.threads}")
 
     results = {}
-    for name, kw in (("single-server", {}), ("two servers per cell", {"single_server": False, "keep_servers": False})):
+    protocols = (("single-server", {}, True),
+                 ("two servers per cell", {"single_server": False, "keep_servers": False}, False))
+    for name, kw, reuse in protocols:
         runner = ServerRunner(**kw)
         tokens = []
         t0 = time.perf_counter()
         try:
             for c in cells:
-                t = runner.run(c)
+                t = runner.run(c, reuse_vanilla=reuse)
                 tokens.append((tuple(t.vanilla.tokens), tuple(t.speculative.tokens)))
         finally:
             runner.close()
