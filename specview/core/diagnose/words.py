@@ -205,8 +205,9 @@ def format_verdict(diag: dict[str, Any]) -> str:
                          f"logits over {env['positions']} shared positions (top-{env['top_k']} union){at_fork}")
     if th.get("far") is not None:
         nt = th.get("near_tie")
-        lines.append(f"  thresholds  (supporting numbers; they decide only where the serial-verify control cannot "
-                     f"run) near-tie: both replays reproduce and gap <= far; within the envelope: gap <= "
+        lines.append(f"  thresholds  (supporting numbers where the serial-verify control ran, except that a gap "
+                     f"above far reads state regardless) near-tie: both replays reproduce and gap <= far; within "
+                     f"the envelope: gap <= "
                      f"max {'n/a' if nt is None else f'{nt:.4f}'}; state: gap > far = max({th['far_factor']:g} x "
                      f"envelope max, {th['far_floor']:g}) = {th['far']:.4f}, or a replay that does not reproduce "
                      f"its arm (tolerance {th['logit_tol']:g} logits)")
