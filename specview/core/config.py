@@ -31,7 +31,7 @@ FLASH_ATTN_VALUES = ("auto", "on", "off")
 KV_TYPES = ("f16", "f32", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
 #: the demo the CLI and the app open with (the names resolve in the llama.cpp backend)
-DEMO_TARGET = "demo:Q8_0"
+DEMO_TARGET = "demo:Q4_K_M"  # K-quant weights: batched (>= 4 rows) and single-token passes take different kernels
 DEMO_DRAFT = "demo:Q4_0"
 
 

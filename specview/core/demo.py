@@ -19,7 +19,7 @@ DEMO_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEMO_SHIPPED = "Q4_1"
 DEMO_QUANTS = ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_1", "Q4_0")
 
-#: the prompt the demo opens with; on demo:Q8_0 with a demo:Q4_0 draft its two arms fork
+#: the prompt the demo opens with (the text of the built-in essay prompt)
 DEMO_PROMPT = "Write an essay on the importance of sleep for students."
 
 
