@@ -138,3 +138,20 @@ def test_no_gui_code_compares_an_engine_name_with_a_string():
     hits = [f"{p.name}:{i}" for p in root.rglob("*.py") for i, line in enumerate(p.read_text().splitlines(), 1)
             if pattern.search(line)]
     assert hits == []
+
+
+def test_a_matrix_around_the_controls_keeps_every_other_setting(make_window):
+    """The cell of a Run matrix that has the run's own target, draft and n_max is exactly the run on screen."""
+    from specview.core.matrix import cell_config, expand
+    from specview.gui.matrix import matrix_spec
+
+    w = make_window()
+    cfg = RunConfig(target="demo:Q8_0", draft="demo:Q4_0", n_max=4, n_min=1, p_min=0.25, serial_verify=True,
+                    max_tokens=48, ignore_eos=True, top_k=12, prompt="hello there",
+                    engine=EngineSettings(n_batch=128, n_ubatch=1, kv_type="q8_0", threads=2, flash_attn="off"))
+    w.controls.set_config(cfg)
+    spec = matrix_spec(w.build_config(), ["demo:Q8_0", "demo:Q4_K_M"], ["demo:Q4_0", "none"], [1, 4], diagnose=False)
+    same = [cell_config(spec, p) for p in expand(spec)
+            if p.target == cfg.target and p.drafter == cfg.draft and p.n_max == cfg.n_max]
+    assert len(same) == 1
+    assert same[0] == cfg

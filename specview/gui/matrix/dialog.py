@@ -21,9 +21,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ...core.config import RunConfig
+from ...core.config import RunConfig, get_setting
 from ...core.errors import SpecviewError
 from ...core.matrix import MatrixSpec, PromptSpec, expand, model_label
+from ...core.matrix.spec import axis_fields, cell_settings
 
 DEMO_TARGETS = ("demo:F16", "demo:Q8_0", "demo:Q4_K_M")
 
@@ -45,15 +46,20 @@ def matrix_choices(cfg: RunConfig) -> dict[str, list[tuple[object, bool]]]:
 
 def matrix_spec(cfg: RunConfig, targets: list[str], drafters: list[str], n_max: list[int], *,
                 diagnose: bool = True) -> MatrixSpec:
-    """A matrix over ``targets`` x ``drafters`` x ``n_max`` sharing ``cfg``'s prompt and settings."""
+    """A matrix over ``targets`` x ``drafters`` x ``n_max`` sharing ``cfg``'s prompt and every other setting.
+
+    The settings a matrix declares (its axes and the settings its cells share) are taken from ``cfg`` by
+    the same declarations the matrix is built from, so no setting of the run on screen is dropped.
+    """
     if cfg.prompt_tokens:
         prompt = PromptSpec(name="tokens", tokens=tuple(cfg.prompt_tokens), chat=False)
     else:
         prompt = PromptSpec(name="prompt", text=cfg.prompt or "", chat=cfg.chat)
-    spec = MatrixSpec(targets=list(targets), drafters=list(drafters), n_max=list(n_max), p_min=[cfg.p_min],
-                      flash_attn=[cfg.engine.flash_attn], prompts=[prompt], max_tokens=cfg.max_tokens,
-                      n_min=cfg.n_min, ignore_eos=cfg.ignore_eos, top_k=cfg.top_k, backend=cfg.backend,
-                      engine=replace(cfg.engine), diagnose=diagnose)
+    kw = {f.name: [get_setting(cfg, f.name)] for f in axis_fields()}
+    kw.update({f.name: getattr(cfg, f.name) for f in cell_settings(RunConfig)})
+    kw.update(targets=list(targets), drafters=list(drafters), n_max=list(n_max), prompts=[prompt],
+              backend=cfg.backend, engine=replace(cfg.engine), diagnose=diagnose)
+    spec = MatrixSpec(**kw)
     spec.validate()
     return spec
 
