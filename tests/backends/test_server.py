@@ -367,3 +367,26 @@ def test_cancel_keeps_what_was_computed_and_the_runner_stops_its_server_on_close
         assert again.speculative.tokens == t.vanilla.tokens[:8]
         assert again.extra["server"]["speculative"]["server"]["pid"] == spid
     assert spid in started and _all_gone(started)
+
+
+def test_a_llama_server_matrix_with_no_diagnose_diagnoses_nothing_and_shares_its_servers(server_bin, tmp_path, capsys):
+    import json
+
+    from specview.cli import main
+
+    out = tmp_path / "m.json"
+    code = main(["matrix", "--engine", "llama-server", "--server-bin", server_bin, "-t", "1", "-c", "512",
+                 "--targets", "demo:Q4_K_M", "--drafters", "demo:Q4_0,ngram-simple", "--n-max", "2,3",
+                 "--tokens", "1,504,3458,282,1060", "--tokens", "1,9690,46,1391,1060", "-n", "16", "--no-diagnose",
+                 "-o", str(out), "-q"])
+    assert code in (0, 1), capsys.readouterr().err
+    doc = json.loads(out.read_text())
+    cells = doc["cells"]
+    assert cells and all(c["status"] == "ok" for c in cells)
+    assert all(not c["diagnosed"] and c["verdict"] == ("identical" if c["identical"] else "diverged") for c in cells)
+    # one server per (drafter, n_max, p_min) plus the drafter-free one the pairs were checked against,
+    # instead of two per cell; the vanilla arm once per prompt plus the check's
+    n_servers = len({(c["params"]["drafter"], c["params"]["n_max"], c["params"]["p_min"]) for c in cells})
+    assert doc["counters"]["loads"] <= n_servers + 1 < 2 * len(cells)
+    n_prompts = len({c["params"]["prompt"] for c in cells})
+    assert doc["counters"]["vanilla_runs"] <= n_prompts + 2 and doc["counters"]["speculative_runs"] == len(cells)

@@ -66,6 +66,8 @@ NOT_REPORTED = {
 }
 #: spec types whose drafter changes the target's own passes, so the vanilla arm needs its own server
 TWO_SERVER_TYPES: dict[str, str] = {}
+#: how many servers of one target stay up at once (least recently used goes first), on the CPU and with a GPU
+CPU_SERVERS, GPU_SERVERS = 8, 2
 
 
 def _never() -> bool:
@@ -261,6 +263,9 @@ class ServerRunner(Runner):
         cancel = cancel or _never
         cfg = self._defaults(cfg)
         plan = self.plan(cfg)
+        # on the CPU the servers of one target share its weights through the page cache (mmap); each GPU
+        # server holds its own copy, so fewer stay up there
+        self.pool.limit = CPU_SERVERS if not plan.info["devices"] or cfg.engine.gpu_layers == 0 else GPU_SERVERS
         starts0 = self.pool.starts
         say = self.progress
         record: dict[str, Any] = {
