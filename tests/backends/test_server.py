@@ -390,3 +390,25 @@ def test_a_llama_server_matrix_with_no_diagnose_diagnoses_nothing_and_shares_its
     assert doc["counters"]["loads"] <= n_servers + 1 < 2 * len(cells)
     n_prompts = len({c["params"]["prompt"] for c in cells})
     assert doc["counters"]["vanilla_runs"] <= n_prompts + 2 and doc["counters"]["speculative_runs"] == len(cells)
+
+
+def test_the_shared_openai_protocol_reads_llama_servers_v1_completions_as_its_native_endpoint(server_bin):
+    """specview.backends.local_server.openai (shared with the other server engines) on the real llama-server."""
+    from specview.backends.llama_server.process import LlamaServer
+    from specview.backends.llama_server.protocol import completion_body
+    from specview.backends.local_server import openai
+
+    model = get_backend("llama.cpp").resolve("demo:Q8_0")
+    toks = [1, 504, 3458, 282, 1060]
+    with LlamaServer(server_bin, ["-m", model, "-t", "1", "-c", "256", "-np", "1"], label="openai") as s:
+        s.wait_ready(timeout=120)
+        native = s.post("/completion", completion_body(toks, 12, n_probs=4))
+        choice, resp = openai.complete(s, "/v1/completions", openai.completion_body(toks, 12, top_logprobs=4))
+        assert openai.model_ids(s) == [model]
+    entries = openai.parse_logprobs(choice)
+    assert [e.id for e in entries] == native["tokens"] and openai.stop_reason(choice) == "max_tokens"
+    assert resp["usage"]["completion_tokens"] == 12 and resp["usage"]["prompt_tokens"] == len(toks)
+    for e, n in zip(entries, native["completion_probabilities"]):
+        assert e.top_ids == [t["id"] for t in n["top_logprobs"]]
+        assert e.top_logprobs == sorted(e.top_logprobs, reverse=True)
+        assert abs(e.margin - (n["top_logprobs"][0]["logprob"] - n["top_logprobs"][1]["logprob"])) < 1e-6
