@@ -49,10 +49,12 @@ class Candidate:
 
     def config(self, *, threads: int = 0, **overrides: Any) -> RunConfig:
         """The run; ``threads=0`` leaves the count to ``$SPECVIEW_THREADS`` or the machine."""
-        kw: dict[str, Any] = dict(target=self.target, draft=self.draft, prompt=prompt_text(self.prompt),
-                                  max_tokens=self.max_tokens, n_max=self.n_max,
-                                  engine=EngineSettings(threads=threads, flash_attn=self.flash_attn))
-        kw.update(overrides)
+        kw: dict[str, Any] = {
+            "target": self.target, "draft": self.draft, "prompt": prompt_text(self.prompt),
+            "max_tokens": self.max_tokens, "n_max": self.n_max,
+            "engine": EngineSettings(threads=threads, flash_attn=self.flash_attn),
+            **overrides,
+        }
         return RunConfig(**kw)
 
     def describe(self) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -107,8 +107,8 @@ class RollbackKeepsDraft(Engine):
 class FaultyBackend:
     """Wraps the llama.cpp backend; engines opened on a file in ``fault_paths`` are faulty."""
 
-    fault_paths: set[str] = set()
-    engines: list[RollbackKeepsDraft] = []
+    fault_paths: ClassVar[set[str]] = set()
+    engines: ClassVar[list[RollbackKeepsDraft]] = []
 
     @classmethod
     def make(cls):
