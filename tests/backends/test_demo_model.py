@@ -7,6 +7,7 @@ import pytest
 
 from specview.backends.llama_cpp import default_threads
 from specview.backends.llama_cpp import demo
+from forks import find_fork
 from specview.core.session import RunConfig, Session
 
 pytestmark = pytest.mark.demo
@@ -62,13 +63,17 @@ def test_counts_add_up(session, demo_paths):
     assert sum(r.drafted for r in s.rounds) == s.n_drafted >= s.n_accepted > 0
 
 
-def test_a_quantized_target_forks_from_vanilla(session, demo_paths):
-    t = session.run(cfg(demo_paths, "Q4_K_M", max_tokens=96))
-    assert not t.comparison.identical
+def test_a_natural_fork_comes_after_a_batched_verify(session):
+    # where (and whether) a quantized target forks depends on this CPU: find one over a fixed set of
+    # configurations, and assert what holds for any natural fork
+    t = find_fork(session).trace
     i = t.comparison.first_mismatch.index
     assert t.vanilla.tokens[:i] == t.speculative.tokens[:i]
     assert t.vanilla.tokens[i] != t.speculative.tokens[i]
-    assert t.speculative.steps[i].batch_size > 1  # the fork came out of a batched verify pass
+    # had every pass up to the fork been single-token, the speculative arm would have computed exactly what
+    # vanilla computed: some verify pass up to and including the fork's carried drafted tokens
+    assert any(r.batch_size > 1 for r in t.speculative.rounds[1:] if r.first_step <= i)
+    assert len(t.speculative.tokens) == t.speculative.n_accepted + len(t.speculative.rounds)
 
 
 class PlainLlama:
