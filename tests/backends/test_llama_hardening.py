@@ -134,9 +134,10 @@ def test_the_draft_context_chunks_at_its_real_n_batch_too(model, tiny_target, ti
     van = run_to_end(vanilla_greedy(LlamaEngine(model, s, n_ctx=16), prompt, opts))
     drafter = ModelDrafter(LlamaEngine(d, s, n_ctx=16), n_max=3, n_batch=512)
     assert drafter.n_batch == 16
-    spec = run_to_end(speculative_greedy(LlamaEngine(model, s, n_ctx=16), drafter, prompt, opts, n_max_hint=3))
+    spec = run_to_end(speculative_greedy(LlamaEngine(model, s, n_ctx=16), drafter, prompt, opts, n_max_hint=3,
+                                         serial_verify=True))
     assert spec.n_drafted > 0 and len(spec.tokens) == spec.n_accepted + len(spec.rounds)
-    assert spec.tokens == van.tokens  # F32 tiny model: lossless
+    assert spec.tokens == van.tokens  # verify rows as single-token passes: exactly vanilla, on any CPU
     d.close()
 
 
