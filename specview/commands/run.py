@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from ..core.config import DEMO_DRAFT, DEMO_TARGET, RunConfig
+from ..core.config import DEMO_DRAFT, DEMO_TARGET, DRAFT_FILE_TYPES, RunConfig
 from ..core.demo import DEMO_PROMPT, is_demo_name
 from ..core.diagnose import format_verdict
 from ..core.errors import ConfigError, SpecviewError
@@ -56,7 +56,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
             raise SpecviewError("--spec-type draft-simple needs --draft FILE (a smaller model with the same tokenizer); "
                                 "or use --spec-type ngram-simple, which needs no draft model")
         kw["draft"] = DEMO_DRAFT
-    elif spec_type != "draft-simple":
+    elif spec_type not in DRAFT_FILE_TYPES:  # n-gram, MTP heads and none draft from no second file
         kw["draft"] = None
     if args.tokens is not None:
         kw["prompt_tokens"] = parse_tokens(args.tokens)
