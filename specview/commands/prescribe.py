@@ -12,7 +12,7 @@ from .common import Progress
 from .kernels import add_map_flags, backend_of, check_output, map_from_args
 
 DEFAULT_WIDTHS = "1-9"
-DEFAULT_POSITIONS = 64
+DEFAULT_POSITIONS = 256  # as long as a default run: a kernel can change with the KV length
 
 
 def _ints(text: str) -> list[int]:

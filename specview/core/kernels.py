@@ -383,9 +383,10 @@ class _Acc:
         self.stats = WidthStats(width=width, differing_by_row=[0] * width)
         self.deltas: list[float] = []
         self.margins: list[float] = []  # single-token margin of every row's position
+        self.first: tuple[int, int] | None = None  # (prompt order, token) of the earliest differing row
 
-    def see(self, prompt: str, j: int, i: int, single: np.ndarray, row: np.ndarray, tops: dict, k: int,
-            margin: float) -> None:
+    def see(self, prompt: str, order: int, j: int, i: int, single: np.ndarray, row: np.ndarray, tops: dict,
+            k: int, margin: float) -> None:
         st = self.stats
         st.rows += 1
         self.margins.append(margin)
@@ -398,7 +399,8 @@ class _Acc:
         u = np.union1d(ids_s, ids_b)
         self.deltas.append(float(np.max(np.abs(single[u].astype(np.float64) - row[u].astype(np.float64)))))
         st.differing_by_row[i] += 1
-        if st.first_difference is None:
+        if self.first is None or (order, j) < self.first:  # blocks run last-first: keep the earliest
+            self.first = (order, j)
             st.first_difference = (prompt, j, i)
         if int(np.argmax(single)) != int(np.argmax(row)):
             st.flips += 1
@@ -466,7 +468,7 @@ def map_target(session: Any, target: str, prompts: Sequence[PromptSpec], widths:
     accs = {w: _Acc(w) for w in widths}
     stopped: set[int] = set()
     out_prompts = []
-    for p, toks in zip(prompts, seqs):
+    for order, (p, toks) in enumerate(zip(prompts, seqs)):
         if cancel():
             raise Cancelled("kernel map cancelled")
         say(f"kernel map: {target} {settings_label(settings) or 'default settings'}, prompt {p.name}: "
@@ -505,7 +507,7 @@ def map_target(session: Any, target: str, prompts: Sequence[PromptSpec], widths:
             out = eng.eval(seq[s - 1:s - 1 + w], rows=range(w))
             for i in range(w):
                 j = s + i
-                accs[w].see(p.name, j, i, rows[j], out[i], tops, top_k, margins[j])
+                accs[w].see(p.name, order, j, i, rows[j], out[i], tops, top_k, margins[j])
             if stop_at_difference and accs[w].stats.identical < accs[w].stats.rows:
                 stopped.add(w)
                 accs[w].stats.stopped = True

@@ -75,6 +75,11 @@ def heatmap(km: KernelMap) -> str:
     return "\n".join(lines)
 
 
+def _first(st: WidthStats) -> str:
+    fd = st.first_difference
+    return f", the first at {fd[0]} token {fd[1]}" if fd else ""
+
+
 def verdict_line(t: TargetMap) -> str:
     """One sentence: which draft lengths the map proves lossless for this target."""
     if not t.deterministic:
@@ -90,11 +95,11 @@ def verdict_line(t: TargetMap) -> str:
         if bad is None:
             return "width 2 was not measured: no draft length can be proven lossless from this map"
         return (f"no draft length is proven lossless: width 2 already differs at {bad.rows - bad.identical} of "
-                f"{bad.rows} rows (max |dlogit| {_num(bad.max_delta)}, {bad.flips} argmax flips)")
+                f"{bad.rows} rows{_first(bad)} (max |dlogit| {_num(bad.max_delta)}, {bad.flips} argmax flips)")
     s = f"n_max <= {n} is proven lossless here (widths 1-{n + 1} bit-identical; {t.evidence(range(1, n + 2))})"
     if first_bad is not None:
         b = t.widths[first_bad]
-        s += (f"; width {first_bad} differs at {b.rows - b.identical} of {b.rows} rows "
+        s += (f"; width {first_bad} differs at {b.rows - b.identical} of {b.rows} rows{_first(b)} "
               f"(max |dlogit| {_num(b.max_delta)}, {b.flips} argmax flips)")
     others = [w for w in safe if w > n + 1]
     if others:

@@ -122,6 +122,7 @@ def test_planted_kernel_switch_gives_the_safe_widths_and_n_max(toy):
         assert st.identical == (st.rows if w < 5 else 0)
         assert (st.max_delta == 0.0) == (w < 5)
         assert sum(st.differing_by_row) == st.rows - st.identical
+        assert st.first_difference == (None if w < 5 else ("tokens1", 1, 0))  # the earliest, not the first run
     assert [p.tokens[:3] for p in t.prompts] == [ToyModel(0).greedy(p, 3) for p in PROMPTS]
     text = km.table()
     assert "n_max <= 3 is proven lossless" in text and "width 5 differs" in text
