@@ -46,6 +46,9 @@ def light_palette() -> QPalette:
     p.setColor(C.Highlight, QColor(48, 110, 210))
     p.setColor(C.HighlightedText, QColor(255, 255, 255))
     p.setColor(C.Link, QColor(30, 90, 200))
+    p.setColor(C.PlaceholderText, QColor(128, 130, 136))
+    for role in (C.Text, C.ButtonText, C.WindowText):  # a disabled control must look disabled
+        p.setColor(QPalette.ColorGroup.Disabled, role, QColor(150, 152, 158))
     return p
 
 

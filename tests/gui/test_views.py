@@ -308,3 +308,20 @@ def test_long_runs_bin_the_acceptance_bars_by_mean(make_window):
     assert a[0] == (0 + 1 + 2) / 3 and a[-1] == np.mean([i % 4 for i in range(b * (len(a) - 1), n)])
     assert x[-1] == n - 0.5  # the last bin ends at the last round
     assert f"means of {b}" in w.acceptance.summary
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_disabled_controls_look_disabled_in_every_theme(make_window, qapp, theme):
+    from PySide6.QtGui import QPalette
+
+    w = make_window()
+    old = qapp.palette()
+    try:
+        w.apply_theme(theme)
+        pal = qapp.palette()
+        for role in (QPalette.ColorRole.ButtonText, QPalette.ColorRole.Text):
+            on = pal.color(QPalette.ColorGroup.Active, role)
+            off = pal.color(QPalette.ColorGroup.Disabled, role)
+            assert abs(on.lightness() - off.lightness()) >= 60, (theme, role)
+    finally:
+        qapp.setPalette(old)
