@@ -15,8 +15,9 @@ It combines two measurements taken here:
   contradicted (that would be a state bug or a map that missed a shape).
 
 ``-ub 1`` (every verify row computed in its own single-token micro-batch) is
-mapped too, over the widths of the ``n_max`` it would be used with, and
-measured; so is the fastest lossy setting, for comparison, with its
+mapped too, at the fastest ``n_max`` that is not proven lossless without it,
+over that ``n_max``'s widths, and measured: the price of forcing that speed
+to be lossless.  The fastest lossy setting is shown for comparison, with its
 divergence rate from a suite result file (``specview matrix --suite``) when
 one is given, else from the short runs.
 """
@@ -347,12 +348,13 @@ def prescribe(
                 lossless.append(Claim("n_max", t.label, best_safe.n_max, True,
                                       t.evidence(range(1, best_safe.n_max + 2)), best_safe,
                                       note="fastest of the proven n_max"))
-        lossy += [m for n, m in cache.items() if not safe or n > safe]
-        fastest = max(cache.values(), key=lambda m: m.speedup or 0.0) if cache else None
+        lossy_here = [m for n, m in cache.items() if not safe or n > safe]
+        lossy += lossy_here
         ub_claim = None
-        # -ub 1 is worth its cost only where the fastest setting is not already proven lossless
-        if ub1 and t.settings.n_ubatch != 1 and fastest is not None and not (safe and fastest.n_max <= safe):
-            n = fastest.n_max
+        # -ub 1 can make a lossy n_max lossless: map and measure it at the fastest lossy one
+        if ub1 and t.settings.n_ubatch != 1 and lossy_here:
+            base = max(lossy_here, key=lambda m: m.speedup or 0.0)
+            n = base.n_max
             st1 = replace(t.settings, n_ubatch=1)
             say(f"prescription: mapping {t.target} with -ub 1 over widths 1-{n + 1}")
             km1 = kernel_map(session, [t.target], prompts, range(1, n + 2), kmap.positions, st1, backend=backend,
@@ -360,8 +362,12 @@ def prescribe(
             t1 = km1.targets[0]
             proven = t1.safe_n_max() is not None and t1.safe_n_max() >= n
             m1 = speed(n, st1)
-            cost = (f"-ub 1 costs {100 * (1 - m1.speedup / fastest.speedup):.0f}% of the speed of the same n_max "
-                    f"at -ub {t.settings.n_ubatch}" if m1.speedup and fastest.speedup else "")
+            cost = ""
+            if m1.speedup and base.speedup:
+                ratio = m1.speedup / base.speedup
+                cost = (f"-ub 1 costs {100 * (1 - ratio):.0f}% of the speed of the same n_max at "
+                        f"-ub {t.settings.n_ubatch}" if ratio < 1 else
+                        f"-ub 1 measured no slower than the same n_max at -ub {t.settings.n_ubatch}")
             ub_claim = Claim("ub1", t.label, n, proven, t1.evidence(), m1, note=cost)
             if proven:
                 lossless.append(ub_claim)
