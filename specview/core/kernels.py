@@ -31,16 +31,8 @@ directly, before any generation, for every width asked:
    it is bit-identical.  If it is not, nothing in the map proves anything and
    the target is marked nondeterministic.
 
-Per target and width the map keeps: rows compared, rows bit-identical to the
-single-token row (every logit, bit for bit), the max and p95 over rows of
-the row's shift (the largest |logit difference| over the union of both rows'
-top-k), argmax flips, and how many measured positions have a single-token
-top-1/top-2 margin below the width's max shift (positions at risk, as the
-diagnosis counts them).  A width is *bit-identical* when every row is.
-
-Cost: one single-token walk per target and prompt (``positions + max width -
-1`` passes) plus ``ceil(positions / T)`` passes of width ``T`` per width.
-Memory: the walk's rows, ``(positions + max width) x n_vocab`` float32.
+The figures per target and width, the cost and what a "proven lossless" claim
+rests on are described in ``docs/kernels.md``.
 """
 
 from __future__ import annotations
@@ -58,7 +50,7 @@ from .config import EngineSettings, check_value
 from .errors import BackendUnavailable, Cancelled, ConfigError, SpecviewError
 from .generate import prefill
 from .prompts import PromptError, PromptSpec, builtin_names, builtin_prompts
-from .kernels_text import heatmap, ranges, settings_label, table
+from .kernels_text import heatmap, parse_widths, ranges, settings_label, table
 from .topk import topk
 from .trace import json_safe, read_json, write_atomic
 
@@ -95,23 +87,6 @@ def as_prompts(items: Iterable[Any]) -> list[PromptSpec]:
     if not out:
         raise KernelMapError("the kernel map needs at least one prompt")
     return out
-
-
-def parse_widths(text: str) -> tuple[int, ...]:
-    """``"1-16"``, ``"1,2,4-8"`` -> sorted widths; width 1 (the control) is always included."""
-    out: set[int] = {1}
-    for part in str(text).replace(" ", "").split(","):
-        if not part:
-            continue
-        lo, sep, hi = part.partition("-")
-        try:
-            a, b = int(lo), int(hi) if sep else int(lo)
-        except ValueError:
-            raise ConfigError(f"{part!r} is not a width or a range like 1-16", setting="widths") from None
-        if a < 1 or b < a:
-            raise ConfigError(f"{part!r}: widths are >= 1 and ranges run low-high", setting="widths")
-        out.update(range(a, b + 1))
-    return tuple(sorted(out))
 
 
 # -- results -----------------------------------------------------------------------------
@@ -612,23 +587,6 @@ def _environment(backend: str) -> dict[str, Any]:
     return env
 
 
-__all__ = [
-    "DEFAULT_POSITIONS",
-    "DEFAULT_WIDTHS",
-    "SCHEMA",
-    "KernelMap",
-    "KernelMapError",
-    "PromptSpec",
-    "PromptSequence",
-    "TargetMap",
-    "WidthStats",
-    "as_prompts",
-    "block_starts",
-    "builtin_prompts",
-    "kernel_map",
-    "map_target",
-    "parse_widths",
-    "passes_needed",
-    "settings_label",
-    "tokens_needed",
-]
+__all__ = ["DEFAULT_POSITIONS", "DEFAULT_WIDTHS", "SCHEMA", "KernelMap", "KernelMapError", "PromptSequence",
+           "TargetMap", "WidthStats", "as_prompts", "block_starts", "kernel_map", "map_target", "parse_widths",
+           "passes_needed", "settings_label", "tokens_needed"]

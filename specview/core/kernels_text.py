@@ -1,4 +1,4 @@
-"""The kernel map as text: the per-width table and an ASCII heatmap (target x width)."""
+"""The kernel map as text: the per-width table, an ASCII heatmap (target x width), and widths as text."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import math
 from typing import Any, Sequence
 
 from .config import EngineSettings
+from .errors import ConfigError
 
 # the map's classes (specview.core.kernels) are duck-typed here: kernels imports this module, not the reverse
 KernelMap = TargetMap = WidthStats = Any
@@ -37,6 +38,23 @@ def ranges(ws: Sequence[int]) -> str:
         out.append(str(ws[i]) if i == j else f"{ws[i]}-{ws[j]}")
         i = j + 1
     return ", ".join(out)
+
+
+def parse_widths(text: str) -> tuple[int, ...]:
+    """``"1-16"``, ``"1,2,4-8"`` -> sorted widths; width 1 (the control) is always included."""
+    out: set[int] = {1}
+    for part in str(text).replace(" ", "").split(","):
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        try:
+            a, b = int(lo), int(hi) if sep else int(lo)
+        except ValueError:
+            raise ConfigError(f"{part!r} is not a width or a range like 1-16", setting="widths") from None
+        if a < 1 or b < a:
+            raise ConfigError(f"{part!r}: widths are >= 1 and ranges run low-high", setting="widths")
+        out.update(range(a, b + 1))
+    return tuple(sorted(out))
 
 
 def settings_label(settings: EngineSettings) -> str:
