@@ -127,7 +127,8 @@ def verdict_line(t: TargetMap) -> str:
 
 def target_table(t: TargetMap) -> str:
     q = t.model.get("quantization") or "?"
-    head = (f"{t.label}  ({q}; threads {t.threads_used or '?'}; {len(t.prompts)} prompt(s) x "
+    threads = f"threads {t.threads_used}; " if t.threads_used else ""
+    head = (f"{t.label}  ({q}; {threads}{len(t.prompts)} prompt(s) x "
             f"{t.prompts[0].positions if t.prompts else 0} positions; {t.seconds:.1f} s)")
     cols = (f"  {'width':>5} {'rows':>6} {'bit-identical':>16} {'max|Δ|':>9} {'p95|Δ|':>9} {'flips':>6} "
             f"{'margin<max|Δ|':>14}")
