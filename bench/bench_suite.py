@@ -1,6 +1,7 @@
 """The prompt suite as one matrix against one ``specview run`` process per prompt, measured in the same run.
 
-    python bench/bench_suite.py [--tokens 256] [--limit N] [--threads T] [--stop-after-fork 16] [--full-text]
+    python bench/bench_suite.py [--tokens 256] [--limit N] [--repeats R] [--threads T] [--stop-after-fork 16]
+                                [--full-text]
 
 Contender A is ``specview matrix --suite`` (the demo's default setting, ``--no-diagnose``): one process,
 each model loaded once, the vanilla arm computed once per prompt, and each speculative arm stopped a few
@@ -9,8 +10,9 @@ processes, one per prompt, as a user without the suite would.  Both are real com
 subprocesses, so process start-up and model loading count on both sides.
 
 Prints both wall times, their ratio, the tokens each side generated, and a check that both sides found
-the same fork (or none) for every prompt: a faster suite that disagreed would be worthless.  The load
-average before and after is printed too; on a shared machine compare the ratio, not the seconds.
+the same fork (or none) for every prompt: a faster suite that disagreed would be worthless.  With
+``--repeats R`` the two contenders alternate R times and each keeps its best time, so a shared machine's
+load hurts both alike; the load average before and after is printed too.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--limit", type=int, default=None, help="only the first N suite prompts (default all)")
     ap.add_argument("--threads", type=int, default=0, help="-t for both sides (0: every core)")
+    ap.add_argument("--repeats", type=int, default=1, help="alternate the two sides this many times; best of each")
     ap.add_argument("--stop-after-fork", type=int, default=None, help="the suite's default unless given")
     ap.add_argument("--full-text", action="store_true", help="suite cells generate their whole text too")
     args = ap.parse_args()
@@ -79,19 +82,22 @@ def main() -> int:
         else:
             suite_argv = _cmd("matrix", "--suite", *common, *stop, "-o", str(matrix_out))
         print("A:", " ".join(suite_argv[2:]))
-        t_suite, _ = _run(suite_argv)
-        doc = json.loads(matrix_out.read_text(encoding="utf-8"))
-        print(f"   {t_suite:.1f} s")
-
         print(f"B: specview run -f PROMPT {' '.join(common)} --json OUT, once per prompt")
-        t_runs, runs = 0.0, []
         for i, p in enumerate(prompts):
-            pf, out = d / f"p{i}.txt", d / f"run{i}.json"
-            pf.write_text(p.text or "", encoding="utf-8")
-            dt, _ = _run(_cmd("run", "-f", str(pf), *common, "--json", str(out)))
-            t_runs += dt
-            runs.append(json.loads(out.read_text(encoding="utf-8")))
-        print(f"   {t_runs:.1f} s")
+            (d / f"p{i}.txt").write_text(p.text or "", encoding="utf-8")
+        t_suite = t_runs = float("inf")
+        for rep in range(args.repeats):
+            dt, _ = _run(suite_argv)
+            t_suite = min(t_suite, dt)
+            doc = json.loads(matrix_out.read_text(encoding="utf-8"))
+            total, runs = 0.0, []
+            for i in range(len(prompts)):
+                out = d / f"run{i}.json"
+                dtr, _ = _run(_cmd("run", "-f", str(d / f"p{i}.txt"), *common, "--json", str(out)))
+                total += dtr
+                runs.append(json.loads(out.read_text(encoding="utf-8")))
+            t_runs = min(t_runs, total)
+            print(f"   round {rep + 1}: A {dt:.1f} s, B {total:.1f} s (load average {os.getloadavg()[0]:.1f})")
 
     cells = {c["params"]["prompt"]: c for c in doc["cells"]}
     agree = forks = 0
