@@ -19,6 +19,7 @@ matrix file; a front end adds its own way of naming it (a flag, a control).
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
 from typing import Any, Iterator, Sequence
 
@@ -339,3 +340,40 @@ def with_setting(cfg: RunConfig, name: str, value: Any) -> RunConfig:
 
 def get_setting(cfg: RunConfig, name: str) -> Any:
     return getattr(cfg.engine if settings_class(name) is EngineSettings else cfg, name)
+
+
+# -- threads ----------------------------------------------------------------------------
+THREADS_VARIABLE = "SPECVIEW_THREADS"
+
+
+def default_threads() -> int:
+    """Threads when --threads is 0: ``$SPECVIEW_THREADS`` if set to a positive number, else every usable core.
+
+    llama.cpp's worker threads spin at barriers, so on a busy machine fewer
+    threads than cores can be much faster; the variable lets a user (or a
+    shared build machine) say so once.  ``0`` (or unset) means every core; any
+    other value that is not a whole number is refused rather than ignored, since
+    the thread count can move the logits.
+    """
+    env = os.environ.get(THREADS_VARIABLE, "").strip()
+    if env:
+        if not env.isdigit():
+            raise ConfigError(
+                f"${THREADS_VARIABLE}={env!r} is not a whole number of threads; set it to a number "
+                "such as 2 (0 means every core), or unset it", setting="threads")
+        if int(env) > 0:
+            return int(env)
+    return usable_cores()
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS has one, else every core)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # macOS and Windows have no sched_getaffinity
+        return max(1, os.cpu_count() or 1)
+
+
+def resolve_threads(threads: int) -> int:
+    """The thread count a context really gets for the ``threads`` setting (0: :func:`default_threads`)."""
+    return int(threads) if threads and threads > 0 else default_threads()

@@ -13,7 +13,7 @@ import os
 import platform
 from typing import Any, Iterable
 
-from .config import EngineSettings
+from .config import THREADS_VARIABLE, EngineSettings, default_threads
 from .facts import STATUSES, Fact
 from .registry import backend_names, get_backend
 
@@ -28,16 +28,10 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def threads_default() -> tuple[int, str]:
-    """The thread count a run with ``-t 0`` uses, and where it comes from."""
-    env = os.environ.get("SPECVIEW_THREADS", "").strip()
-    if env.isdigit() and int(env) > 0:
-        return int(env), "$SPECVIEW_THREADS"
-    return max(1, os.cpu_count() or 1), "every core"
-
-
 def machine_facts() -> list[Fact]:
-    n, source = threads_default()
+    n = default_threads()
+    source = f"${THREADS_VARIABLE}" if os.environ.get(THREADS_VARIABLE, "").strip() not in ("", "0") else \
+        "every core this process may use"
     return [
         Fact("machine", "cpu", cpu_name(), f"CPU: {cpu_name()} ({os.cpu_count() or '?'} cores, {platform.machine()})",
              "info"),

@@ -22,6 +22,7 @@ from .drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
 from .config import RunConfig
 from .engine import Engine, EngineSettings, SpecviewError, check_draft_compatible
 from .generate import Event, GenOptions, context_needed, run_to_end, speculative_greedy, vanilla_greedy
+from .doctor import cpu_name, environment_facts, machine_facts
 from .engine import LoadedModel
 from .registry import Backend, Runner, get_backend
 from .trace import ArmResult, Trace
@@ -172,7 +173,7 @@ class Session(Runner):
         be = get_backend(cfg.backend)
         config = cfg.to_dict()
         config["n_ctx_used"] = n_ctx
-        env = {"specview": __version__, "backend": cfg.backend, **be.environment(), **host_environment()}
+        env = {"specview": __version__, "backend": cfg.backend, **be.environment(), **host_environment(be, cfg.engine)}
         return Trace(
             config=config,
             environment=env,
@@ -184,16 +185,29 @@ class Session(Runner):
         )
 
 
-def host_environment() -> dict[str, Any]:
-    """The machine half of a trace's ``environment``, shared by every engine."""
-    return {
+def host_environment(backend: Backend | None = None, settings: EngineSettings | None = None) -> dict[str, Any]:
+    """The machine half of a trace's ``environment``, shared by every engine.
+
+    With the run's ``backend`` it also carries ``setup``: what ``specview doctor``
+    says of that engine and this machine, without its slow checks, so a report
+    shows the devices, CPU features and thread count a run had.
+    """
+    env: dict[str, Any] = {
         "os": f"{platform.system()} {platform.release()}",
         "platform": platform.platform(),
         "machine": platform.machine(),
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "python": platform.python_version(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    facts = list(machine_facts())
+    if backend is not None:
+        try:
+            facts = list(backend.setup_facts(settings or EngineSettings(), deep=False)) + facts
+        except Exception as exc:  # a setup fact that cannot be read must not lose the run
+            env["setup_error"] = f"{type(exc).__name__}: {exc}"
+    env["setup"] = environment_facts(facts)
+    return env
 
 
 def prompt_record(cfg: RunConfig, tokens: list[int], *, chat_note: str | None = None) -> dict[str, Any]:
@@ -210,17 +224,6 @@ def prompt_record(cfg: RunConfig, tokens: list[int], *, chat_note: str | None = 
     if d["chat"] and chat_note:
         d["chat_note"] = chat_note
     return d
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 class InProcessBackend(Backend):

@@ -6,7 +6,10 @@ from pathlib import Path
 from typing import Any
 
 from ...core.config import EngineSettings
+from ...core.doctor import gpu_build_advice
 from ...core.engine import WrappedModel
+from ...core.errors import SpecviewError
+from ...core.facts import Fact
 from ...core.session import InProcessBackend
 from . import demo
 from .engine import LlamaEngine
@@ -42,3 +45,82 @@ class LlamaBackend(InProcessBackend):
 
     def environment(self) -> dict[str, Any]:
         return llama_environment()
+
+    def setup_facts(self, settings: EngineSettings, *, deep: bool = True) -> list[Fact]:
+        return setup_facts(settings, deep=deep)
+
+
+def cpu_features(system_info: str | None) -> list[str]:
+    """The CPU features llama.cpp's kernels use on this build ("AVX2", "AVX512", "DOTPROD" ...), from its system info."""
+    out: list[str] = []
+    for part in (system_info or "").replace("CPU :", "|").split("|"):
+        name, _, val = part.partition("=")
+        if val.strip() == "1" and name.strip():
+            out.append(name.strip())
+    return out
+
+
+def setup_facts(settings: EngineSettings, *, deep: bool = True, devices: list[dict[str, str]] | None = None,
+                placement: dict[str, int] | None = None) -> list[Fact]:
+    """What ``specview doctor`` says of llama.cpp here.  ``devices``/``placement`` replace what the build
+    reports (the tests fake a GPU machine with them)."""
+    env = llama_environment()
+    devices = env["ggml_devices"] if devices is None else devices
+    gpus = [d for d in devices if d.get("type", "CPU" if d.get("name") == "CPU" else "GPU") != "CPU"]
+    name = "llama.cpp"
+    facts = [
+        Fact(name, "version", env.get("llama_cpp_python"), f"llama-cpp-python {env.get('llama_cpp_python')}", "ok"),
+        Fact(name, "backends", env.get("ggml_backends"),
+             "built with the ggml backends: " + (", ".join(env.get("ggml_backends") or []) or "unknown"), "info"),
+        Fact(name, "devices", [d["name"] for d in devices],
+             "sees the devices: " + (", ".join(f"{d['name']} ({d.get('description') or d.get('type')})"
+                                               for d in devices) or "none reported"), "info"),
+    ]
+    feats = cpu_features(env.get("llama_cpp_system_info"))
+    facts.append(Fact(name, "cpu_features", feats,
+                      "CPU features its kernels use: " + (", ".join(feats) or "none reported")
+                      + " (they pick which kernel computes a batch, so they move the numerics)", "info"))
+    asked = settings.gpu_layers
+    if not gpus:
+        if asked > 0:
+            facts.append(Fact(name, "gpu", False,
+                              f"-ngl {asked} asks for a GPU, but this llama-cpp-python was built without a GPU backend: "
+                              "every layer runs on the CPU", "problem",
+                              advice="Rebuild llama-cpp-python for your GPU (a stale or missing CMAKE_ARGS silently "
+                              "gives a CPU-only build):\n" + gpu_build_advice()))
+        else:
+            facts.append(Fact(name, "gpu", False, "no GPU backend in this build: runs on the CPU", "info",
+                              advice=None if asked == 0 else "for a GPU build:\n" + gpu_build_advice()))
+    else:
+        facts.append(Fact(name, "gpu", [d["name"] for d in gpus],
+                          "GPU backend present: " + ", ".join(d["name"] for d in gpus), "ok"))
+    if deep:
+        facts.append(_offload_fact(settings, gpus, placement))
+    return facts
+
+
+def _offload_fact(settings: EngineSettings, gpus: list[dict[str, str]], placement: dict[str, int] | None) -> Fact:
+    """Load the demo's shipped GGUF with the asked -ngl and read back where its layers went."""
+    name = "llama.cpp"
+    ngl = settings.gpu_layers
+    if placement is None:
+        from ...core.demo import shipped_path
+
+        try:
+            path = shipped_path()
+        except SpecviewError as exc:
+            return Fact(name, "offload", None, f"offload not checked: {exc}", "info")
+        model = LlamaModel(path, gpu_layers=ngl)
+        try:
+            placement = dict(model.layer_devices)
+        finally:
+            model.close()
+    total = sum(placement.values())
+    on_gpu = sum(n for dev, n in placement.items() if not dev.upper().startswith("CPU"))
+    where = ", ".join(f"{n} on {dev}" for dev, n in placement.items()) or "no placement reported"
+    text = f"offload check (demo model, -ngl {'all' if ngl < 0 else ngl}): {where} of {total} layers"
+    if gpus and ngl != 0 and on_gpu == 0:
+        return Fact(name, "offload", placement, text, "problem",
+                    advice="the build sees a GPU but no layer moved to it: check the driver (e.g. `vulkaninfo`, "
+                    "`rocminfo`, `nvidia-smi`) and that -ngl is not 0")
+    return Fact(name, "offload", placement, text, "ok" if (on_gpu or not gpus or ngl == 0) else "warn")

@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import os
 import threading
 from pathlib import Path
 from typing import Any
 
-from ...core.errors import BackendUnavailable, ConfigError
-
-THREADS_VARIABLE = "SPECVIEW_THREADS"
+from ...core.config import THREADS_VARIABLE, default_threads, resolve_threads, usable_cores  # noqa: F401
+from ...core.errors import BackendUnavailable
 
 _lock = threading.Lock()
 _initialised = False
-_log_lines: collections.deque[str] = collections.deque(maxlen=200)
+_log_lines: collections.deque[str] = collections.deque(maxlen=2000)  # a model load logs a line per layer
 _log_cb = None  # keep the ctypes callback alive
 _ENV: dict[str, Any] | None = None
 
@@ -65,41 +63,17 @@ def recent_log(n: int = 8) -> str:
     return "\n".join(lines[-n:])
 
 
-def default_threads() -> int:
-    """Threads when --threads is 0: ``$SPECVIEW_THREADS`` if set to a positive number, else every usable core.
-
-    llama.cpp's worker threads spin at barriers, so on a busy machine fewer
-    threads than cores can be much faster; the variable lets a user (or a
-    shared build machine) say so once.  ``0`` (or unset) means every core; any
-    other value that is not a whole number is refused rather than ignored, since
-    the thread count can move the logits.
-    """
-    env = os.environ.get(THREADS_VARIABLE, "").strip()
-    if env:
-        if not env.isdigit():
-            raise ConfigError(
-                f"${THREADS_VARIABLE}={env!r} is not a whole number of threads; set it to a number "
-                "such as 2 (0 means every core), or unset it", setting="threads")
-        if int(env) > 0:
-            return int(env)
-    return usable_cores()
+def log_lines() -> list[str]:
+    """llama.cpp's log since the last :func:`clear_log`, as whole lines."""
+    return "".join(_log_lines).splitlines()
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity where the OS has one, else every core)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):  # macOS and Windows have no sched_getaffinity
-        return max(1, os.cpu_count() or 1)
+#: ggml's enum ggml_backend_dev_type
+DEVICE_TYPES = {0: "CPU", 1: "GPU", 2: "IGPU", 3: "ACCEL"}
 
 
-def resolve_threads(threads: int) -> int:
-    """The thread count a context really gets for the ``threads`` setting (0: :func:`default_threads`)."""
-    return int(threads) if threads and threads > 0 else default_threads()
-
-
-def ggml_devices() -> list[dict[str, str]]:
-    """The ggml backend devices this llama.cpp build sees (CPU, Vulkan0, ROCm0, Metal, CUDA0...)."""
+def _ggml() -> Any:
+    """libggml of this llama-cpp-python, with the device registry's signatures set; None if not found."""
     ll = _init()
     libdir = Path(ll.__file__).parent / "lib"
     # the device registry lives in libggml; dlsym on it also finds libggml-base's functions
@@ -114,7 +88,7 @@ def ggml_devices() -> list[dict[str, str]]:
             except OSError:
                 continue
     if lib is None or not hasattr(lib, "ggml_backend_dev_count"):
-        return []
+        return None
     lib.ggml_backend_dev_count.restype = ctypes.c_size_t
     lib.ggml_backend_dev_get.restype = ctypes.c_void_p
     lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
@@ -122,14 +96,39 @@ def ggml_devices() -> list[dict[str, str]]:
     lib.ggml_backend_dev_name.argtypes = [ctypes.c_void_p]
     lib.ggml_backend_dev_description.restype = ctypes.c_char_p
     lib.ggml_backend_dev_description.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_type.restype = ctypes.c_int
+    lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_reg_count.restype = ctypes.c_size_t
+    lib.ggml_backend_reg_get.restype = ctypes.c_void_p
+    lib.ggml_backend_reg_get.argtypes = [ctypes.c_size_t]
+    lib.ggml_backend_reg_name.restype = ctypes.c_char_p
+    lib.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
+    return lib
+
+
+def ggml_devices() -> list[dict[str, str]]:
+    """The ggml backend devices this llama.cpp build sees (CPU, Vulkan0, ROCm0, Metal, CUDA0...), with their type."""
+    lib = _ggml()
+    if lib is None:
+        return []
     out = []
     for i in range(lib.ggml_backend_dev_count()):
         d = lib.ggml_backend_dev_get(i)
         out.append({
             "name": (lib.ggml_backend_dev_name(d) or b"").decode("utf-8", "replace"),
             "description": (lib.ggml_backend_dev_description(d) or b"").decode("utf-8", "replace"),
+            "type": DEVICE_TYPES.get(int(lib.ggml_backend_dev_type(d)), "other"),
         })
     return out
+
+
+def ggml_backends() -> list[str]:
+    """The ggml backends this build was compiled with (CPU, Vulkan, ROCm, Metal, CUDA ...), seen or not."""
+    lib = _ggml()
+    if lib is None:
+        return []
+    return [(lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i)) or b"").decode("utf-8", "replace")
+            for i in range(lib.ggml_backend_reg_count())]
 
 
 def llama_environment() -> dict[str, Any]:
@@ -143,9 +142,11 @@ def llama_environment() -> dict[str, Any]:
             sysinfo = None
         try:
             devices = ggml_devices()
+            backends = ggml_backends()
         except Exception:
-            devices = []
+            devices, backends = [], []
         _ENV = {
+            "ggml_backends": backends,
             "llama_cpp_python": getattr(ll, "__version__", None),
             "llama_cpp_system_info": sysinfo,
             "ggml_devices": devices,

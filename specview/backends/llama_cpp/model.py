@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import re
 import os
 import threading
 import time
@@ -11,7 +12,7 @@ from typing import Any, Sequence
 
 from ...core.engine import VocabInfo
 from ...core.errors import ModelFileError, SpecviewError
-from .lib import _init, clear_log, recent_log
+from .lib import _init, clear_log, log_lines, recent_log
 
 GGUF_MAGIC = b"GGUF"
 _VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2", 7: "test"}
@@ -65,6 +66,19 @@ def _utf8(text: str) -> bytes:
         ) from None
 
 
+_ASSIGNED = re.compile(r"layer\s+\d+\s+assigned to device\s+(\S+?),")
+
+
+def layer_placement(lines: list[str]) -> dict[str, int]:
+    """How many layers llama.cpp put on each device, from its load log ("layer 3 assigned to device CPU, ...")."""
+    out: dict[str, int] = {}
+    for ln in lines:
+        m = _ASSIGNED.search(ln)
+        if m:
+            out[m.group(1)] = out.get(m.group(1), 0) + 1
+    return out
+
+
 class LlamaModel:
     """One GGUF file's weights, loaded once.
 
@@ -93,6 +107,7 @@ class LlamaModel:
                 f"this llama.cpp build does not know).\nllama.cpp said:\n{recent_log(6)}"
             )
         self.load_seconds = time.perf_counter() - t0
+        self.layer_devices = layer_placement(log_lines())
         self.ptr = model
         self.vocab_ptr = ll.llama_model_get_vocab(model)
         self._vocab: VocabInfo | None = None
@@ -130,6 +145,7 @@ class LlamaModel:
             "vocab_fingerprint": self.vocab.fingerprint(),
             "n_ctx_train": self.n_ctx_train,
             "gpu_layers": self.gpu_layers,
+            "layers_on": dict(self.layer_devices),
             "load_seconds": round(self.load_seconds, 3),
         }
 

@@ -24,7 +24,6 @@ user's version):
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -458,7 +457,7 @@ class ServerRunner(Runner):
             "engine": "llama-server",
             "llama_server": {"binary": info["binary"], "version": info["version"], "devices": info["devices"],
                              "list_devices": info["devices_raw"], "spec_types": info["spec_types"]},
-            **host_environment(),
+            **host_environment(get_backend("llama-server"), cfg.engine),
         }
         srv = self.pool.find(plan.binary, plan.spec_argv)
         n_ctx = plan.n_ctx

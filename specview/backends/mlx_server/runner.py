@@ -253,7 +253,7 @@ class MLXServerRunner(Runner):
             fp = fp or s.fingerprint
         server_env = {"program": program, "fingerprint": fp, **_fingerprint_versions(fp)}
         env = {"specview": __version__, "backend": self.backend.name, **self.backend.environment(),
-               "mlx_server": server_env, **host_environment()}
+               "mlx_server": server_env, **host_environment(self.backend, cfg.engine)}
 
         def facts(m: Any) -> dict[str, Any]:
             f = m.facts()
