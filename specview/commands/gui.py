@@ -20,6 +20,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--run", action="store_true", help="start a run with the remembered settings as soon as the window opens")
     p.add_argument("--no-preload", action="store_true", help="do not load the models before the first run")
     p.add_argument("--fresh", action="store_true", help="ignore the remembered models and settings (start from the demo)")
+    p.add_argument("--smoke", metavar="OUT.json", default=None,
+                   help="self-test: open the window on the demo with fresh settings, run it, write the trace to "
+                   "OUT.json and exit (0 ok, 1 error, 3 no trace in time); what a packager runs on a built bundle")
+    p.add_argument("-n", "--max-tokens", dest="smoke_tokens", type=int, default=16,
+                   help="tokens per arm for --smoke (default 16)")
     p.set_defaults(func=main)
     return p
 
@@ -34,4 +39,5 @@ def main(args: argparse.Namespace) -> int:
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise SpecviewError(f"the desktop app needs PySide6 and pyqtgraph ({exc}); install them with "
                             "`pip install PySide6-Essentials pyqtgraph`") from exc
-    return run_app(path=args.trace, theme=args.theme, run=args.run, preload=not args.no_preload, fresh=args.fresh)
+    return run_app(path=args.trace, theme=args.theme, run=args.run, preload=not args.no_preload, fresh=args.fresh,
+                   smoke=args.smoke, smoke_tokens=args.smoke_tokens)

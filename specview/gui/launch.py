@@ -12,9 +12,18 @@ from .window import MainWindow
 
 
 def run_app(*, path: str | None = None, theme: str | None = None, run: bool = False, preload: bool = True,
-            fresh: bool = False) -> int:
-    """Open the window and run the event loop until it closes; the exit status."""
+            fresh: bool = False, smoke: str | None = None, smoke_tokens: int = 16,
+            smoke_timeout: float = 1800.0) -> int:
+    """Open the window and run the event loop until it closes; the exit status.
+
+    ``smoke`` (a trace path) is the self-test a packager runs on a built bundle:
+    the window opens on the demo with fresh settings, runs ``smoke_tokens``
+    tokens per arm, writes the trace there and exits 0; an error exits 1, and no
+    trace within ``smoke_timeout`` seconds exits 3.
+    """
     app = application(argv=sys.argv[:1])
+    if smoke:
+        return _smoke(app, smoke, smoke_tokens, smoke_timeout)
     settings_path = default_settings_path()
     if fresh and settings_path.exists():
         settings_path = settings_path.with_name("gui.fresh.json")
@@ -35,3 +44,37 @@ def run_app(*, path: str | None = None, theme: str | None = None, run: bool = Fa
     elif run:
         QTimer.singleShot(0, win.run)
     return int(app.exec() or 0)
+
+
+def _smoke(app, out: str, tokens: int, timeout: float) -> int:
+    import tempfile
+    from dataclasses import replace
+    from pathlib import Path
+
+    settings = Path(tempfile.mkdtemp(prefix="specview-smoke-")) / "gui.json"
+    win = MainWindow(settings_path=settings, preload=False)
+    status = {"code": 3}
+
+    def shown(trace) -> None:
+        try:
+            trace.save(out)
+            print(f"specview: smoke run written to {out}: {len(trace.vanilla.tokens)} vanilla and "
+                  f"{len(trace.speculative.tokens)} speculative tokens", file=sys.stderr)
+            status["code"] = 0
+        except Exception as exc:
+            print(f"specview: smoke run could not write {out}: {exc}", file=sys.stderr)
+            status["code"] = 1
+        win.close()
+
+    def failed(message: str) -> None:
+        print(f"specview: smoke run failed: {message}", file=sys.stderr)
+        status["code"] = 1
+        win.close()
+
+    win.sigTraceShown.connect(shown)
+    win.sigError.connect(failed)
+    win.show()
+    QTimer.singleShot(0, lambda: win.run_config(replace(win.build_config(), max_tokens=tokens)))
+    QTimer.singleShot(int(timeout * 1000), win.close)
+    app.exec()
+    return status["code"]
