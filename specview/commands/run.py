@@ -102,6 +102,10 @@ def summary(trace: Trace, *, context: int = 8) -> str:
     lines.append(f"drafter  {drafter}; n_max={cfg.get('n_max')} n_min={cfg.get('n_min')} p_min={cfg.get('p_min')}")
     lines.append(f"prompt   {len(trace.prompt['tokens'])} tokens; generated {len(v.tokens)} vanilla, "
                  f"{len(s.tokens)} speculative ({v.stop_reason} / {s.stop_reason})")
+    if trace.prompt.get("chat_note"):
+        lines.append(f"note     {trace.prompt['chat_note']}")
+    if cfg.get("serial_verify"):
+        lines.append("verify   serial: every verify pass computed as single-token passes (--serial-verify)")
     lines.append("")
     if c.identical:
         lines.append(f"IDENTICAL: both arms produced the same {c.agree} tokens.")

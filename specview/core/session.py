@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import platform
 import time
-from dataclasses import replace
 from typing import Any, Callable
 
 from .. import __version__
@@ -62,7 +61,8 @@ class Session(Runner):
 
     def engine(self, role: str, model: LoadedModel, settings: EngineSettings, n_ctx: int) -> Engine:
         """A context for ``role`` ("vanilla", "speculative", "draft", ...) on ``model``, reused when it fits."""
-        key = (role, id(model), replace(settings, n_ctx=0))
+        # an explicit --n-ctx stays in the key: llama.cpp clamps n_batch to it, so it changes the prefill chunks
+        key = (role, id(model), settings)
         e = self._engines.get(key)
         if e is not None and e.n_ctx >= n_ctx:
             return e
@@ -133,7 +133,7 @@ class Session(Runner):
         drafter, dmodel = self.make_drafter(cfg, target, n_ctx)
 
         vkey = (cfg.backend, target.path, tuple(tokens), cfg.max_tokens, cfg.ignore_eos, cfg.top_k,
-                replace(cfg.engine, n_ctx=0))
+                cfg.engine)
         cached = self._vanilla.get(vkey) if reuse_vanilla else None
         used: Engine | None = None  # the target context whose settings the trace reports
         if cached is not None:
