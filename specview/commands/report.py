@@ -21,6 +21,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("input", metavar="TRACE_OR_MATRIX.json", help="a specview trace or matrix JSON file")
     p.add_argument("-o", "--out", default="specview-report", help="output folder (default specview-report)")
     p.add_argument("--name", default="report", help="base name of the files (default report)")
+    p.add_argument("--card", nargs="?", const="", default=None, metavar="OUT.png",
+                   help="also draw the fork card, one PNG for a GitHub comment, and show it at the top of the "
+                        "Markdown report (default fork-card.png in the output folder)")
     p.set_defaults(func=main)
     return p
 
@@ -40,10 +43,30 @@ def plot_renderer():
     return render
 
 
+def card_renderer():
+    """The app's fork card, or None (and a note) without Qt."""
+    try:
+        from ..gui.card import fork_card_png
+    except ImportError as exc:
+        print(f"specview: no fork card: the app's widgets (PySide6, pyqtgraph) cannot be imported ({exc})",
+              file=sys.stderr)
+        return None
+    return fork_card_png
+
+
 def main(args: argparse.Namespace) -> int:
+    from ..core.errors import SpecviewError
     from ..core.report.write import write_report
 
-    written = write_report(args.input, args.out, name=args.name, plots=plot_renderer())
+    card = card_path = None
+    if args.card is not None:
+        if args.card and not args.card.lower().endswith(".png"):
+            raise SpecviewError(f"--card {args.card}: the fork card is a PNG; give a file name ending in .png")
+        card, card_path = card_renderer(), args.card or None
+    written = write_report(args.input, args.out, name=args.name, plots=plot_renderer(), card=card,
+                           card_path=card_path)
+    if args.card is not None and "card" not in written:
+        print("specview: no fork card: a matrix report has none (report one of its saved traces)", file=sys.stderr)
     for key, path in written.items():
         print(f"{key:<10} {path}")
     return 0

@@ -33,10 +33,13 @@ def _fork_md(ctx: dict[str, Any]) -> str:
             f"({md_text('; '.join(ids))}); ⏎ is a newline.\n")
 
 
-def trace_markdown(trace: Any, plot_files: Mapping[str, str]) -> str:
+def trace_markdown(trace: Any, plot_files: Mapping[str, str], card: str | None = None) -> str:
+    """The report; ``card`` is the fork card's file, relative to the report, shown first."""
     v = verdict_of(trace)
-    out = [f"## specview: {md_text(v)} — {md_text(trace_title(trace))}\n",
-           f"**{md_text(headline(trace))}**\n"]
+    out = [f"## specview: {md_text(v)} — {md_text(trace_title(trace))}\n"]
+    if card:
+        out.append(f"![fork card]({card.replace(' ', '%20').replace(')', '%29').replace('(', '%28')})\n")
+    out.append(f"**{md_text(headline(trace))}**\n")
     d = obj(trace.diagnosis)
     env = obj(trace.environment)
     if d.get("explanation"):

@@ -19,6 +19,9 @@ from .html import matrix_html, trace_html
 from .markdown import matrix_markdown, trace_markdown
 
 PlotRenderer = Callable[[Trace], Mapping[str, bytes]]
+#: draws a trace's fork card (PNG bytes); the app's is :func:`specview.gui.card.fork_card_png`
+CardRenderer = Callable[[Trace], bytes]
+CARD_FILE = "fork-card.png"
 
 
 def read_input(path: str | os.PathLike[str]) -> tuple[str, Any]:
@@ -54,12 +57,15 @@ def earliest_fork_trace(doc: dict, source: Path | None) -> Trace | None:
 
 
 def write_report(src: str | os.PathLike[str] | Trace | dict, out_dir: str | os.PathLike[str], *,
-                 name: str = "report", plots: PlotRenderer | None = None) -> dict[str, Path]:
+                 name: str = "report", plots: PlotRenderer | None = None, card: CardRenderer | None = None,
+                 card_path: str | os.PathLike[str] | None = None) -> dict[str, Path]:
     """Write ``{name}.html``, ``{name}.md`` and the PNGs the Markdown links to into ``out_dir``.
 
     ``src`` is a trace, a matrix document or a file holding either.  ``plots`` draws a trace's
-    plots (called once, on the caller's thread); a matrix report has none.  Returns what was
-    written, by kind ("html", "markdown", and one entry per plot).
+    plots (called once, on the caller's thread); a matrix report has none.  ``card`` draws a
+    trace's fork card, written to ``card_path`` (default ``fork-card.png`` in ``out_dir``) and
+    shown at the top of the Markdown report.  Returns what was written, by kind ("html",
+    "markdown", "card", and one entry per plot).
     """
     from ..matrix import validate_matrix
 
@@ -89,8 +95,19 @@ def write_report(src: str | os.PathLike[str] | Trace | dict, out_dir: str | os.P
                 raise SpecviewError(f"-o {out}: cannot write {fname} ({exc})") from None
             written[key] = out / fname
             files[key] = fname
+        card_ref = None
+        if card is not None:
+            cp = Path(card_path) if card_path is not None else out / CARD_FILE
+            png = card(obj)
+            if png:
+                try:
+                    cp.write_bytes(png)
+                except OSError as exc:
+                    raise SpecviewError(f"--card {cp}: cannot write the fork card ({exc})") from None
+                written["card"] = cp
+                card_ref = Path(os.path.relpath(cp.resolve(), out.resolve())).as_posix()
         html_text = trace_html(obj, pngs)
-        md_text = trace_markdown(obj, files)
+        md_text = trace_markdown(obj, files, card=card_ref)
     else:
         fork_trace = earliest_fork_trace(obj, None if isinstance(src, dict) else Path(src))
         html_text = matrix_html(obj, fork_trace)
