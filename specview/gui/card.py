@@ -16,6 +16,7 @@ as its card renderer (``specview report --card``).
 from __future__ import annotations
 
 import html
+from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QBuffer, QByteArray, QIODevice, Qt
@@ -301,5 +302,33 @@ def fork_card_png(trace: Any) -> bytes:
     return png_bytes(card_image(trace))
 
 
-__all__ = ["ForkCard", "card_image", "fork_card_png", "fork_highlight", "settings_rows", "verdict_lines",
+def export_card(window: Any, path: str | Path) -> Path | None:
+    """File ▸ Export fork card: write the card of the trace on screen to ``path`` and put it on the clipboard."""
+    from PySide6.QtGui import QGuiApplication
+
+    if window.trace is None:
+        window.show_error("no trace to draw a fork card of yet: run both arms or open a saved trace first")
+        return None
+    image = card_image(window.trace)
+    p = Path(path)
+    try:
+        p.write_bytes(png_bytes(image))
+    except OSError as exc:
+        window.show_error(f"{p}: could not write the fork card ({exc})")
+        return None
+    QGuiApplication.clipboard().setImage(image)
+    window._set_status(f"fork card written to {p} and copied to the clipboard")
+    return p
+
+
+def export_card_dialog(window: Any) -> None:
+    from PySide6.QtWidgets import QFileDialog
+
+    path, _ = QFileDialog.getSaveFileName(window, "Save the fork card", str(Path.cwd() / "fork-card.png"),
+                                          "PNG images (*.png)")
+    if path:
+        export_card(window, path)
+
+
+__all__ = ["export_card", "export_card_dialog", "ForkCard", "card_image", "fork_card_png", "fork_highlight", "settings_rows", "verdict_lines",
            "CARD_WIDTH", "MAX_HEIGHT"]

@@ -13,6 +13,8 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import QFileDialog
 
+from .about import show_about_setup
+from .card import export_card_dialog
 from .theme import THEMES
 
 
@@ -28,10 +30,14 @@ def build_menus(w: Any) -> None:
     w.act_export = QAction("&Export Report…", w, shortcut=QKeySequence("Ctrl+E"), triggered=lambda: export_dialog(w))
     w.act_export.setToolTip("write the HTML and Markdown report of the trace on screen into a folder")
     w.act_export.setEnabled(False)
+    w.act_card = QAction("Export fork &card…", w, triggered=lambda: export_card_dialog(w))
+    w.act_card.setToolTip("write the fork card (one PNG for a bug report) and copy it to the clipboard")
+    w.act_card.setEnabled(False)
+    w.act_export.changed.connect(lambda: w.act_card.setEnabled(w.act_export.isEnabled()))
     act_quit = QAction("&Quit", w, shortcut=QKeySequence.StandardKey.Quit, triggered=w.close)
     m_file.addActions([w.act_open, w.act_save, w.act_open_matrix])
     m_file.addSeparator()
-    m_file.addAction(w.act_export)
+    m_file.addActions([w.act_export, w.act_card])
     m_file.addSeparator()
     m_file.addAction(act_quit)
 
@@ -69,6 +75,10 @@ def build_menus(w: Any) -> None:
         m_theme.addAction(a)
         w.theme_actions[name] = a
     m_view.addAction(w.controls_dock.toggleViewAction())
+
+    m_help = mb.addMenu("&Help")
+    w.act_about_setup = QAction("&About this setup…", w, triggered=lambda: show_about_setup(w))
+    m_help.addAction(w.act_about_setup)
 
 
 def open_dialog(w: Any) -> None:
