@@ -247,7 +247,7 @@ class ForkCard(QWidget):
             steps = list(arm.steps[lo:i + 1 + AFTER])
             pane = _pane(steps, i - lo if i < len(arm.steps) else None, width, pal)
             self.panes.append(pane)
-            where = f"{'… ' if lo > 0 else ''}tokens {lo}–{lo + len(steps) - 1}"
+            where = f"tokens {lo}–{lo + len(steps) - 1}"
             grid.addWidget(_label(f"<b>{name}</b><br><span style='color:#666'>{_esc(where)}</span>", size=9), row, 0,
                            Qt.AlignmentFlag.AlignTop)
             grid.addWidget(pane, row, 1)
