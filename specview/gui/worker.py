@@ -10,7 +10,7 @@ dataclass.  The runner of one engine is kept between requests (its models and
 cached vanilla arms are reused); choosing another engine closes it.
 
 Tokens are sent to the window in batches (:class:`StepsEvent`, at most about
-every ``BATCH_S`` seconds), so the GUI thread wakes a few dozen times a second
+every ``BATCH_S`` seconds), so the GUI thread wakes about twenty times a second
 instead of once per token; ``sigStep`` still carries every token on its own for
 observers.
 
@@ -38,7 +38,7 @@ from ..core.trace import Round, Step, Trace
 from . import models as gmodels
 
 _ids = itertools.count(1)
-BATCH_S = 0.02  # tokens reach the window at most this long after they were made
+BATCH_S = 0.05  # tokens reach the window at most this long after they were made (a frame is longer)
 
 
 class _Cancellable:
