@@ -28,11 +28,13 @@ MARGINS, MARGINS_ZOOM, ACCEPTANCE = "margins", "margins_zoom", "acceptance"
 def _png(plot: Any) -> bytes:
     """The plot as PNG bytes, laid out at :data:`PLOT_SIZE` without appearing on screen."""
     import pyqtgraph.exporters as exporters
-    from PySide6.QtCore import QBuffer, QByteArray, QIODevice, Qt
+    from PySide6.QtCore import QBuffer, QByteArray, QCoreApplication, QEvent, QIODevice, Qt
 
     plot.setAttribute(Qt.WidgetAttribute.WA_DontShowOnScreen)
     plot.resize(*PLOT_SIZE)
     plot.show()  # delivers the resize now: the scene takes the widget's size
+    for _ in range(3):  # nested layouts (the plot, its legend) ask to be laid out in turn
+        QCoreApplication.sendPostedEvents(None, QEvent.Type.LayoutRequest)
     plot.getPlotItem().layout.activate()
     try:
         exp = exporters.ImageExporter(plot.getPlotItem())

@@ -61,12 +61,7 @@ def style_plot(w: pg.PlotWidget, palette: QPalette) -> None:
     base = palette.color(QPalette.ColorRole.Base)
     text = palette.color(QPalette.ColorRole.Text)
     w.setBackground(base)
-    legend = w.getPlotItem().legend
-    if legend is not None:
-        fill = QColor(base)
-        fill.setAlpha(215)
-        legend.setBrush(pg.mkBrush(fill))
-        legend.setPen(pg.mkPen(blend(base, text, 0.3)))
+    style_legend(w, palette)
     for name in ("left", "bottom"):
         ax = w.getPlotItem().getAxis(name)
         ax.setPen(pg.mkPen(blend(base, text, 0.6)))
@@ -76,6 +71,16 @@ def style_plot(w: pg.PlotWidget, palette: QPalette) -> None:
     hint = getattr(w, "hint", None)
     if hint is not None:
         hint.setStyleSheet(f"color: {blend(base, text, 0.6).name()}; background: transparent")
+
+
+def style_legend(w: pg.PlotWidget, palette: QPalette) -> None:
+    legend = w.getPlotItem().legend
+    if legend is not None:
+        base = palette.color(QPalette.ColorRole.Base)
+        fill = QColor(base)
+        fill.setAlpha(215)
+        legend.setBrush(pg.mkBrush(fill))
+        legend.setPen(pg.mkPen(blend(base, palette.color(QPalette.ColorRole.Text), 0.3)))
 
 
 class TimedPlot(pg.PlotWidget):
@@ -324,7 +329,6 @@ class MarginPlot(TimedPlot):
         pi.setDownsampling(auto=True, mode="peak")
         pi.getViewBox().enableAutoRange(axis="y", enable=False)  # y is set with headroom for the legend
         self.legend = pi.addLegend(offset=(-8, 4), labelTextSize="8pt", colCount=2)
-        self.legend.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
         self.envelope_base = pg.PlotDataItem()
         self.envelope = pg.PlotDataItem(name="replay envelope")
         self.envelope_fill = pg.FillBetweenItem(self.envelope_base, self.envelope)
@@ -356,8 +360,7 @@ class MarginPlot(TimedPlot):
         self.diagnosis: dict | None = None
         self.apply_palette(self.palette())
         self.scene().sigMouseClicked.connect(self._clicked)
-        self._legend_entry(self.envelope, None)
-        self._legend_entry(self.at_risk, None)
+        self._legend_entries()
         self.show_empty(True)
 
     def apply_palette(self, palette: QPalette) -> None:
@@ -366,6 +369,7 @@ class MarginPlot(TimedPlot):
         text = palette.color(QPalette.ColorRole.Text)
         dark = is_dark(palette)
         self._text_colour = text.name()
+        self._palette = QPalette(palette)
         self.vanilla.setPen(pg.mkPen(VANILLA_HUE.lighter(140) if dark else VANILLA_HUE, width=1))
         self._spec_colour = SPEC_HUE.lighter(115) if dark else SPEC_HUE
         self._wide = None
@@ -386,10 +390,28 @@ class MarginPlot(TimedPlot):
             item[1].setAttr("color", text.name())
             item[1].setText(item[1].text)
 
-    def _legend_entry(self, item, name: str | None) -> None:
-        """Name ``item`` in the legend as ``name``; None takes it out."""
-        self.legend.removeItem(item)
-        if name is not None:
+    def _legend_entries(self, envelope: str | None = None, at_risk: bool = False) -> None:
+        """The legend names the arms, then the envelope and the at-risk marks when they are drawn.
+
+        A new legend each time: pyqtgraph's legend leaves holes in its grid where entries were removed.
+        """
+        pi = self.getPlotItem()
+        old = pi.legend
+        if old is not None:
+            old.clear()
+            if old.scene() is not None:
+                old.scene().removeItem(old)
+        pi.legend = None
+        self.legend = pi.addLegend(offset=(-8, 4), labelTextSize="8pt", colCount=2)
+        self.legend.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
+        style_legend(self, self._palette)
+        self.legend.setVisible(not self.empty)
+        entries = [(self.vanilla, "vanilla"), (self.speculative, "speculative")]
+        if envelope is not None:
+            entries.append((self.envelope, envelope))
+        if at_risk:
+            entries.append((self.at_risk, "at risk"))
+        for item, name in entries:
             self.legend.addItem(item, name)
             self.legend.items[-1][1].setAttr("color", self._text_colour)
             self.legend.items[-1][1].setText(name)
@@ -481,8 +503,7 @@ class MarginPlot(TimedPlot):
         self.envelope.setData([], [])
         self.envelope_base.setData([], [])
         self.at_risk.setData([], [])
-        self._legend_entry(self.envelope, None)  # the legend names only what is drawn
-        self._legend_entry(self.at_risk, None)
+        self._legend_entries()  # the legend names only what is drawn
         if self.diagnosis is None:
             return ""
         envelope_name = None
@@ -506,14 +527,13 @@ class MarginPlot(TimedPlot):
                     figures.append(f"{key} {v:.3f}")
             if figures:
                 envelope_name = "replay envelope (" + ", ".join(figures) + ")"
-        self._legend_entry(self.envelope, envelope_name)
         risk = at_risk_positions(self.diagnosis.get("at_risk"))
         if risk:
             m = self.margins(vanilla)
             xs = [p for p in risk if 0 <= p < len(m)]
             self.at_risk.setData(np.array(xs, float), np.array([m[p] for p in xs], float))
             notes.append(f"{len(risk)} at-risk position{'s' if len(risk) != 1 else ''}")
-            self._legend_entry(self.at_risk, "at risk")
+        self._legend_entries(envelope_name, bool(risk))
         return ", ".join(notes)
 
     def _clicked(self, ev) -> None:

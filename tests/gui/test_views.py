@@ -325,3 +325,24 @@ def test_disabled_controls_look_disabled_in_every_theme(make_window, qapp, theme
             assert abs(on.lightness() - off.lightness()) >= 60, (theme, role)
     finally:
         qapp.setPalette(old)
+
+
+def test_the_margin_legend_names_what_is_drawn_each_in_its_own_place(synth, make_window, qtbot, qapp):
+    w = make_window()
+    w.show()
+    qtbot.waitExposed(w)
+
+    def legend():
+        qapp.processEvents()
+        items = w.margin_plot.getPlotItem().legend.items
+        spots = {(round(s.pos().x()), round(s.pos().y())) for s, _label in items}
+        assert len(spots) == len(items)  # no two entries drawn in one place
+        return [label.text for _s, label in items]
+
+    w.show_trace(synth(40, fork=25))
+    assert legend() == ["vanilla", "speculative"]
+    diag = {"verdict": "near-tie", "envelope": {"max": 0.4, "series": [0.2] * 25}, "at_risk": [3, 9]}
+    w.show_trace(synth(40, fork=25, diagnosis=diag))
+    assert legend() == ["vanilla", "speculative", "replay envelope (max 0.400)", "at risk"]
+    w.show_trace(synth(40, fork=25))
+    assert legend() == ["vanilla", "speculative"]
