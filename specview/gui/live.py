@@ -20,7 +20,8 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from ..core.trace import Round, Step
 from .panes import PaintClock, PanePair
-from .plots import AcceptancePlot, MarginPlot, Series
+from .plotdata import Series
+from .plots import AcceptancePlot, MarginPlot
 from .worker import ArmStarted, RunRequest, StepsEvent
 
 FRAME_MS = 33  # streaming redraws: about 30 a second when drawing is cheap
