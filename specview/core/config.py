@@ -85,7 +85,7 @@ class EngineSettings:
     """Context settings, named after llama.cpp's flags."""
 
     n_ctx: int = setting(0, flags=("-c", "--n-ctx", "--ctx-size"), min=0, group="engine", label="Context",
-                         help="context size; 0 sizes it to the run")
+                         help="context size (0 = auto, sized to the run)")
     n_batch: int = setting(512, flags=("-b", "--n-batch", "--batch-size"), min=1, group="engine",
                            label="Batch (-b)", help="logical batch size, also the prompt prefill chunk")
     n_ubatch: int = setting(512, flags=("-ub", "--n-ubatch", "--ubatch-size"), min=1, group="engine",
