@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 from PySide6.QtCore import QTimer
@@ -39,6 +40,8 @@ def run_app(*, path: str | None = None, theme: str | None = None, run: bool = Fa
     if theme:
         win.apply_theme(theme)
     win.show()
+    if os.environ.get("SPECVIEW_EXIT_WHEN_SHOWN"):  # start-up benchmarks: the window is up, stop here
+        QTimer.singleShot(0, lambda: (print("specview: window shown", flush=True), app.quit()))
     if path:
         win.open_trace(path)
     elif run:
