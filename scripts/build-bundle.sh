@@ -28,6 +28,11 @@ VPY="$VENV/bin/python"
 [[ -x "$VPY" ]] || VPY="$VENV/Scripts/python.exe"   # Windows
 echo "build-bundle: installing specview, its demo model and PyInstaller into $VENV" >&2
 "$VPY" -m pip install -q --upgrade pip >&2
+if [[ -n "${CMAKE_ARGS:-}" ]]; then
+    # a GPU build: compile llama-cpp-python with these flags; pip's cache could hand back a CPU wheel
+    echo "build-bundle: compiling llama-cpp-python with CMAKE_ARGS=$CMAKE_ARGS" >&2
+    "$VPY" -m pip install -q --no-cache-dir --no-binary llama-cpp-python 'llama-cpp-python==0.3.36' >&2
+fi
 "$VPY" -m pip install -q '.[demo]' 'pyinstaller>=6.10' >&2
 echo "build-bundle: freezing (packaging/specview.spec)" >&2
 "$VPY" -m PyInstaller packaging/specview.spec --noconfirm --clean --log-level WARN \
