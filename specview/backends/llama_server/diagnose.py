@@ -27,7 +27,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from ...core.diagnose import FAR_FACTOR, FAR_FLOOR, LOGIT_TOL, SCHEMA_VERSION, classify, envelope_stats, far_threshold
-from ...core.diagnose import at_risk_positions
+from ...core.diagnose import at_risk_positions, fork_fields, fork_of
 from ...core.errors import Cancelled, SpecviewError
 from ...core.trace import ArmResult, Trace
 from ..local_server.process import LocalServer
@@ -300,16 +300,9 @@ def diagnose_run(runner: ServerRunner, trace: Trace, cfg: Any, *, progress: Prog
         d["seconds"] = round(time.perf_counter() - t_start, 3)
         trace.diagnosis = d
         return d
-    fm = comp.first_mismatch
-    assert fm is not None
-    if fm.vanilla_token is None or fm.speculative_token is None:
-        short = v if fm.vanilla_token is None else s
-        raise SpecviewError(f"the {short.name} arm stopped after {len(short.tokens)} tokens ({short.stop_reason}) "
-                            "while the other went on; the arms agree on every token they share, so there is no "
-                            "fork to diagnose")
+    fm = fork_of(trace)
     i, a, b = fm.index, int(fm.vanilla_token), int(fm.speculative_token)
-    d.update(fork=i, vanilla_token=a, speculative_token=b, vanilla_piece=fm.vanilla_piece,
-             speculative_piece=fm.speculative_piece)
+    d.update(fork_fields(fm))
     plan = runner.plan(cfg)
     top_k = max(int(trace.config.get("top_k") or 8), 2)
     n = int(trace.config.get("max_tokens") or len(v.tokens))

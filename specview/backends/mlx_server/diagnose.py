@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from ...core.compare import first_difference
-from ...core.diagnose import (FAR_FACTOR, FAR_FLOOR, LOGIT_TOL, SCHEMA_VERSION, DiagnosisCancelled,
+from ...core.diagnose import (fork_fields, fork_of, FAR_FACTOR, FAR_FLOOR, LOGIT_TOL, SCHEMA_VERSION, DiagnosisCancelled,
                               at_risk_positions, classify, envelope_stats, far_threshold, rank_of)
 from ...core.errors import SpecviewError
 from ...core.topk import topk
@@ -245,16 +245,9 @@ def diagnose_from_outside(target: Any, draft: Any, trace: Trace, ls: LoopSetting
                                  "speculative decoding on this mlx_lm.server was lossless on this run.")
         result["seconds"] = round(time.perf_counter() - t_start, 3)
         return result
-    fm = comp.first_mismatch
-    assert fm is not None
-    if fm.vanilla_token is None or fm.speculative_token is None:
-        short = v if fm.vanilla_token is None else s
-        raise SpecviewError(f"the {short.name} arm stopped after {len(short.tokens)} tokens ({short.stop_reason}) "
-                            "while the other went on; the arms agree on every token they share, so there is no "
-                            "fork to diagnose")
+    fm = fork_of(trace)
     fork, a, b = fm.index, int(fm.vanilla_token), int(fm.speculative_token)
-    result.update(fork=fork, vanilla_token=a, speculative_token=b, vanilla_piece=fm.vanilla_piece,
-                  speculative_piece=fm.speculative_piece)
+    result.update(fork_fields(fm))
 
     # -- the two loops in process, up to the fork
     t0 = time.perf_counter()

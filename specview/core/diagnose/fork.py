@@ -39,6 +39,29 @@ def _arm_json(rp: Replays, check: ArmCheck, key: str, fork: int | None, result: 
     return d
 
 
+def fork_of(trace: Trace) -> Any:
+    """The first mismatch of a forked trace, for every engine's diagnosis.
+
+    Raises :class:`SpecviewError` when one arm only stopped earlier than the
+    other: the arms then agree on every token they share and there is no fork.
+    """
+    fm = trace.comparison.first_mismatch
+    assert fm is not None, "an identical trace has no fork"
+    if fm.vanilla_token is None or fm.speculative_token is None:
+        short = trace.vanilla if fm.vanilla_token is None else trace.speculative
+        raise SpecviewError(
+            f"the {short.name} arm stopped after {len(short.tokens)} tokens ({short.stop_reason}) while the "
+            "other went on; the arms agree on every token they share, so there is no fork to diagnose"
+        )
+    return fm
+
+
+def fork_fields(fm: Any) -> dict[str, Any]:
+    """The diagnosis keys that say where the fork is and which two tokens part there."""
+    return {"fork": fm.index, "vanilla_token": int(fm.vanilla_token), "speculative_token": int(fm.speculative_token),
+            "vanilla_piece": fm.vanilla_piece, "speculative_piece": fm.speculative_piece}
+
+
 def diagnose(
     session: Any,
     cfg: Any,
@@ -107,17 +130,9 @@ def diagnose(
 
     fork: int | None = None
     if not comp.identical:
-        fm = comp.first_mismatch
-        assert fm is not None
-        if fm.vanilla_token is None or fm.speculative_token is None:
-            short = v if fm.vanilla_token is None else s
-            raise SpecviewError(
-                f"the {short.name} arm stopped after {len(short.tokens)} tokens ({short.stop_reason}) while the "
-                "other went on; the arms agree on every token they share, so there is no fork to diagnose"
-            )
+        fm = fork_of(trace)
         fork = fm.index
-        result.update(fork=fork, vanilla_token=fm.vanilla_token, speculative_token=fm.speculative_token,
-                      vanilla_piece=fm.vanilla_piece, speculative_piece=fm.speculative_piece)
+        result.update(fork_fields(fm))
 
     target = session.model(cfg.backend, cfg.target, cfg.engine)
     n_ctx = int(trace.config.get("n_ctx_used") or session.context_size(cfg, len(prompt), target))
