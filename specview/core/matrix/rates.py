@@ -185,7 +185,10 @@ def format_rates(r: dict[str, Any]) -> list[str]:
         lines.append(f"{g['label']}: {rate_text(g)}")
         if g["forks"]:
             lines.append(f"  positions  {positions_text(g)}")
-            lines.append(f"  gaps       {severity_text(g)} (near-tie: within what batched numerics can flip)")
+            diagnosed = g["forks"] - g["severity"]["undiagnosed"]
+            lines.append(f"  gaps       {severity_text(g)}"
+                         + (" (near-tie: within what batched numerics can flip)" if diagnosed else
+                            " (run with --diagnose for the gaps)"))
             most = max((sum(b.values()) for b in g["gaps"]), default=0)
             for label, b in zip(labels, g["gaps"]):
                 n = sum(b.values())

@@ -24,6 +24,8 @@ AXIS_NAMES = {"target": "target", "drafter": "drafter", "prompt": "prompt",
 #: every axis a summary sentence may name, in the order it names them
 ALL_AXES = ("target", "drafter", *draft_axes(), *engine_axes(), "prompt")
 _DEFAULTS = {f.name: default_of(f) for f in axis_fields()}
+#: an axis with more values than this is not spelled out value by value (a prompt suite's prompts)
+MAX_NAMED = 8
 
 
 def axis_value_label(axis: str, value: Any) -> str:
@@ -211,6 +213,8 @@ def _determinants(ok: Sequence[dict[str, Any]], axes: Sequence[str] = ALL_AXES) 
         fork_vals, same_vals, mixed = _uniform_values(ok, axis)
         if not fork_vals and not same_vals:
             continue
+        if len(fork_vals) + len(same_vals) + len(mixed) > MAX_NAMED:
+            continue  # a long list of values says nothing a reader can take in; the rates count them instead
         phrases = []
         if fork_vals:
             phrase = _value_phrase(axis, fork_vals).removeprefix("the ")
