@@ -155,6 +155,30 @@ def next_steps(trace: Trace, other_quants: list[str] | None = None) -> str:
 
 
 # -- the bar --------------------------------------------------------------------------------------
+def backend_failure(diag: dict | None) -> str | None:
+    """The bar's first line when the diagnosis' backend check flagged this build as broken, else None.
+
+    A broken backend (a GPU build whose logits are far from the CPU's) makes every
+    other line of the bar moot, so it is said first, in bold, with its figures.
+    """
+    ref = diag.get("reference") if isinstance(diag, dict) else None
+    if not isinstance(ref, dict) or ref.get("ok") is not False:
+        return None
+    t = ref.get("totals") if isinstance(ref.get("totals"), dict) else {}
+    kl, top1 = t.get("kl_mean"), t.get("same_top1")
+    nums = []
+    if isinstance(kl, (int, float)) and math.isfinite(kl):
+        nums.append(f"mean KL {kl:.2e} nats")
+    if isinstance(top1, (int, float)) and math.isfinite(top1):
+        nums.append(f"same top-1 at {top1:.1%} of positions")
+    problems = [str(p) for p in ref.get("problems") or [] if p]
+    who = " against ".join(str(ref.get(k)) for k in ("test_label", "reference_label") if ref.get(k))
+    detail = "; ".join(([who] if who else []) + (problems or nums))  # the problems carry their own figures
+    return (f"<b>Backend check failed</b>{': ' + html.escape(detail) if detail else ''}. This build does not "
+            "compute the model as the reference does: read nothing into a fork until the backend is fixed "
+            "(<code>specview check</code> repeats the comparison).")
+
+
 def trace_verdict(trace: Trace, *, cancelled: bool = False, diagnosis_error: str | None = None,
                   diag_note: str = "", n_diffs: int = 0, other_quants: list[str] | None = None) -> tuple[str, str]:
     """(rich text, kind) of a finished or opened trace."""
@@ -163,6 +187,9 @@ def trace_verdict(trace: Trace, *, cancelled: bool = False, diagnosis_error: str
     diag = trace.diagnosis if isinstance(trace.diagnosis, dict) else None
     verdict = diagnosis_verdict(diag)
     parts: list[str] = []
+    broken = backend_failure(diag)
+    if broken:
+        parts.append(broken)
     if cancelled:
         kind = "warn"
         parts.append(f"<b>Cancelled</b> after {len(v.tokens)} vanilla and {len(s.tokens)} speculative tokens.")
@@ -192,6 +219,8 @@ def trace_verdict(trace: Trace, *, cancelled: bool = False, diagnosis_error: str
             nums.append(f"replay gap {gap:.4f}")
         nums.append(f"{c.agree} tokens agree; {n_diffs} differing positions")
         parts.append(" · ".join(nums))
+    if broken:
+        kind = "bad"  # whatever the arms did, a backend that computes the model wrongly comes first
     if diagnosis_error:
         parts.append(f"<i>diagnosis failed: {html.escape(diagnosis_error)}</i>")
     elif diag:
