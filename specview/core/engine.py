@@ -208,6 +208,57 @@ class Engine(ABC):
         self.close()
 
 
+class ModelEngine(Engine):
+    """An engine over one loaded model object (``self.model``) that knows its text, and the guards of ``eval``.
+
+    The llama.cpp and MLX engines each wrap their own model object; its
+    tokenizer, pieces and facts are the model's, and every forward pass is
+    refused the same way before it reaches the backend (where a bad token id or
+    an over-long batch would abort the process instead of raising).
+    """
+
+    model: Any
+    _n_vocab: int = 0
+
+    def model_facts(self) -> dict[str, Any]:
+        return self.model.facts()
+
+    def tokenize(self, text: str, *, chat: bool = False) -> list[int]:
+        return self.model.tokenize(text, chat=chat)
+
+    def piece(self, token: int) -> str:
+        return self.model.piece(token)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self.model.detokenize(tokens)
+
+    def checked(self, tokens: Sequence[int], rows: Sequence[int], *, batch_limit: bool = True
+                ) -> tuple[list[int], list[int]]:
+        """``(tokens, rows)`` as ints, negative rows resolved, after every check an eval makes first.
+
+        Raises ValueError for a caller's mistake (no token, more tokens than
+        ``n_batch`` when ``batch_limit``, a row outside the tokens) and
+        :class:`EvalError` for what the input asks of the model (a full
+        context, a token id outside the vocabulary).
+        """
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("eval needs at least one token")
+        if batch_limit and n > self._n_batch:
+            # a caller's bug, never llama.cpp's GGML_ASSERT(n_tokens_all <= n_batch) abort
+            raise ValueError(f"{n} tokens exceed n_batch={self._n_batch} of this context; chunk them")
+        if self.n_past + n > self._n_ctx:
+            raise EvalError(f"the context is full ({self.n_past} + {n} > n_ctx {self._n_ctx}); raise --n-ctx")
+        toks = [int(t) for t in tokens]
+        for t in toks:
+            if not 0 <= t < self._n_vocab:
+                raise EvalError(f"token id {t} is outside the vocabulary (0..{self._n_vocab - 1})")
+        out = [int(r) + n if r < 0 else int(r) for r in rows]
+        if any(not 0 <= r < n for r in out):
+            raise ValueError(f"rows {list(rows)} are outside the {n} tokens evaluated")
+        return toks, out
+
+
 # -- loaded models ---------------------------------------------------------------------
 class LoadedModel(ABC):
     """Weights loaded once; every arm, drafter and replay opens its own engine on them."""

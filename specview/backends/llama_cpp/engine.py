@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...core.config import EngineSettings
-from ...core.engine import Engine, VocabInfo
+from ...core.engine import ModelEngine, VocabInfo
 from ...core.errors import ConfigError, EvalError, SpecviewError
 from .lib import clear_log, llama_environment, recent_log, resolve_threads
 from .model import LlamaModel
@@ -28,7 +28,7 @@ _FLASH = {"auto": -1, "off": 0, "on": 1}
 DEFAULT_N_CTX = 4096
 
 
-class LlamaEngine(Engine):
+class LlamaEngine(ModelEngine):
     """One llama.cpp context on a shared :class:`LlamaModel`."""
 
     backend = "llama.cpp"
@@ -103,45 +103,19 @@ class LlamaEngine(Engine):
         return {"n_ctx": self._n_ctx, "n_batch": self._n_batch, "n_ubatch": self._n_ubatch,
                 "threads": self.threads}
 
-    def model_facts(self) -> dict[str, Any]:
-        return self.model.facts()
-
     def environment(self) -> dict[str, Any]:
         return llama_environment()
 
-    # -- text ------------------------------------------------------------------
-    def tokenize(self, text: str, *, chat: bool = False) -> list[int]:
-        return self.model.tokenize(text, chat=chat)
-
-    def piece(self, token: int) -> str:
-        return self.model.piece(token)
-
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return self.model.detokenize(tokens)
-
     # -- evaluation ------------------------------------------------------------
     def eval(self, tokens: Sequence[int], rows: Sequence[int]) -> np.ndarray:
+        tokens, rows = self.checked(tokens, rows)
         n = len(tokens)
-        if n == 0:
-            raise ValueError("eval needs at least one token")
-        if n > self._n_batch:
-            # a caller's bug, never llama.cpp's GGML_ASSERT(n_tokens_all <= n_batch) abort
-            raise ValueError(f"{n} tokens exceed n_batch={self._n_batch} of this context; chunk them")
-        if self.n_past + n > self._n_ctx:
-            raise EvalError(
-                f"the context is full ({self.n_past} + {n} > n_ctx {self._n_ctx}); raise --n-ctx"
-            )
         ll = self._ll
         b = self._batch
-        rows = [r + n if r < 0 else r for r in rows]
-        if any(not 0 <= r < n for r in rows):
-            raise ValueError(f"rows {list(rows)} are outside the {n} tokens evaluated")
         want = set(rows)
         pos0 = self.n_past
         n_vocab = self._n_vocab
         for i, t in enumerate(tokens):
-            if not 0 <= t < n_vocab:
-                raise EvalError(f"token id {t} is outside the vocabulary (0..{n_vocab - 1})")
             b.token[i] = t
             b.pos[i] = pos0 + i
             b.n_seq_id[i] = 1

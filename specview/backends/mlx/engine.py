@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...core.config import EngineSettings
-from ...core.engine import Engine, VocabInfo
+from ...core.engine import ModelEngine, VocabInfo
 from ...core.errors import EvalError, ModelFileError, SpecviewError
 from .folders import (
     _memory_quantization,
@@ -252,7 +252,7 @@ class MLXModel:
 
 
 # -- the engine ------------------------------------------------------------------------
-class MLXEngine(Engine):
+class MLXEngine(ModelEngine):
     """One KV cache (``mlx_lm.models.cache.make_prompt_cache``) on a shared :class:`MLXModel`.
 
     Greedy run-ahead: mlx-lm's ``generate_step`` overlaps building the next
@@ -334,9 +334,6 @@ class MLXEngine(Engine):
     def n_vocab(self) -> int:
         return self._n_vocab
 
-    def model_facts(self) -> dict[str, Any]:
-        return self.model.facts()
-
     def environment(self) -> dict[str, Any]:
         return mlx_environment()
 
@@ -346,32 +343,11 @@ class MLXEngine(Engine):
 
         return bool(can_trim_prompt_cache(self.cache))
 
-    # -- text ----------------------------------------------------------------------
-    def tokenize(self, text: str, *, chat: bool = False) -> list[int]:
-        return self.model.tokenize(text, chat=chat)
-
-    def piece(self, token: int) -> str:
-        return self.model.piece(token)
-
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return self.model.detokenize(tokens)
-
     # -- evaluation ----------------------------------------------------------------
     def eval(self, tokens: Sequence[int], rows: Sequence[int]) -> np.ndarray:
-        n = len(tokens)
-        if n == 0:
-            raise ValueError("eval needs at least one token")
-        if self.n_past + n > self._n_ctx:
-            raise EvalError(f"the context is full ({self.n_past} + {n} > n_ctx {self._n_ctx}); raise --n-ctx")
+        toks, rows = self.checked(tokens, rows, batch_limit=False)  # MLX takes any batch in one pass
+        n = len(toks)
         n_vocab = self._n_vocab
-        toks = [int(t) for t in tokens]
-        for t in toks:
-            if not 0 <= t < n_vocab:
-                raise EvalError(f"token id {t} is outside the vocabulary (0..{n_vocab - 1})")
-        rows = [r + n if r < 0 else int(r) for r in rows]
-        for r in rows:
-            if not 0 <= r < n:
-                raise ValueError(f"row {r} is outside the {n} tokens evaluated")
         if not rows:  # extend the cache only
             self.eval(toks, [n - 1])
             return np.empty((0, n_vocab), dtype=np.float32)
