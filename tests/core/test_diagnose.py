@@ -444,3 +444,13 @@ def test_a_trace_without_rounds_is_refused_clearly():
     trace.speculative.rounds = trace.speculative.rounds[:1]
     with pytest.raises(SpecviewError, match="per-round data"):
         dmod.diagnose(session, cfg, trace)
+
+
+@pytest.mark.parametrize("arm", ["vanilla", "speculative"])
+def test_a_cancelled_arm_is_refused_by_name(arm):
+    session, trace, _ = run("tie")
+    getattr(trace, arm).stop_reason = "cancelled"
+    with pytest.raises(SpecviewError, match=f"the {arm} arm was cancelled: there is no complete run"):
+        dmod.require_complete(trace)
+    with pytest.raises(SpecviewError, match=f"the {arm} arm was cancelled"):
+        session.diagnose(trace, RunConfig.from_dict(trace.config))

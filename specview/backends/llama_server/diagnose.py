@@ -27,7 +27,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from ...core.diagnose import FAR_FACTOR, FAR_FLOOR, LOGIT_TOL, SCHEMA_VERSION, classify, envelope_stats, far_threshold
-from ...core.diagnose import at_risk_positions, fork_fields, fork_of
+from ...core.diagnose import at_risk_positions, fork_fields, fork_of, require_complete
 from ...core.errors import Cancelled, SpecviewError
 from ...core.trace import ArmResult, Trace
 from ..local_server.process import LocalServer
@@ -290,9 +290,7 @@ def diagnose_run(runner: ServerRunner, trace: Trace, cfg: Any, *, progress: Prog
         "gap": None, "gap_is_lower_bound": False, "envelope": None, "at_risk": None, "thresholds": thresholds,
         "replays": None, "serial_verify": None, "controls": None, "outside": None, "explanation": "", "seconds": None,
     }
-    for arm in (v, s):
-        if arm.stop_reason == "cancelled":
-            raise SpecviewError(f"the {arm.name} arm was cancelled: there is no complete run to diagnose")
+    require_complete(trace)
     if comp.identical:
         d["verdict"], d["rule"] = classify(identical=True)
         d["explanation"] = (f"The speculative arm produced exactly vanilla's {comp.agree} tokens: greedy speculative "

@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from ...core.compare import first_difference
-from ...core.diagnose import (fork_fields, fork_of, FAR_FACTOR, FAR_FLOOR, LOGIT_TOL, SCHEMA_VERSION, DiagnosisCancelled,
+from ...core.diagnose import (fork_fields, fork_of, require_complete, FAR_FACTOR, FAR_FLOOR, LOGIT_TOL, SCHEMA_VERSION, DiagnosisCancelled,
                               at_risk_positions, classify, envelope_stats, far_threshold, rank_of)
 from ...core.errors import SpecviewError
 from ...core.topk import topk
@@ -225,9 +225,7 @@ def diagnose_from_outside(target: Any, draft: Any, trace: Trace, ls: LoopSetting
     cancel = cancel or (lambda: False)
     t_start = time.perf_counter()
     v, s, comp = trace.vanilla, trace.speculative, trace.comparison
-    for arm in (v, s):
-        if arm.stop_reason == "cancelled":
-            raise SpecviewError(f"the {arm.name} arm was cancelled: there is no complete run to diagnose")
+    require_complete(trace)
     top_k = int(trace.config.get("top_k") or 8)
     prompt = [int(t) for t in trace.prompt["tokens"]]
     thresholds: dict[str, Any] = {"logit_tol": LOGIT_TOL, "far_factor": FAR_FACTOR, "far_floor": FAR_FLOOR,

@@ -29,13 +29,14 @@ from __future__ import annotations
 from .classify import (CONTROL_CHUNK, FAR_FACTOR, FAR_FLOOR, LOGIT_TOL, SCHEMA_VERSION, VERDICTS,
                        DiagnosisCancelled, at_risk_positions, classify, envelope_stats, far_threshold, rank_of)
 from .controls import SERIAL_FORMS, control_matrix, serial_verify_control, vanilla_repeat
-from .fork import diagnose, fork_fields, fork_of
+from .fork import diagnose, fork_fields, fork_of, require_complete
 from .words import explain, format_verdict, reference_line, serial_line
 
 __all__ = [
     "diagnose",
     "fork_fields",
     "fork_of",
+    "require_complete",
     "format_verdict",
     "classify",
     "envelope_stats",

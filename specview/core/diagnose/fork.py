@@ -39,6 +39,13 @@ def _arm_json(rp: Replays, check: ArmCheck, key: str, fork: int | None, result: 
     return d
 
 
+def require_complete(trace: Trace) -> None:
+    """Every engine's diagnosis refuses a trace whose arms were cancelled: there is no whole run to explain."""
+    for arm in (trace.vanilla, trace.speculative):
+        if arm.stop_reason == "cancelled":
+            raise SpecviewError(f"the {arm.name} arm was cancelled: there is no complete run to diagnose")
+
+
 def fork_of(trace: Trace) -> Any:
     """The first mismatch of a forked trace, for every engine's diagnosis.
 
@@ -91,10 +98,8 @@ def diagnose(
     say = progress or (lambda msg: None)
     cancel = cancel or (lambda: False)
     t_start = time.perf_counter()
-    v, s, comp = trace.vanilla, trace.speculative, trace.comparison
-    for arm in (v, s):
-        if arm.stop_reason == "cancelled":
-            raise SpecviewError(f"the {arm.name} arm was cancelled: there is no complete run to diagnose")
+    v, comp = trace.vanilla, trace.comparison
+    require_complete(trace)
     top_k = int(trace.config.get("top_k") or cfg.top_k)
     prompt = [int(t) for t in trace.prompt["tokens"]]
     n_batch = int(cfg.engine.n_batch)
