@@ -10,7 +10,8 @@ import pytest
 
 from specview.backends.llama_server import binary as sb
 from specview.backends.llama_server.protocol import (Chunk, StreamResult, arm_from_response, arm_from_stream,
-                                                     completion_body, rebuild_rounds, reads_request_speculation)
+                                                     completion_body, held_back_ids, rebuild_rounds,
+                                                     reads_request_speculation)
 from specview.backends.local_server.openai import TokenLogprob, parse_logprobs
 from specview.backends.local_server.process import ServerError
 from specview.core.config import EngineSettings, RunConfig
@@ -235,3 +236,24 @@ def test_a_trace_with_server_nulls_and_rounds_survives_save_and_load(tmp_path):
     Trace.load(back.save(tmp_path / "again.json"))  # and it saves again
     with pytest.raises(SpecviewError):
         raise SpecviewError("x")
+
+
+def test_held_back_ids_ask_again_unstreamed_only_when_the_stream_left_a_token_out():
+    class Server:
+        def __init__(self):
+            self.posts: list[tuple[str, dict]] = []
+
+        def post(self, path, body, cancel=None):
+            self.posts.append((path, body))
+            return {"tokens": [10, 11, 12, 13]}
+
+    chunks = _stream([(0.001, 0, 0), (5.0, 3, 2), (5.0, 3, 2), (7.0, 3, 2)], [10, 11, 12, 13])
+    body = completion_body([1, 2, 3], 4, n_probs=2, stream=True)
+    srv = Server()
+    assert held_back_ids(srv, StreamResult(chunks=chunks, final={"tokens_predicted": 4}), body) is None
+    assert srv.posts == []  # every token streamed: no second request
+    inner = [c for c in chunks if c.n != 2]
+    assert held_back_ids(srv, StreamResult(chunks=inner, final={"tokens_predicted": 4}), body) == [10, 11, 12, 13]
+    [(path, sent)] = srv.posts
+    assert path == "/completion" and sent["stream"] is False and sent["timings_per_token"] is False
+    assert sent["prompt"] == body["prompt"] and sent["n_predict"] == 4

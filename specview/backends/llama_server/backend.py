@@ -41,7 +41,7 @@ from ..local_server.process import ServerError
 from .binary import find_server_bin, server_info
 from .pool import ServerPool
 from .process import LlamaServer
-from .protocol import (TokenByToken, arm_from_response, arm_from_stream, completion_body, make_step,
+from .protocol import (TokenByToken, arm_from_response, arm_from_stream, completion_body, held_back_ids, make_step,
                        reads_request_speculation, stream_completion, vanilla_by_requests, wait_idle)
 
 ProgressFn = Callable[[str], None]
@@ -418,7 +418,6 @@ class ServerRunner(Runner):
         sr = stream_completion(server, body, cancel=cancel, on_chunk=live, stop_on_cancel=False)
         if sr.cancelled and not wait_idle(server):
             server.stop()  # it did not drop the abandoned task: do not hand it out again
-        n_total = int(sr.final.get("tokens_predicted") or 0)
         rec: dict[str, Any] = {"form": "one-request, streamed", "server": _server_record(server),
                                "timings": sr.final.get("timings"),
                                "per_request_speculation": reads_request_speculation(sr.final)}
@@ -428,11 +427,8 @@ class ServerRunner(Runner):
             arm.drafter = cfg.spec_type
             rec["rounds"] = {"available": rr.rounds is not None, "reason": rr.reason, "step_ms": rr.step_ms}
             return arm, rec
-        tokens = None
-        if sorted(c.n for c in sr.chunks) != list(range(1, n_total + 1)):
-            # a token inside a multi-byte character is not streamed: its id comes from the same request, unstreamed
-            resp = server.post("/completion", dict(body, stream=False, timings_per_token=False), cancel=cancel)
-            tokens = [int(t) for t in resp.get("tokens") or []]
+        tokens = held_back_ids(server, sr, body, cancel=cancel)
+        if tokens is not None:
             streamed = {c.n - 1: c.token for c in sr.chunks}
             agree = all(j < len(tokens) and tokens[j] == t for j, t in streamed.items())
             rec["form"] = "one-request, streamed, and again unstreamed for the ids of held-back tokens"

@@ -31,7 +31,8 @@ from ...core.diagnose import at_risk_positions, fork_fields, fork_of, require_co
 from ...core.errors import Cancelled, SpecviewError
 from ...core.trace import ArmResult, Trace
 from ..local_server.process import LocalServer
-from .protocol import arm_from_stream, completion_body, stream_completion, top_from_entry, vanilla_by_requests
+from .protocol import (arm_from_stream, completion_body, held_back_ids, stream_completion, top_from_entry,
+                       vanilla_by_requests)
 
 # the runner and its plan (specview.backends.llama_server.backend) are passed in, never imported here
 ServerRunner = Any
@@ -146,11 +147,7 @@ def speculative_repeat(runner: ServerRunner, plan: Plan, trace: Trace, n: int, c
                            ignore_eos=bool(cfg.get("ignore_eos")), stream=True,
                            speculative={"n_max": cfg.get("n_max"), "n_min": cfg.get("n_min"), "p_min": cfg.get("p_min")})
     sr = stream_completion(srv, body, cancel=cancel)
-    tokens = None
-    n_total = int(sr.final.get("tokens_predicted") or 0)
-    if sorted(c.n for c in sr.chunks) != list(range(1, n_total + 1)):
-        resp = srv.post("/completion", dict(body, stream=False, timings_per_token=False), cancel=cancel)
-        tokens = [int(t) for t in resp.get("tokens") or []]
+    tokens = held_back_ids(srv, sr, body, cancel=cancel)
     arm, _ = arm_from_stream("speculative", sr, prompt_len=len(plan.tokens), n_batch=int(cfg["engine"]["n_batch"]),
                              piece=runner.vocab(plan.target).piece, tokens=tokens)
     t = sr.final.get("timings") or {}
@@ -174,11 +171,7 @@ def serial_verify(runner: ServerRunner, plan: Plan, trace: Trace, cancel: Callab
     _cancel_check(cancel)
     body = completion_body(plan.tokens, n, n_probs=n_probs, ignore_eos=bool(cfg.get("ignore_eos")), stream=True)
     sr = stream_completion(srv, body, cancel=cancel)
-    tokens = None
-    n_total = int(sr.final.get("tokens_predicted") or 0)
-    if sorted(c.n for c in sr.chunks) != list(range(1, n_total + 1)):
-        resp = srv.post("/completion", dict(body, stream=False, timings_per_token=False), cancel=cancel)
-        tokens = [int(t) for t in resp.get("tokens") or []]
+    tokens = held_back_ids(srv, sr, body, cancel=cancel)
     spec, rr = arm_from_stream("speculative", sr, prompt_len=len(plan.tokens), n_batch=int(cfg["engine"]["n_batch"]),
                                piece=vm.piece, tokens=tokens)
     t = sr.final.get("timings") or {}

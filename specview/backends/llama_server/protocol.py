@@ -318,6 +318,21 @@ def rebuild_rounds(chunks: Sequence[Chunk], n_tokens: int, *, prefill_chunk: int
     return RoundsResult(rounds, per_token, None, step_ms)  # type: ignore[arg-type]
 
 
+def held_back_ids(server: LocalServer, sr: StreamResult, body: dict[str, Any], *,
+                  cancel: CancelFn | None = None) -> list[int] | None:
+    """The token ids of a streamed answer that held tokens back, from the same request unstreamed; else None.
+
+    llama-server does not stream a token whose text ends inside a multi-byte
+    character, so such an answer's ids come from asking again without
+    streaming (greedy, so the same tokens).
+    """
+    n_total = int(sr.final.get("tokens_predicted") or 0)
+    if sorted(c.n for c in sr.chunks) == list(range(1, n_total + 1)):
+        return None
+    resp = server.post("/completion", dict(body, stream=False, timings_per_token=False), cancel=cancel)
+    return [int(t) for t in resp.get("tokens") or []]
+
+
 def arm_from_stream(name: str, sr: StreamResult, *, prompt_len: int, n_batch: int, piece: Callable[[int], str],
                     tokens: Sequence[int] | None = None) -> tuple[ArmResult, RoundsResult]:
     """An arm from a streamed answer, with its rounds where they can be rebuilt.
