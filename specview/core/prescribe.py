@@ -24,13 +24,13 @@ one is given, else from the short runs.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from .config import RunConfig
 from .errors import Cancelled
 from .kernels import KernelMap, TargetMap, kernel_map
+from .matrix.rates import wilson  # the one 95% Wilson interval the matrix's rates use too
 from .prompts import PromptSpec
 from .trace import read_json
 
@@ -191,17 +191,6 @@ def measure(session: Any, target: str, draft: str, settings: Any, n_max: int, pr
 
 
 # -- suite results -----------------------------------------------------------------------
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The 95% Wilson score interval of k successes in n trials."""
-    if n <= 0:
-        return (0.0, 1.0)
-    p = k / n
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return (max(0.0, c - h), min(1.0, c + h))
-
-
 _RATE_KEYS = ("divergence_rate", "diverged_rate", "rate", "diverged_share", "share")
 _K_KEYS = ("diverged", "n_diverged", "k", "forks")
 _N_KEYS = ("n", "runs", "total", "cells", "n_cells", "prompts")
