@@ -70,10 +70,15 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return EXIT_ERROR
-    from .core.engine import SpecviewError
+    from .core.errors import ConfigError, SpecviewError
 
     try:
         return int(args.func(args) or 0)
+    except ConfigError as exc:  # found after the flags were read (a token id the model does not have): name the flag
+        from .commands.common import cli_error
+
+        print(f"specview: error: {cli_error(exc)}", file=sys.stderr)
+        return EXIT_ERROR
     except SpecviewError as exc:
         print(f"specview: error: {exc}", file=sys.stderr)
         return EXIT_ERROR

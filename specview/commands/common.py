@@ -145,7 +145,7 @@ def cli_error(exc: ConfigError) -> SpecviewError:
     """A ConfigError reworded for the command line: the setting named by its flag."""
     if exc.setting:
         msg, flag = str(exc), flag_of(exc.setting)
-        if msg.startswith(exc.setting + " "):  # "p_min must be ..." -> "--p-min must be ..."
+        if msg.startswith((exc.setting + " ", exc.setting + ":")):  # "p_min must be ..." -> "--p-min must be ..."
             return SpecviewError(flag + msg[len(exc.setting):])
         return SpecviewError(f"{flag}: {msg}")
     return exc

@@ -194,6 +194,17 @@ class RunConfig:
     def uses_draft_model(self) -> bool:
         return self.spec_type in DRAFT_FILE_TYPES
 
+    def prompt_ids(self, n_vocab: int) -> list[int] | None:
+        """The prompt as token ids when it is given as ids, each checked against the target's vocabulary; else None."""
+        if not self.prompt_tokens:
+            return None
+        ids = [int(t) for t in self.prompt_tokens]
+        bad = [t for t in ids if not 0 <= t < n_vocab]
+        if bad:
+            raise ConfigError(f"prompt_tokens: id {bad[0]} is outside the target's vocabulary (0..{n_vocab - 1})",
+                              setting="prompt_tokens")
+        return ids
+
     @property
     def draft_width(self) -> int:
         """The most tokens one verify pass can carry beyond the target's own (for sizing the context)."""

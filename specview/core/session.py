@@ -19,7 +19,7 @@ from .. import __version__
 from .compare import compare_arms
 from .drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
 from .config import RunConfig
-from .engine import Engine, EngineSettings, SpecviewError, check_draft_compatible
+from .engine import Engine, EngineSettings, check_draft_compatible
 from .generate import Event, GenOptions, context_needed, run_to_end, speculative_greedy, vanilla_greedy
 from .doctor import cpu_name, environment_facts, machine_facts
 from .engine import LoadedModel
@@ -83,13 +83,8 @@ class Session(Runner):
 
     # -- a run ---------------------------------------------------------------------
     def prompt_tokens(self, cfg: RunConfig, target: LoadedModel) -> list[int]:
-        if cfg.prompt_tokens:
-            n = target.vocab.n_vocab
-            bad = [t for t in cfg.prompt_tokens if not 0 <= int(t) < n]
-            if bad:
-                raise SpecviewError(f"--tokens: id {bad[0]} is outside the target's vocabulary (0..{n - 1})")
-            return [int(t) for t in cfg.prompt_tokens]
-        return target.tokenize(cfg.prompt or "", chat=cfg.chat)
+        ids = cfg.prompt_ids(target.vocab.n_vocab)
+        return ids if ids is not None else target.tokenize(cfg.prompt or "", chat=cfg.chat)
 
     def context_size(self, cfg: RunConfig, n_prompt: int, target: LoadedModel) -> int:
         n_max = cfg.n_max if cfg.uses_draft_model else (cfg.ngram_size_m if cfg.spec_type == "ngram-simple" else 0)

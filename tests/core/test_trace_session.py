@@ -129,5 +129,11 @@ def test_run_config_validates_its_values(fake):
 
 
 def test_prompt_token_ids_are_checked_against_the_vocabulary(fake):
-    with pytest.raises(SpecviewError, match="outside the target's vocabulary"):
+    from specview.commands.common import cli_error
+    from specview.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="outside the target's vocabulary") as err:
         Session().run(cfg(prompt=None, prompt_tokens=(1, 2, 999)))
+    assert err.value.setting == "prompt_tokens"
+    # the command line names the flag the ids came from
+    assert str(cli_error(err.value)).startswith("--tokens: id 999 is outside the target's vocabulary (0..")

@@ -206,13 +206,8 @@ class ServerRunner(Runner):
             if p is not None and not Path(p).is_file():
                 raise ModelFileError(f"{p}: the {role} model file does not exist")
         vm = self.vocab(target)
-        if cfg.prompt_tokens:
-            tokens = [int(t) for t in cfg.prompt_tokens]
-            bad = [t for t in tokens if not 0 <= t < vm.n_vocab]
-            if bad:
-                raise ConfigError(f"prompt_tokens: id {bad[0]} is outside the target's vocabulary "
-                                  f"(0..{vm.n_vocab - 1})", setting="prompt_tokens")
-        else:
+        tokens = cfg.prompt_ids(vm.n_vocab)
+        if tokens is None:
             tokens = vm.tokenize(cfg.prompt or "", chat=cfg.chat)
         if not tokens:
             raise ConfigError("the prompt is empty after tokenization", setting="prompt")

@@ -72,12 +72,8 @@ class MLXServerRunner(Runner):
 
     def _prompt(self, cfg: RunConfig, vm: Any) -> tuple[list[int], str]:
         """The prompt's token ids and the text the server is sent (it reads text, never ids)."""
-        if cfg.prompt_tokens:
-            ids = [int(t) for t in cfg.prompt_tokens]
-            bad = [t for t in ids if not 0 <= t < vm.n_vocab]
-            if bad:
-                raise ConfigError(f"prompt_tokens: id {bad[0]} is outside the target's vocabulary "
-                                  f"(0..{vm.n_vocab - 1})", setting="prompt_tokens")
+        ids = cfg.prompt_ids(vm.n_vocab)
+        if ids is not None:
             text = vm.detokenize(ids)
             if vm.tokenize(text) != ids:
                 raise ConfigError("prompt_tokens: mlx_lm.server takes text prompts, and these ids are not what the "
