@@ -19,7 +19,7 @@ import html
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QBuffer, QByteArray, QIODevice, Qt
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QFont, QFontDatabase, QImage, QPixmap
 from PySide6.QtWidgets import QGridLayout, QLabel, QVBoxLayout, QWidget
 
@@ -28,6 +28,7 @@ from ..core.report.escape import visible
 from ..core.report.facts import obj, trace_title, verdict_of
 from ..core.verdicts import STRONG, WORDS
 from .app import application
+from .export import png_bytes
 from .panes import TokenPane, Tints
 
 #: the card's width, and the largest height it grows to (GitHub shows comment images up to about this size)
@@ -286,15 +287,6 @@ def card_image(trace: Any) -> QImage:
         card.close()
         card.deleteLater()
     return image
-
-
-def png_bytes(image: QImage) -> bytes:
-    ba = QByteArray()
-    buf = QBuffer(ba)
-    buf.open(QIODevice.OpenModeFlag.WriteOnly)
-    image.save(buf, "PNG")
-    buf.close()
-    return bytes(ba.data())
 
 
 def fork_card_png(trace: Any) -> bytes:

@@ -28,7 +28,7 @@ MARGINS, MARGINS_ZOOM, ACCEPTANCE = "margins", "margins_zoom", "acceptance"
 def _png(plot: Any) -> bytes:
     """The plot as PNG bytes, laid out at :data:`PLOT_SIZE` without appearing on screen."""
     import pyqtgraph.exporters as exporters
-    from PySide6.QtCore import QBuffer, QByteArray, QCoreApplication, QEvent, QIODevice, Qt
+    from PySide6.QtCore import QCoreApplication, QEvent, Qt
 
     plot.setAttribute(Qt.WidgetAttribute.WA_DontShowOnScreen)
     plot.resize(*PLOT_SIZE)
@@ -42,6 +42,13 @@ def _png(plot: Any) -> bytes:
         image = exp.export(toBytes=True)
     finally:
         plot.close()
+    return png_bytes(image)
+
+
+def png_bytes(image: Any) -> bytes:
+    """A QImage as PNG bytes, in memory."""
+    from PySide6.QtCore import QBuffer, QByteArray, QIODevice
+
     ba = QByteArray()
     buf = QBuffer(ba)
     buf.open(QIODevice.OpenModeFlag.WriteOnly)
