@@ -17,6 +17,13 @@ observers.
 Cancellation is a flag per request, set from the GUI thread and checked by the
 arms between forward passes, so a run stops within one forward pass.  The
 window cancels the running request before it submits a new one.
+
+The kernel map and the prescription (:mod:`specview.core.kernels`,
+:mod:`specview.core.prescribe`) run here too, on the Session of their
+in-process engine: they report a fraction and a line of text
+(:class:`Progress`), and end in :class:`KernelMapFinished` /
+:class:`PrescriptionFinished` (``cancelled`` and no result when cancelled) or
+in :class:`RunFailed` through ``sigFailed``.
 """
 
 from __future__ import annotations
@@ -87,6 +94,49 @@ class MatrixRequest(_Cancellable):
     traces_dir: str | None = None  # each cell's trace, so a cell opens without running it again
     id: int = field(default_factory=lambda: next(_ids))
     cancel_event: threading.Event = field(default_factory=threading.Event, repr=False)
+
+
+@dataclass
+class KernelMapRequest(_Cancellable):
+    """Compute a kernel map (:func:`specview.core.kernels.kernel_map`) on the engine's Session."""
+
+    targets: list[str]
+    prompts: list[Any]  # PromptSpecs, built-in names, texts or token-id lists
+    widths: tuple[int, ...]
+    positions: int
+    settings: Any  # EngineSettings, or a list of them (one map row per target and settings)
+    backend: str = "llama.cpp"
+    stop_at_difference: bool = False
+    id: int = field(default_factory=lambda: next(_ids))
+    cancel_event: threading.Event = field(default_factory=threading.Event, repr=False)
+
+
+@dataclass
+class PrescriptionRequest(_Cancellable):
+    """Run :func:`specview.core.prescribe.prescribe` on a kernel map, on the Session of the map's engine."""
+
+    kmap: Any  # specview.core.kernels.KernelMap
+    draft: str
+    candidates: tuple[int, ...] | None = None  # None: prescribe's defaults
+    max_tokens: int | None = None
+    id: int = field(default_factory=lambda: next(_ids))
+    cancel_event: threading.Event = field(default_factory=threading.Event, repr=False)
+
+
+@dataclass(frozen=True)
+class KernelMapFinished:
+    request_id: int
+    kmap: Any  # KernelMap, or None when cancelled
+    cancelled: bool
+    seconds: float
+
+
+@dataclass(frozen=True)
+class PrescriptionFinished:
+    request_id: int
+    prescription: Any  # specview.core.prescribe.Prescription, or None when cancelled
+    cancelled: bool
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -190,6 +240,8 @@ class ModelWorker(QObject):
     sigPreloaded = Signal(object)  # int request id
     sigMatrixCell = Signal(object)  # MatrixCell
     sigMatrixFinished = Signal(object)  # MatrixFinished
+    sigKernelMapFinished = Signal(object)  # KernelMapFinished
+    sigPrescriptionFinished = Signal(object)  # PrescriptionFinished
 
     def __init__(self) -> None:
         super().__init__()
@@ -316,6 +368,88 @@ class ModelWorker(QObject):
         finally:
             self.busy = False
 
+    def _session_for(self, backend: str) -> Session | None:
+        """The Session of an in-process engine; None for any other, whose refusal the core words."""
+        return self.runner_for(backend) if get_backend(backend).in_process else None  # type: ignore[return-value]
+
+    def _fraction_reporter(self, rid: int) -> tuple[Any, Any]:
+        """(progress(text), on_fraction(f)) for one request: a line of text, the fraction at most every BATCH_S."""
+        state = {"msg": "", "f": None, "sent": 0.0}
+
+        def text(msg: str) -> None:
+            state["msg"] = msg
+            self.sigProgress.emit(Progress(rid, msg, state["f"]))
+
+        def fraction(f: float) -> None:
+            state["f"] = f
+            now = time.perf_counter()
+            if now - state["sent"] >= BATCH_S or f >= 1.0:
+                state["sent"] = now
+                self.sigProgress.emit(Progress(rid, state["msg"], f))
+
+        return text, fraction
+
+    @Slot(object)
+    def kernel_map(self, req: KernelMapRequest) -> None:
+        if req.cancelled:
+            return
+        self._current_id = req.id
+        self.busy = True
+        t0 = time.perf_counter()
+        try:
+            from ..core.errors import Cancelled
+            from ..core.kernels import kernel_map
+
+            text, fraction = self._fraction_reporter(req.id)
+            try:
+                kmap = kernel_map(self._session_for(req.backend), req.targets, req.prompts, req.widths,
+                                  req.positions, req.settings, backend=req.backend, progress=text,
+                                  cancel=req.cancel_event.is_set, on_fraction=fraction,
+                                  stop_at_difference=req.stop_at_difference)
+            except Cancelled:
+                kmap = None
+            self.sigKernelMapFinished.emit(KernelMapFinished(req.id, kmap, kmap is None, time.perf_counter() - t0))
+        except BaseException as exc:  # noqa: BLE001 - every failure becomes a message
+            self._fail(req.id, exc)
+        finally:
+            self.busy = False
+
+    @Slot(object)
+    def prescribe(self, req: PrescriptionRequest) -> None:
+        if req.cancelled:
+            return
+        self._current_id = req.id
+        self.busy = True
+        t0 = time.perf_counter()
+        try:
+            from ..core.errors import Cancelled
+            from ..core.prescribe import prescribe
+
+            text, _fraction = self._fraction_reporter(req.id)
+            kw: dict[str, Any] = {}
+            if req.candidates is not None:
+                kw["candidates"] = req.candidates
+            if req.max_tokens is not None:
+                kw["max_tokens"] = req.max_tokens
+            session = self._session_for(req.kmap.backend)
+            if session is None:
+                from ..core.errors import BackendUnavailable
+
+                raise BackendUnavailable(f"the prescription runs both arms in this process, on the engine the map "
+                                         f"was made with ({req.kmap.backend}), and that engine does not; map and "
+                                         "prescribe with llama.cpp or mlx")
+            try:
+                pres = prescribe(session, req.kmap, draft=req.draft, progress=text, cancel=req.cancel_event.is_set,
+                                 **kw)
+            except Cancelled:
+                pres = None
+            self.sigPrescriptionFinished.emit(PrescriptionFinished(req.id, pres, pres is None,
+                                                                   time.perf_counter() - t0))
+        except BaseException as exc:  # noqa: BLE001 - every failure becomes a message
+            self._fail(req.id, exc)
+        finally:
+            self.busy = False
+
     @Slot()
     def shutdown(self) -> None:
         try:
@@ -363,7 +497,11 @@ class WorkerHost(QObject):
     _sigDerive = Signal(object)
     _sigPreload = Signal(object)
     _sigMatrix = Signal(object)
+    _sigKernelMap = Signal(object)
+    _sigPrescribe = Signal(object)
     _sigShutdown = Signal()
+    #: a request was queued (after the one running was cancelled): a view that was waiting for another lets go
+    sigSubmitted = Signal(object)
 
     def __init__(self, worker: ModelWorker | None = None, parent: QObject | None = None):
         super().__init__(parent)
@@ -375,26 +513,36 @@ class WorkerHost(QObject):
         self._sigDerive.connect(self.worker.derive)
         self._sigPreload.connect(self.worker.preload)
         self._sigMatrix.connect(self.worker.run_matrix)
+        self._sigKernelMap.connect(self.worker.kernel_map)
+        self._sigPrescribe.connect(self.worker.prescribe)
         self._sigShutdown.connect(self.worker.shutdown)
         self.thread.start()
-        self.current: RunRequest | MatrixRequest | None = None
+        self.current: RunRequest | MatrixRequest | KernelMapRequest | PrescriptionRequest | None = None
         self._stopped = False
+
+    def _submit(self, req: Any, queue: Any) -> Any:
+        if self.current is not None:
+            self.current.cancel()
+        self.current = req
+        queue.emit(req)
+        self.sigSubmitted.emit(req)
+        return req
 
     def submit(self, req: RunRequest) -> RunRequest:
         """Cancel whatever is running and queue ``req``."""
-        if self.current is not None:
-            self.current.cancel()
-        self.current = req
-        self._sigRun.emit(req)
-        return req
+        return self._submit(req, self._sigRun)
 
     def submit_matrix(self, req: MatrixRequest) -> MatrixRequest:
         """Cancel whatever is running and queue the matrix (a later run cancels it in turn)."""
-        if self.current is not None:
-            self.current.cancel()
-        self.current = req
-        self._sigMatrix.emit(req)
-        return req
+        return self._submit(req, self._sigMatrix)
+
+    def submit_kernel_map(self, req: KernelMapRequest) -> KernelMapRequest:
+        """Cancel whatever is running and queue the kernel map (a later request cancels it in turn)."""
+        return self._submit(req, self._sigKernelMap)
+
+    def submit_prescription(self, req: PrescriptionRequest) -> PrescriptionRequest:
+        """Cancel whatever is running and queue the prescription (a later request cancels it in turn)."""
+        return self._submit(req, self._sigPrescribe)
 
     def cancel(self) -> None:
         if self.current is not None:
