@@ -11,10 +11,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "gui",
         help="open the desktop app",
         description="Open the desktop app: both arms side by side as they stream, the fork marked, "
-        "acceptance and margin plots, and a verdict. With TRACE, open a saved trace or matrix (no model needed).",
+        "acceptance and margin plots, and a verdict. With TRACE, open a saved trace, matrix or kernel map "
+        "(no model needed).",
     )
     p.add_argument("trace", nargs="?", metavar="TRACE",
-                   help="a trace JSON (from `specview run --json` or Save) or a matrix JSON to open")
+                   help="a trace JSON (from `specview run --json` or Save), a matrix JSON or a kernel map JSON "
+                   "(from `specview kernels -o`) to open")
     p.add_argument("--theme", choices=["system", "light", "dark"], default=None,
                    help="colour theme (default: the one used last)")
     p.add_argument("--run", action="store_true", help="start a run with the remembered settings as soon as the window opens")

@@ -27,6 +27,8 @@ def build_menus(w: Any) -> None:
     w.act_save.setEnabled(False)
     w.act_open_matrix = QAction("Open &Matrix…", w, shortcut=QKeySequence("Ctrl+Shift+O"),
                                 triggered=w.matrix_tab._choose_file)
+    w.act_open_kernels = QAction("Open &kernel map…", w, triggered=lambda: open_kernels_dialog(w))
+    w.act_open_kernels.setToolTip("show a saved kernel map (specview.kernels/1) in the Kernel map tab")
     w.act_export = QAction("&Export Report…", w, shortcut=QKeySequence("Ctrl+E"), triggered=lambda: export_dialog(w))
     w.act_export.setToolTip("write the HTML and Markdown report of the trace on screen into a folder")
     w.act_export.setEnabled(False)
@@ -35,7 +37,7 @@ def build_menus(w: Any) -> None:
     w.act_card.setEnabled(False)
     w.act_export.changed.connect(lambda: w.act_card.setEnabled(w.act_export.isEnabled()))
     act_quit = QAction("&Quit", w, shortcut=QKeySequence.StandardKey.Quit, triggered=w.close)
-    m_file.addActions([w.act_open, w.act_save, w.act_open_matrix])
+    m_file.addActions([w.act_open, w.act_save, w.act_open_matrix, w.act_open_kernels])
     m_file.addSeparator()
     m_file.addActions([w.act_export, w.act_card])
     m_file.addSeparator()
@@ -51,10 +53,14 @@ def build_menus(w: Any) -> None:
     w.act_matrix = QAction("Run &matrix…", w, shortcut=QKeySequence("Ctrl+M"),
                            triggered=lambda _checked=False: w.run_matrix())
     w.act_matrix.setToolTip("run targets x drafters x n_max around the current settings (Esc cancels)")
-    m_run.addActions([w.act_run, w.act_matrix, w.act_cancel])
+    w.act_kernels = QAction("&Kernel map", w, shortcut=QKeySequence("Ctrl+K"),
+                            triggered=lambda _checked=False: w.run_kernels())
+    w.act_kernels.setToolTip("map which verify widths this build computes exactly like single-token passes, with "
+                             "the Kernel map tab's targets and the current engine settings (Esc cancels)")
+    m_run.addActions([w.act_run, w.act_matrix, w.act_kernels, w.act_cancel])
     m_run.addSeparator()
     m_run.addActions([w.act_fork, w.act_next, w.act_prev])
-    for a in (w.act_run, w.act_cancel, w.act_next, w.act_prev, w.act_fork, w.act_matrix):
+    for a in (w.act_run, w.act_cancel, w.act_next, w.act_prev, w.act_fork, w.act_matrix, w.act_kernels):
         a.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
         w.addAction(a)
 
@@ -82,10 +88,17 @@ def build_menus(w: Any) -> None:
 
 
 def open_dialog(w: Any) -> None:
-    path, _ = QFileDialog.getOpenFileName(w, "Open a specview trace or matrix", str(Path.cwd()),
-                                          "specview traces and matrices (*.json);;All files (*)")
+    path, _ = QFileDialog.getOpenFileName(w, "Open a specview trace, matrix or kernel map", str(Path.cwd()),
+                                          "specview traces, matrices and kernel maps (*.json);;All files (*)")
     if path:
         w.open_trace(path)
+
+
+def open_kernels_dialog(w: Any) -> None:
+    path, _ = QFileDialog.getOpenFileName(w, "Open a kernel map", str(Path.cwd()),
+                                          "specview kernel maps (*.json);;All files (*)")
+    if path:
+        w.open_kernel_map(path)
 
 
 def save_dialog(w: Any) -> None:

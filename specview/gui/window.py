@@ -1,4 +1,4 @@
-"""The main window: the run controls, the two panes, the two plots, the verdict bar and the Matrix tab.
+"""The main window: the run controls, the two panes, the two plots, the verdict bar, the Matrix and Kernel map tabs.
 
 The window is a controller: it takes a :class:`RunConfig` from the generated
 controls, submits it to the model worker, lets :class:`~specview.gui.live.LiveView`
@@ -24,6 +24,7 @@ from ..core.prompts import builtin_prompts
 from ..core.trace import Trace
 from . import models as gmodels
 from .controls import ControlsPanel, engine_problem, run_of_trace
+from .kernels import TAB_TIP as KERNELS_TIP, KernelTab, is_kernel_map_file
 from .live import Live, LiveView
 from .matrix import MatrixDialog, MatrixTab, is_matrix_file
 from .matrix.tab import TAB_TIP
@@ -116,6 +117,9 @@ class MainWindow(QMainWindow):
         self.tabs.addTab(self.side, "Side by side")
         self.tabs.addTab(self.matrix_tab, "Matrix")
         self.tabs.setTabToolTip(1, TAB_TIP)
+        self.kernels_tab = kt = KernelTab(self.host, self.build_config)
+        self.tabs.addTab(kt, "Kernel map")
+        self.tabs.setTabToolTip(2, KERNELS_TIP)
         lay.addWidget(self.tabs, 1)
         self.setCentralWidget(central)
         self.live = LiveView(self.panes, self.margin_plot, self.acceptance, self)
@@ -130,6 +134,12 @@ class MainWindow(QMainWindow):
         mt.sigProgress.connect(lambda done, total: (self.progress.setRange(0, total), self.progress.setValue(done)))
         mt.sigCell.connect(self.sigMatrixCell)
         mt.sigFinished.connect(self.sigMatrixFinished)
+        kt.sigSubmitting.connect(self._leave_run)
+        kt.sigVerdict.connect(self._matrix_verdict)
+        kt.sigStatus.connect(self._set_status)
+        kt.sigError.connect(self.show_error)
+        kt.sigBusy.connect(self._set_busy)
+        kt.sigProgress.connect(lambda done, total: (self.progress.setRange(0, total), self.progress.setValue(done)))
 
         dock = QDockWidget("Run", self)
         dock.setObjectName("controls_dock")
@@ -145,6 +155,7 @@ class MainWindow(QMainWindow):
         self.auto_run, self.diagnose = self.panel.auto_run, self.panel.diagnose
         self.run_button, self.cancel_button = self.panel.run_button, self.panel.cancel_button
         c.sigChanged.connect(lambda: self._schedule_auto(AUTO_RUN_MS))
+        c.sigChanged.connect(kt.refresh)
         c.sigPromptEdited.connect(lambda: self._schedule_auto(AUTO_RUN_PROMPT_MS))
         c.sigEngineChecked.connect(self._engine_checked)
         c.sigDeriveWanted.connect(self.derive)
@@ -244,8 +255,12 @@ class MainWindow(QMainWindow):
             self.auto_timer.start(ms)
 
     def _auto_run(self) -> None:
-        if self.auto_run.isChecked() and self.matrix_tab.request is None:  # never cancel a matrix unasked
+        if self.auto_run.isChecked() and not self._long_job():  # never cancel a matrix or a kernel map unasked
             self.run()
+
+    def _long_job(self) -> bool:
+        """A matrix, kernel map or prescription holds the worker (a run does not)."""
+        return self.matrix_tab.request is not None or self.kernels_tab.request is not None
 
     def _engine_checked(self, name: str, problem: str | None) -> None:
         self.engine_problem = problem
@@ -301,7 +316,9 @@ class MainWindow(QMainWindow):
         return req
 
     def cancel(self) -> None:
-        if self.busy and (self.matrix_tab.request is not None or self.request is not None):
+        if self.busy and self.kernels_tab.request is not None:
+            self.kernels_tab.cancel()
+        elif self.busy and (self.matrix_tab.request is not None or self.request is not None):
             self.host.cancel()
             what = "the matrix" if self.matrix_tab.request is not None else ""
             self._set_status(f"cancelling {what} (stops within one forward pass)…".replace("  ", " "))
@@ -351,6 +368,8 @@ class MainWindow(QMainWindow):
                                    "Esc cancels.", "info")
 
     def _on_progress(self, ev: Progress) -> None:
+        if self.kernels_tab.on_progress(ev):  # a kernel map's fraction and text
+            return
         # progress messages come while models load or derive and while the fork is diagnosed,
         # not while tokens stream: show an indeterminate bar until the next tokens arrive
         if self.busy:
@@ -380,6 +399,8 @@ class MainWindow(QMainWindow):
             self._preload = None
         elif self.matrix_tab.on_failed(ev.request_id, ev.message, ev.details):
             return
+        elif self.kernels_tab.on_failed(ev.request_id, ev.message, ev.details):
+            return
         elif not self._current(ev.request_id):
             return
         else:
@@ -403,13 +424,32 @@ class MainWindow(QMainWindow):
             except SpecviewError as exc:
                 self.show_error(str(exc))
                 return None
-        self.last_error = None
-        self.request = None  # a run still streaming is cancelled by the submit below; its events are stale
-        self.live.timer.stop()
+        self._leave_run()
         req = self.matrix_tab.start(spec, self.host, out_dir=out_dir)
         if req is not None:
             self.tabs.setCurrentWidget(self.matrix_tab)
         return req
+
+    def _leave_run(self) -> None:
+        """A matrix or kernel map takes the worker: a run still streaming is cancelled by its submit, and its
+        events are stale from here on."""
+        self.auto_timer.stop()
+        self.last_error = None
+        self.request = None
+        self.live.timer.stop()
+        self.matrix_tab.request = None  # an interrupted matrix's last events are stale too
+
+    def run_kernels(self) -> Any:
+        """Run > Kernel map: the Kernel map tab, computing its map with the Run panel's engine settings."""
+        self.tabs.setCurrentWidget(self.kernels_tab)
+        return self.kernels_tab.start()
+
+    def open_kernel_map(self, path: str | os.PathLike[str]) -> bool:
+        """Show a ``specview.kernels/1`` file in the Kernel map tab."""
+        if not self.kernels_tab.open(path):
+            return False
+        self.tabs.setCurrentWidget(self.kernels_tab)
+        return True
 
     def _on_matrix_finished(self, ev: Any) -> None:
         # a cell opened meanwhile keeps its verdict
@@ -520,16 +560,20 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------ files
     def open_trace(self, path: str | os.PathLike[str]) -> Trace | None:
-        """Open a saved trace and show it as a live one (no model needed); a matrix file opens in the Matrix tab."""
+        """Open a saved trace and show it as a live one (no model needed); a matrix or kernel map file opens in
+        its tab."""
         if is_matrix_file(path):
             self.open_matrix(path)
+            return None
+        if is_kernel_map_file(path):
+            self.open_kernel_map(path)
             return None
         try:
             trace = Trace.load(path)
         except SpecviewError as exc:
             self.show_error(str(exc))
             return None
-        if self.busy and self.matrix_tab.request is None:  # a running matrix goes on; its cells stay openable
+        if self.busy and not self._long_job():  # a running matrix or map goes on
             self.cancel()
             self._set_busy(False, "")  # the cancelled run's events are stale from here on
         self.request = None

@@ -1,0 +1,547 @@
+"""The kernel map as a heat grid (target x verify width), its legend, and one target's per-width detail.
+
+A standalone widget: give it a :class:`~specview.core.kernels.KernelMap`
+(``setMap``) and it shows one row per target (under its engine settings) and
+one column per width.  The metric shown is selectable; a bit-identical cell is
+always ``=`` on the verdicts' "identical" green, whatever the metric, and the
+other cells are tinted from light to strong by how far the metric says that
+width is from single-token passes.  The row labels say what the row proves
+("proven lossless up to n_max 2", "nothing proven", "not deterministic").
+Selecting a cell shows that target's per-width table and, in plain words, what
+it proves (:func:`specview.core.kernels_text.verdict_line`).
+
+The colours and texts come from pure functions (:func:`cell_look`,
+:func:`row_claim`), so they can be checked against the map's own figures.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QModelIndex, QPersistentModelIndex, Qt, Signal
+from PySide6.QtGui import QBrush, QColor, QPainter, QPen
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QSplitter,
+    QStyle,
+    QStyledItemDelegate,
+    QStyleOptionViewItem,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from ...core import verdicts
+from ...core.kernels_text import ranges, verdict_line
+
+#: (WidthStats attribute, what the metric menu and the legend call it)
+METRICS: tuple[tuple[str, str], ...] = (
+    ("max_delta", "max |Δlogit|"),
+    ("identical_share", "bit-identical share"),
+    ("p95_delta", "p95 |Δlogit|"),
+    ("flips", "argmax flips"),
+    ("below_shift", "positions below the shift"),
+)
+METRIC_NAMES = dict(METRICS)
+
+#: a width whose every row equals the single-token row: the verdicts' "identical" green
+IDENTICAL = verdicts.COLOURS["identical"]
+#: the width-1 control failed (the same pass after a rollback gave other bits): the "nondeterministic" tint
+CONTROL_FAILED = verdicts.COLOURS["nondeterministic"]
+#: a width that differs, from a little to a lot (as the metric shown says): light amber to strong red
+RAMP = (verdicts.COLOURS["near-tie"], verdicts.COLOURS["diverged"], verdicts.COLOURS["state"], "#e07a7a")
+INK = "#111111"  # every tint is light, in every theme: dark text on all of them
+
+#: per metric, the upper bounds of the ramp's first three steps (the fourth takes the rest), and their labels
+_BINS: dict[str, tuple[tuple[float, ...], tuple[str, ...]]] = {
+    # the share of identical rows: the fewer, the stronger
+    "identical_share": ((0.75, 0.25, 0.0), ("≥ 75% rows identical", "25-75%", "under 25%", "no row identical")),
+    # the CLI heatmap's classes (. o O #)
+    "max_delta": ((0.01, 0.1, 1.0), ("< 0.01", "< 0.1", "< 1", "≥ 1")),
+    "p95_delta": ((0.01, 0.1, 1.0), ("< 0.01", "< 0.1", "< 1", "≥ 1")),
+    "flips": ((0, 1, 4), ("0", "1", "2-4", "≥ 5")),
+    "below_shift": ((0, 4, 19), ("0", "1-4", "5-19", "≥ 20")),
+}
+
+
+@dataclass(frozen=True)
+class CellLook:
+    """What one heat cell shows: its text, its background and its step on the ramp (-1: not on it)."""
+
+    text: str
+    colour: str | None  # None: not measured
+    level: int
+    identical: bool
+
+
+def fmt(x: float | None) -> str:
+    """A |Δlogit| short enough for a cell."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    if x == 0:
+        return "0"
+    if x >= 10:
+        return f"{x:.0f}"
+    if x >= 0.1:
+        return f"{x:.2f}"
+    if x >= 0.001:
+        return f"{x:.3f}"
+    return f"{x:.0e}"
+
+
+def level(metric: str, st: Any) -> int:
+    """The ramp step (0-3) of a width that is not bit-identical, by ``metric``."""
+    v = getattr(st, metric)
+    if metric == "identical_share":
+        return 0 if v >= 0.75 else 1 if v >= 0.25 else 2 if v > 0 else 3
+    if isinstance(v, float) and math.isnan(v):
+        return 3
+    bounds = _BINS[metric][0]
+    if metric in ("max_delta", "p95_delta"):
+        return next((i for i, b in enumerate(bounds) if v < b), 3)
+    return next((i for i, b in enumerate(bounds) if v <= b), 3)
+
+
+def metric_text(metric: str, st: Any) -> str:
+    v = getattr(st, metric)
+    if metric == "identical_share":
+        pct = 100.0 * v
+        return f"{pct:.0f}%" if pct >= 1 or pct == 0 else "<1%"
+    if metric in ("max_delta", "p95_delta"):
+        return fmt(v)
+    return str(int(v))
+
+
+def cell_look(st: Any, metric: str) -> CellLook:
+    """The heat cell of one width (a :class:`~specview.core.kernels.WidthStats`, or None: not measured)."""
+    if st is None or st.rows == 0:
+        return CellLook("", None, -1, False)
+    if st.bit_identical:
+        return CellLook("=", IDENTICAL, -1, True)
+    text = metric_text(metric, st)
+    if st.flips and metric != "flips":
+        text += " !"
+    if st.stopped:
+        text += " …"
+    if st.width == 1:
+        return CellLook(text, CONTROL_FAILED, -1, False)
+    lv = level(metric, st)
+    return CellLook(text, RAMP[lv], lv, False)
+
+
+def row_claim(t: Any) -> str:
+    """What a target row proves, in three or four words."""
+    if not t.deterministic:
+        return "not deterministic"
+    n = t.safe_n_max()
+    return "nothing proven" if n is None else f"proven lossless up to n_max {n}"
+
+
+def first_difference(st: Any, *, short: bool = False) -> str:
+    fd = st.first_difference
+    if not fd:
+        return ""
+    return f"{fd[0]} {fd[1]} (row {fd[2]})" if short else f"{fd[0]} token {fd[1]}, row {fd[2]}"
+
+
+def cell_details(t: Any, st: Any) -> list[str]:
+    """Every figure of one width of one target, as plain lines (the tooltip and the accessible text)."""
+    if st is None or st.rows == 0:
+        return [f"{t.label}, width {st.width if st else '?'}: not measured"]
+    w = st.width
+    what = "the rollback control: the walk's own single-token pass, run again" if w == 1 else (
+        f"a verify pass of the last token and {w - 1} draft token{'s' if w > 2 else ''} (n_max {w - 1} and above)")
+    lines = [f"{t.label}, width {w}: {what}",
+             f"{st.identical} of {st.rows} rows bit-identical to the single-token rows "
+             f"({100.0 * st.identical_share:.1f}%)"]
+    if not st.bit_identical:
+        lines.append(f"max |Δlogit| {fmt(st.max_delta)}, p95 |Δlogit| {fmt(st.p95_delta)} (over both rows' top-k)")
+        flips = f"{st.flips} argmax flip{'s' if st.flips != 1 else ''}"
+        if st.flip_at:
+            at = ", ".join(f"{p} token {j}" for p, j in st.flip_at[:6]) + (" …" if len(st.flip_at) > 6 else "")
+            flips += f" ({at})"
+        lines.append(flips)
+        lines.append(f"{st.below_shift} measured positions have a top-1/top-2 margin below the max shift")
+        lines.append(f"first difference: {first_difference(st)}")
+        by_row = [f"{i}: {n}" for i, n in enumerate(st.differing_by_row) if n]
+        if by_row:
+            lines.append("differing rows by their row in the pass: " + ", ".join(by_row))
+        if st.stopped:
+            lines.append("measuring stopped at the first difference: these figures cover the rows measured")
+    elif w == 1:
+        lines.append("the control held: this target computes the same bits again after a rollback")
+    else:
+        lines.append(f"= speculative decoding with a {w}-token verify pass cannot change the text here")
+    return lines
+
+
+class _HeatDelegate(QStyledItemDelegate):
+    """Keeps a selected cell's tint (the heat is the information) and frames it instead."""
+
+    def paint(self, painter: QPainter, option: QStyleOptionViewItem, index: QModelIndex | QPersistentModelIndex
+              ) -> None:
+        selected = bool(option.state & QStyle.StateFlag.State_Selected)
+        opt = QStyleOptionViewItem(option)
+        opt.state &= ~QStyle.StateFlag.State_Selected
+        opt.state &= ~QStyle.StateFlag.State_HasFocus
+        super().paint(painter, opt, index)
+        if selected:
+            painter.save()
+            pen = QPen(option.palette.color(option.palette.ColorRole.Highlight), 3)
+            pen.setJoinStyle(Qt.PenJoinStyle.MiterJoin)
+            painter.setPen(pen)
+            painter.drawRect(opt.rect.adjusted(1, 1, -2, -2))
+            painter.restore()
+
+
+def _swatch(text: str, colour: str | None, tip: str = "") -> QLabel:
+    lab = QLabel(text)
+    lab.setTextFormat(Qt.TextFormat.PlainText)
+    if colour:
+        lab.setStyleSheet(f"background:{colour};color:{INK};padding:2px 6px;border-radius:3px")
+    else:
+        lab.setStyleSheet("padding:2px 2px")
+    lab.setToolTip(tip)
+    return lab
+
+
+DETAIL_COLUMNS = ("Width", "Rows", "Bit-identical", "max |Δ|", "p95 |Δ|", "Flips", "Below shift", "First difference")
+
+
+class KernelMapView(QWidget):
+    """The heat grid, its legend and the map's facts; the selected target's per-width table below it."""
+
+    sigTargetSelected = Signal(int)  # the row (target index) whose detail is shown
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("kernel_map_view")
+        self.kmap: Any = None
+        self.source: Path | None = None
+        self.metric = METRICS[0][0]
+        self.selected: int | None = None
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        split = QSplitter(Qt.Orientation.Vertical)
+        split.setChildrenCollapsible(False)
+        self.splitter = split
+        lay.addWidget(split)
+
+        top = QWidget()
+        tl = QVBoxLayout(top)
+        tl.setContentsMargins(0, 0, 0, 0)
+        tl.setSpacing(4)
+        head = QHBoxLayout()
+        self.title = QLabel("No kernel map yet: run one, or open a saved map.")
+        self.title.setObjectName("kernel_title")
+        self.title.setTextFormat(Qt.TextFormat.PlainText)
+        f = self.title.font()
+        f.setBold(True)
+        self.title.setFont(f)
+        head.addWidget(self.title, 1)
+        head.addWidget(QLabel("Show"))
+        self.metric_box = QComboBox()
+        self.metric_box.setObjectName("kernel_metric")
+        for key, name in METRICS:
+            self.metric_box.addItem(name, key)
+        self.metric_box.setToolTip("the figure each cell shows and is tinted by; a bit-identical width is always '='")
+        self.metric_box.setAccessibleName("Heat map metric")
+        self.metric_box.currentIndexChanged.connect(lambda _i: self.setMetric(self.metric_box.currentData()))
+        head.addWidget(self.metric_box)
+        tl.addLayout(head)
+        self.facts = QLabel()
+        self.facts.setObjectName("kernel_facts")
+        self.facts.setTextFormat(Qt.TextFormat.PlainText)
+        self.facts.setWordWrap(True)
+        self.facts.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        tl.addWidget(self.facts)
+        self.legend = QHBoxLayout()
+        self.legend.setSpacing(4)
+        tl.addLayout(self.legend)
+
+        self.table = QTableWidget(0, 0)
+        self.table.setObjectName("kernel_grid")
+        self.table.setAccessibleName("Kernel map: targets by verify width")
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectItems)
+        self.table.setItemDelegate(_HeatDelegate(self.table))
+        self.table.setWordWrap(False)
+        hh = self.table.horizontalHeader()
+        hh.setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        hh.setMinimumSectionSize(self.fontMetrics().horizontalAdvance("0.000 !") + 10)
+        vh = self.table.verticalHeader()
+        vh.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        vh.setMinimumSectionSize(self.fontMetrics().lineSpacing() * 2 + 12)
+        vh.sectionClicked.connect(lambda r: self.selectTarget(r))
+        self.table.currentCellChanged.connect(lambda r, c, _r0, _c0: self._current_changed(r, c))
+        tl.addWidget(self.table, 1)
+        split.addWidget(top)
+
+        # the detail, and room beside it for other panels (the tab puts the prescription there)
+        self.bottom = QSplitter(Qt.Orientation.Horizontal)
+        self.bottom.setChildrenCollapsible(False)
+        bottom = QWidget()
+        bottom.setObjectName("kernel_detail_panel")
+        bl = QVBoxLayout(bottom)
+        bl.setContentsMargins(0, 4, 0, 0)
+        bl.setSpacing(4)
+        self.detail_title = QLabel()
+        self.detail_title.setObjectName("kernel_detail_title")
+        self.detail_title.setTextFormat(Qt.TextFormat.PlainText)
+        self.detail_title.setFont(f)
+        self.detail_title.setWordWrap(True)
+        bl.addWidget(self.detail_title)
+        self.claim = QLabel("Select a row (a target) to see its figures per width and what they prove.")
+        self.claim.setObjectName("kernel_claim")
+        self.claim.setTextFormat(Qt.TextFormat.PlainText)
+        self.claim.setWordWrap(True)
+        self.claim.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        bl.addWidget(self.claim)
+        self.detail = QTableWidget(0, len(DETAIL_COLUMNS))
+        self.detail.setObjectName("kernel_detail")
+        self.detail.setAccessibleName("The selected target's figures per verify width")
+        self.detail.setHorizontalHeaderLabels(list(DETAIL_COLUMNS))
+        self.detail.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.detail.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.detail.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.detail.verticalHeader().setVisible(False)
+        self.detail.verticalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.detail.verticalHeader().setMinimumSectionSize(self.fontMetrics().lineSpacing() + 4)
+        dh = self.detail.horizontalHeader()
+        dh.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        dh.setStretchLastSection(True)
+        tips = ("verify width T: the last token plus T-1 drafts", "rows compared at this width",
+                "rows whose every logit equals the single-token row's, bit for bit",
+                "largest |logit difference| over both rows' top-k", "95th percentile of the same",
+                "rows whose argmax differs from the single-token row's",
+                "measured positions whose single-token top-1/top-2 margin is below this width's max shift",
+                "the earliest row that was not bit-identical: prompt, token, its row in the pass")
+        for i, tip in enumerate(tips):
+            self.detail.horizontalHeaderItem(i).setToolTip(tip)
+        bl.addWidget(self.detail, 1)
+        self.bottom.addWidget(bottom)
+        split.addWidget(self.bottom)
+        split.setStretchFactor(0, 2)
+        split.setStretchFactor(1, 3)
+        self._build_legend()
+        self._render_legend()
+
+    # -- data ------------------------------------------------------------------
+    def setMap(self, kmap: Any, source: str | Path | None = None) -> None:
+        """Show a :class:`~specview.core.kernels.KernelMap` (``source``: the file it came from, if any)."""
+        self.kmap = kmap
+        self.source = Path(source) if source is not None else None
+        self.selected = None
+        self._render()
+        if kmap is not None and kmap.targets:
+            self.selectTarget(0)
+        else:
+            self._show_detail(None)
+
+    def setMetric(self, metric: str) -> None:
+        if metric not in METRIC_NAMES:
+            raise ValueError(f"unknown metric {metric!r}; one of {', '.join(METRIC_NAMES)}")
+        self.metric = metric
+        i = self.metric_box.findData(metric)
+        if i != self.metric_box.currentIndex():
+            self.metric_box.setCurrentIndex(i)  # comes back here through the signal
+            return
+        self._render_legend()
+        if self.kmap is not None:
+            r, c = self.table.currentRow(), self.table.currentColumn()
+            self._fill_grid()
+            self.selected = None  # the detail's width column takes the new tints too
+            if r >= 0:
+                self.table.setCurrentCell(r, max(c, 0))
+
+    def selectTarget(self, row: int, width: int | None = None) -> None:
+        """Select a target's row (at ``width``'s cell, else the first width that differs) and show its detail."""
+        if self.kmap is None or not 0 <= row < len(self.kmap.targets):
+            return
+        widths = list(self.kmap.widths)
+        if width is None:
+            t = self.kmap.targets[row]
+            width = next((w for w in widths if w in t.widths and not t.widths[w].bit_identical), widths[0])
+        self.table.setCurrentCell(row, widths.index(width) if width in widths else 0)
+        self._show_detail(row)
+
+    def itemAt(self, row: int, width: int) -> QTableWidgetItem | None:
+        if self.kmap is None or width not in self.kmap.widths:
+            return None
+        return self.table.item(row, list(self.kmap.widths).index(width))
+
+    # -- drawing ---------------------------------------------------------------
+    def _render(self) -> None:
+        km = self.kmap
+        if km is None:
+            self.title.setText("No kernel map yet: run one, or open a saved map.")
+            self.facts.setText("")
+            self.table.clear()
+            self.table.setRowCount(0)
+            self.table.setColumnCount(0)
+            return
+        name = self.source.name if self.source is not None else "computed here, not saved yet"
+        n = len(km.targets)
+        self.title.setText(f"Kernel map ({name}): {n} row{'s' if n != 1 else ''} x widths {ranges(km.widths)}")
+        self.facts.setText(environment_text(km))
+        self._fill_grid()
+        self._render_legend()
+
+    def _fill_grid(self) -> None:
+        km = self.kmap
+        self.table.clear()
+        self.table.setRowCount(len(km.targets))
+        self.table.setColumnCount(len(km.widths))
+        self.table.setHorizontalHeaderLabels([str(w) for w in km.widths])
+        for j, w in enumerate(km.widths):
+            hi = self.table.horizontalHeaderItem(j)
+            hi.setToolTip(f"verify width {w}: " + ("the rollback control" if w == 1 else
+                                                   f"the last token plus {w - 1} draft token{'s' if w > 2 else ''}"))
+        for i, t in enumerate(km.targets):
+            head = QTableWidgetItem(f"{t.label}\n{row_claim(t)}")
+            head.setToolTip(verdict_line(t))
+            self.table.setVerticalHeaderItem(i, head)
+            for j, w in enumerate(km.widths):
+                st = t.widths.get(w)
+                look = cell_look(st, self.metric)
+                item = QTableWidgetItem(look.text)
+                item.setTextAlignment(Qt.AlignmentFlag.AlignCenter)
+                if look.colour is not None:
+                    item.setBackground(QBrush(QColor(look.colour)))
+                    item.setForeground(QBrush(QColor(INK)))
+                lines = cell_details(t, st) if st is not None else [f"{t.label}, width {w}: not measured"]
+                item.setToolTip("<p style='white-space:pre-wrap'>" + "<br>".join(
+                    [f"<b>{html.escape(lines[0])}</b>"] + [html.escape(x) for x in lines[1:]]) + "</p>")
+                item.setData(Qt.ItemDataRole.AccessibleTextRole, f"width {w}: " + (
+                    "bit-identical" if look.identical else look.text or "not measured"))
+                item.setData(Qt.ItemDataRole.AccessibleDescriptionRole, ". ".join(lines))
+                self.table.setItem(i, j, item)
+        self.table.resizeRowsToContents()
+        rows = sum(self.table.rowHeight(i) for i in range(min(self.table.rowCount(), 8)))
+        self.table.setMinimumHeight(self.table.horizontalHeader().height() + rows + 2 * self.table.frameWidth() + 2)
+
+    def _build_legend(self) -> None:
+        """The legend's swatches, made once; the ramp's labels follow the metric shown."""
+        self.legend.addWidget(_swatch("=  bit-identical", IDENTICAL,
+                                      "every row of this width equals the single-token row, bit for bit"))
+        self.legend_metric = QLabel()
+        self.legend_metric.setTextFormat(Qt.TextFormat.PlainText)
+        self.legend.addWidget(self.legend_metric)
+        self.ramp_labels = [_swatch("", colour) for colour in RAMP]
+        for lab in self.ramp_labels:
+            self.legend.addWidget(lab)
+        self.legend.addWidget(_swatch("control failed", CONTROL_FAILED,
+                                      "width 1 (the same pass after a rollback) was not bit-identical: "
+                                      "the target is not deterministic and the map proves nothing for it"))
+        marks = _swatch("!  an argmax flipped    …  stopped at the first difference", None)
+        marks.setObjectName("kernel_legend_marks")
+        self.legend.addWidget(marks)
+        self.legend.addStretch(1)
+
+    def _render_legend(self) -> None:
+        name = METRIC_NAMES[self.metric]
+        self.legend_metric.setText(f"otherwise, by {name}:")
+        for lab, text in zip(self.ramp_labels, _BINS[self.metric][1]):
+            lab.setText(text)
+            lab.setToolTip(f"a width that is not bit-identical, {name} {text}")
+
+    def _current_changed(self, row: int, col: int) -> None:
+        if row < 0 or self.kmap is None:
+            return
+        if row != self.selected:
+            self._show_detail(row)
+        if 0 <= col < len(self.kmap.widths):
+            w = self.kmap.widths[col]
+            t = self.kmap.targets[row]
+            ws = sorted(t.widths)
+            if w in ws:
+                self.detail.selectRow(ws.index(w))
+                self.detail.scrollToItem(self.detail.item(ws.index(w), 0))
+
+    def _show_detail(self, row: int | None) -> None:
+        self.selected = row
+        self.detail.setRowCount(0)
+        if row is None or self.kmap is None:
+            self.detail_title.setText("")
+            self.claim.setText("Select a row (a target) to see its figures per width and what they prove.")
+            return
+        t = self.kmap.targets[row]
+        q = t.model.get("quantization") or "?"
+        threads = f"threads {t.threads_used}" if t.threads_used else "threads n/a"
+        pos = t.prompts[0].positions if t.prompts else 0
+        self.detail_title.setText(f"{t.label}: {row_claim(t)}  ({q}; {threads}; {len(t.prompts)} prompt"
+                                  f"{'s' if len(t.prompts) != 1 else ''} x {pos} positions; {t.seconds:.1f} s)")
+        self.claim.setText(verdict_line(t))
+        ws = sorted(t.widths)
+        self.detail.setRowCount(len(ws))
+        for r, w in enumerate(ws):
+            st = t.widths[w]
+            share = f"{st.identical} ({100.0 * st.identical_share:.1f}%)" + (" …" if st.stopped else "")
+            if st.bit_identical:
+                mark = " =" if w > 1 else " = control"
+            else:
+                mark = " control failed" if w == 1 else ""
+            same = st.bit_identical
+            values = (f"{w}{mark}", str(st.rows), share, "0" if same else fmt(st.max_delta),
+                      "0" if same else fmt(st.p95_delta), str(st.flips), str(st.below_shift),
+                      first_difference(st, short=True))
+            looks = {0: cell_look(st, self.metric), 2: cell_look(st, "identical_share")}  # the heat cell's tint
+            tip = "\n".join(cell_details(t, st))
+            for c, v in enumerate(values):
+                item = QTableWidgetItem(v)
+                item.setTextAlignment((Qt.AlignmentFlag.AlignRight if 0 < c < 7 else Qt.AlignmentFlag.AlignLeft)
+                                      | Qt.AlignmentFlag.AlignVCenter)
+                look = looks.get(c)
+                if look is not None and look.colour is not None:
+                    item.setBackground(QBrush(QColor(look.colour)))
+                    item.setForeground(QBrush(QColor(INK)))
+                item.setToolTip(tip)
+                self.detail.setItem(r, c, item)
+        # the figures stay readable: the splitter gives the prescription beside them what is left
+        need = sum(self.detail.columnWidth(c) for c in range(self.detail.columnCount()))
+        need += 2 * self.detail.frameWidth() + self.detail.verticalScrollBar().sizeHint().width() + 4
+        self.detail.setMinimumWidth(min(need, 760))
+        self.sigTargetSelected.emit(row)
+
+
+def environment_text(km: Any) -> str:
+    """Where and how the map was made: engine, versions, CPU, threads, prompts, positions, wall time."""
+    env = km.environment or {}
+    bits = [str(km.backend)]
+    for key, name in (("llama_cpp_python", "llama-cpp-python"), ("mlx_lm", "mlx-lm"), ("mlx", "mlx")):
+        if env.get(key):
+            bits.append(f"{name} {env[key]}")
+            break
+    devices = [d.get("description") or d.get("name") for d in env.get("ggml_devices") or [] if isinstance(d, dict)]
+    cpu = env.get("cpu")
+    if cpu:
+        bits.append(f"CPU {cpu}")
+    gpus = [d for d in devices if d and d != cpu]
+    if gpus:
+        bits.append("devices " + ", ".join(str(d) for d in gpus))
+    machine_threads = (env.get("setup") or {}).get("machine.threads") if isinstance(env.get("setup"), dict) else None
+    used = sorted({t.threads_used for t in km.targets if t.threads_used})
+    if not used:  # an engine that does not say how many it used: what was asked
+        used = sorted({t.settings.threads or "every core" for t in km.targets}, key=str)
+    if used:
+        bits.append("threads " + ", ".join(map(str, used))
+                    + (f" (of {machine_threads} on the machine)" if machine_threads else ""))
+    prompts = ", ".join(p.name for p in km.prompts)
+    bits.append(f"prompts {prompts} x {km.positions} positions")
+    bits.append(f"top-{km.top_k}")
+    if km.seconds:
+        m, s = divmod(km.seconds, 60)
+        bits.append(f"computed in {int(m)} min {s:.0f} s" if m else f"computed in {s:.1f} s")
+    if env.get("created"):
+        bits.append(f"made {str(env['created']).replace('T', ' ')}")
+    return " · ".join(bits)
