@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
     QPushButton,
+    QSplitter,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
@@ -43,7 +44,8 @@ from PySide6.QtWidgets import (
 from ...core import verdicts
 from ...core.config import RunConfig
 from ...core.errors import SpecviewError
-from ...core.matrix import CellParams, describe, grid, load_matrix, summarize
+from ...core.matrix import CellParams, describe, grid, load_matrix, rates, summarize
+from .rates import RatesPanel
 
 RECORD_ROLE = Qt.ItemDataRole.UserRole + 1
 
@@ -97,7 +99,18 @@ class MatrixView(QWidget):
         self.table.verticalHeader().setMinimumSectionSize(self.table.fontMetrics().lineSpacing() * 3 + 12)
         self.table.cellDoubleClicked.connect(self.openCell)
         self.table.installEventFilter(self)
-        lay.addWidget(self.table, 1)
+        # the grid and the rates share the tab; the rates shrink to one line where there is one prompt
+        self.splitter = QSplitter(Qt.Orientation.Vertical)
+        self.splitter.setObjectName("matrix_splitter")
+        self.splitter.setChildrenCollapsible(False)
+        self.splitter.addWidget(self.table)
+        self.rates_panel = RatesPanel()
+        self.splitter.addWidget(self.rates_panel)
+        self.splitter.setStretchFactor(0, 1)
+        self.splitter.setStretchFactor(1, 0)
+        self.rates_panel.sigCompact.connect(self._rates_compact)
+        self._rates_compact(bool(self.rates_panel.compact))
+        lay.addWidget(self.splitter, 1)
 
     # -- data ------------------------------------------------------------------
     def setMatrix(self, doc: dict[str, Any], source: str | Path | None = None) -> None:
@@ -197,6 +210,23 @@ class MatrixView(QWidget):
                 item.setToolTip(self._tooltip(cell))
                 self.table.setItem(i, j, item)
         self.table.resizeColumnsToContents()
+        spec = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
+        prompts = spec.get("prompts") if isinstance(spec.get("prompts"), list) else []
+        self.rates_panel.set_rates(rates(doc), prompts=len(prompts))
+
+    def _rates_compact(self, compact: bool) -> None:
+        """The whole rates panel takes a good share of the tab; a one-line panel only its line."""
+        total = max(self.splitter.height(), 400)
+        self.splitter.setStretchFactor(1, 0 if compact else 1)
+        if compact:
+            self.splitter.setSizes([total, self.rates_panel.maximumHeight()])
+        else:
+            self.splitter.setSizes([round(total * 0.42), total - round(total * 0.42)])
+
+    def resizeEvent(self, ev) -> None:  # noqa: N802 - Qt name
+        super().resizeEvent(ev)
+        if self.rates_panel.compact:  # the grid takes all but the rates' one line
+            self._rates_compact(True)
 
     @staticmethod
     def _text(cell: dict[str, Any] | None) -> str:
