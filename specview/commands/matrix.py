@@ -112,7 +112,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    "else never)")
     g.add_argument("--full-text", action="store_true",
                    help="generate every cell's full text, even after a fork")
-    g.add_argument("--dry-run", action="store_true", help="list the cells and exit")
+    g.add_argument("--kernel-map", metavar="FILE", default=None,
+                   help="cite a kernel map (specview kernels -o FILE): each cell records what the map predicts for it "
+                   "(proven lossless, kernels differ, not covered), and the summary says which cells the map proves "
+                   "lossless, whether they were identical, and every cell that contradicts it")
+    g.add_argument("--dry-run", action="store_true", help="list the cells (and, with --kernel-map, each cell's "
+                   "prediction) and exit")
     g.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=main)
     return p
@@ -214,23 +219,54 @@ def spec_from_args(args: argparse.Namespace):
         spec.diagnose = bool(args.diagnose)
     if args.backend is not None:
         spec.backend = args.backend
+    if args.kernel_map is not None:
+        spec.kernel_map = args.kernel_map
     if spec.source and (given_settings(args, RunConfig) or given_settings(args, EngineSettings) or given
-                        or args.targets or args.drafters):
+                        or args.targets or args.drafters or args.kernel_map):
         spec.source = f"{spec.source} with the flags given"
     spec.validate()
     return spec
 
 
+def dry_run(spec, cells) -> None:
+    """The cells, one a line; with a kernel map, each with what the map predicts for it."""
+    from ..core.matrix import cell_config, describe
+
+    if not spec.kernel_map:
+        for i, c in enumerate(cells):
+            print(f"{i:3d}  {describe(c)}")
+        print(f"{len(cells)} cells")
+        return
+    from ..core.kernel_evidence import citation, citation_text
+    from ..core.matrix.evidence import predict_planned
+
+    kmap = spec.load_kernel_map()
+    rows = [(f"{i:3d}  {describe(c)}", predict_planned(kmap, cell_config(spec, c), spec.kernel_map))
+            for i, c in enumerate(cells)]
+    width = max(len(a) for a, _ in rows)
+    counts: dict[str, int] = {}
+    for a, p in rows:
+        if p.status == "proven-lossless":
+            why = f"widths {p.widths[0]}-{p.widths[-1]}" if len(p.widths) > 1 else "width 1"
+        elif p.status == "kernels-differ":
+            why = f"width {p.first_differing} differs"
+        else:
+            why = p.missing[0] if p.missing else p.reason
+        print(f"{a:<{width}}  map: {p.status} ({why})")
+        counts[p.status] = counts.get(p.status, 0) + 1
+    print(f"{len(cells)} cells; " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    print(citation_text(citation(kmap, spec.kernel_map)))
+    print("(predicted by name at this machine's thread count; a running cell is matched by its model file's facts)")
+
+
 def main(args: argparse.Namespace) -> int:
-    from ..core.matrix import describe, expand, format_rates, summarize
+    from ..core.matrix import expand, format_rates, summarize
 
     progress = Progress(args.quiet)
     spec = spec_from_args(args)
     cells = expand(spec)
     if args.dry_run:
-        for i, c in enumerate(cells):
-            print(f"{i:3d}  {describe(c)}")
-        print(f"{len(cells)} cells")
+        dry_run(spec, cells)
         return EXIT_IDENTICAL
     out = Path(args.out)
     if not out.parent.is_dir() and str(out.parent):
@@ -271,12 +307,20 @@ def main(args: argparse.Namespace) -> int:
           f"speculative runs ({time.perf_counter() - t0:.0f} s)")
     print(format_grid(doc))
     print()
-    for line in summarize(doc):
+    for line in summarize(doc, kernel_map=False):
         print(line)
     if len(spec.prompts) > 1:
         print()
         print("rates over the prompts (95% Wilson interval):")
         for line in format_rates(doc["rates"]):
+            print(line)
+    if isinstance(doc.get("kernel_map"), dict):
+        from ..core.kernel_evidence import citation_text
+        from ..core.matrix.evidence import kernel_lines
+
+        print()
+        print(citation_text(doc["kernel_map"]))
+        for line in kernel_lines(doc):
             print(line)
     progress(f"results written to {out}")
     if run.status == "interrupted":
@@ -308,6 +352,7 @@ def format_grid(doc: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    from ..cli import main as cli_main
+    import importlib
 
-    sys.exit(cli_main(["matrix", *sys.argv[1:]]))
+    # looked up at run time: a static import of the CLI from a command would make the two packages a cycle
+    sys.exit(importlib.import_module("specview.cli").main(["matrix", *sys.argv[1:]]))

@@ -542,3 +542,232 @@ def test_a_cell_config_is_the_shared_settings_plus_its_axis_values():
             if getattr(p, axis) is not None:
                 assert get_setting(cfg, axis) == getattr(p, axis)
         assert cfg.draft == (p.drafter if p.spec_type == "draft-simple" else None)
+
+
+# ---------------------------------------------------------------------------
+# a matrix that cites a kernel map
+# ---------------------------------------------------------------------------
+from fakes import FakeLoaded, FaultyBackend  # noqa: E402
+from specview.core.config import EngineSettings  # noqa: E402
+from specview.core.kernels import kernel_map  # noqa: E402
+from specview.core.session import InProcessBackend, Session  # noqa: E402
+from test_kernels import ToyLoaded  # noqa: E402
+
+TOY_PROMPTS = [PromptSpec("p1", tokens=(1, 5, 9, 11)), PromptSpec("p2", tokens=(1, 7, 3, 30, 2, 8))]
+
+
+class ThreadedToy(ToyLoaded):
+    """The kernel-map toy ('dispatch:WIDE:EPS': passes of WIDE rows or more compute other bits), whose contexts
+    record a thread count as llama.cpp's do."""
+
+    def new_engine(self, settings, n_ctx):
+        eng = super().new_engine(settings, n_ctx)
+        eng.threads = settings.threads or 2
+        return eng
+
+
+class MatrixToy(InProcessBackend):
+    """'dispatch:...' names load the kernel-map toy; 'SEED:NOISE' names a fakes.ToyModel (a drafter that errs)."""
+
+    name = "matrix-toy"
+    model_kind = "name"
+
+    def load(self, name, settings):
+        return ThreadedToy(name) if name.startswith(("dispatch", "noisy")) else FakeLoaded(name)
+
+
+class FaultyToy(FaultyBackend):
+    model_kind = "name"
+
+
+@pytest.fixture()
+def toy_engine():
+    """The toy engine, wrapped so a test can plant a KV-cache fault in a target's contexts."""
+    be = FaultyToy(MatrixToy(), name="matrix-toy")
+    register_backend("matrix-toy", lambda: be)
+    yield be
+    unregister_backend("matrix-toy")
+
+
+def _map(path: Path, targets, *, widths=range(1, 7), settings=None) -> Path:
+    with Session() as s:
+        km = kernel_map(s, targets, [list(p.tokens) for p in TOY_PROMPTS], widths=widths, positions=24,
+                        settings=settings or EngineSettings(), backend="matrix-toy")
+    return km.save(path)
+
+
+def toy_spec(**kw) -> MatrixSpec:
+    d = dict(targets=["dispatch:4:1.0"], drafters=["dispatch:99:0"], n_max=[1, 2, 3, 5], p_min=[0.0],
+             flash_attn=["auto"], prompts=list(TOY_PROMPTS), max_tokens=16, ignore_eos=True, diagnose=False,
+             backend="matrix-toy")
+    d.update(kw)
+    return MatrixSpec(**d)
+
+
+def test_cells_below_the_planted_width_are_proven_lossless_and_identical(toy_engine, tmp_path: Path):
+    """A kernel switch planted at width 4: n_max 1-2 verify at widths 1-3 (proven), n_max 3 and 5 reach width 4."""
+    km = _map(tmp_path / "k.json", ["dispatch:4:1.0"])
+    run = run_matrix(toy_spec(kernel_map=str(km)), out=tmp_path / "m.json")
+    doc = load_matrix(tmp_path / "m.json")
+    assert doc["kernel_map"]["file"] == str(km) and doc["spec"]["kernel_map"] == str(km)
+    assert doc["kernel_map"]["targets"][0]["safe_n_max"] == 2
+    for c in doc["cells"]:
+        p = c["kernel_prediction"]
+        n = c["params"]["n_max"]
+        if n <= 2:
+            assert p["status"] == "proven-lossless" and p["widths"] == list(range(1, n + 2))
+            assert c["identical"], c  # what the map proves, the run shows
+        else:
+            assert p["status"] == "kernels-differ" and p["first_differing"] == 4
+            assert p["identical_share"] == 0.0 and p["max_delta"] > 0
+    assert any(not c["identical"] for c in doc["cells"])  # the planted switch is big enough to fork somewhere
+    text = "\n".join(doc["summary"])
+    assert "The kernel map k.json proves n_max ≤ 2 lossless for dispatch:4:1.0; its 4 cells at n_max ≤ 2 are " \
+           "identical, as predicted." in text
+    assert "For dispatch:4:1.0 the map finds width 4 differing from single-token passes" in text
+    assert "CONTRADICT" not in text
+    rates = {g["params"]["n_max"]: g["kernel_map"] for g in doc["rates"]["settings"]}
+    assert rates[1]["status"] == rates[2]["status"] == "proven-lossless" and rates[5]["status"] == "kernels-differ"
+    assert all(r["contradictions"] == 0 for r in rates.values())
+    assert run.kernel_map is not None
+
+
+def test_a_planted_state_bug_contradicts_the_map(toy_engine, tmp_path: Path):
+    """The map (made on clean contexts) proves n_max <= 4 lossless; a rollback that keeps a rejected draft then
+    forks cells the map proves lossless: each is reported, loudly, as a contradiction."""
+    from specview.core.report import matrix_html, matrix_markdown
+
+    from test_report import check_html, check_markdown
+
+    km = _map(tmp_path / "k.json", ["dispatch:9:1.0"])
+    toy_engine.faults["dispatch:9:1.0"] = "keep-rejected"
+    s = toy_spec(targets=["dispatch:9:1.0"], drafters=["0:2.0"], n_max=[3], diagnose=True, kernel_map=str(km))
+    run_matrix(s, out=tmp_path / "m.json", traces_dir=tmp_path / "traces")
+    doc = load_matrix(tmp_path / "m.json")
+    forks = [c for c in doc["cells"] if not c["identical"]]
+    assert forks and all(c["kernel_prediction"]["status"] == "proven-lossless" for c in doc["cells"])
+    lines = [x for x in doc["summary"] if x.startswith("CONTRADICTION")]
+    assert len(lines) == len(forks)
+    for line, c in zip(lines, forks):
+        assert f"forks at token {c['first_mismatch']}" in line
+        assert "a state bug or a shape the map did not measure" in line
+        assert "run `specview run --serial-verify` with these settings" in line
+        assert "Its diagnosis: state bug" in line  # the serial-verify control agrees: the cache is wrong
+    assert f"and {len(forks)} CONTRADICT" in "\n".join(doc["summary"])
+    assert all(g["kernel_map"]["contradictions"] for g in doc["rates"]["settings"] if g["forks"])
+    page = matrix_html(doc)
+    check_html(page, bold=0)
+    assert page.count("class=contra") == len(forks)  # the report's kernel map section shows each one
+    md = matrix_markdown(doc)
+    check_markdown(md)
+    assert md.count("⚠ CONTRADICTION") == len(forks)
+    # the trace report of one such cell, with the map, says the same of its own fork
+    out = tmp_path / "rep"
+    assert cli.main(["report", str(tmp_path / forks[0]["trace"]) if not Path(forks[0]["trace"]).is_absolute()
+                     else forks[0]["trace"], "--kernel-map", str(km), "-o", str(out)]) == 0
+    page = (out / "report.html").read_text(encoding="utf-8")
+    check_html(page)
+    assert "<h2>Kernel map</h2>" in page and "class=contra" in page and "CONTRADICTION: this run forks" in page
+    assert "a state bug or a shape the map did not measure" in (out / "report.md").read_text(encoding="utf-8")
+
+
+def test_cells_under_other_settings_or_threads_are_not_covered(toy_engine, tmp_path: Path):
+    km = _map(tmp_path / "k.json", ["dispatch:4:1.0"], settings=EngineSettings(threads=1))
+    doc = run_matrix(toy_spec(kernel_map=str(km), n_max=[1], engine=EngineSettings(threads=1)),
+                     out=tmp_path / "a.json").to_json()
+    assert {c["kernel_prediction"]["status"] for c in doc["cells"]} == {"proven-lossless"}
+    doc = run_matrix(toy_spec(kernel_map=str(km), n_max=[1], engine=EngineSettings(threads=2)),
+                     out=tmp_path / "b.json").to_json()
+    assert {c["kernel_prediction"]["status"] for c in doc["cells"]} == {"not-covered"}
+    assert "the map ran dispatch:4:1.0 with 1 thread(s), this run with 2" in "\n".join(doc["summary"])
+    doc = run_matrix(toy_spec(kernel_map=str(km), n_max=[1], flash_attn=["on"], engine=EngineSettings(threads=1)),
+                     out=tmp_path / "c.json").to_json()
+    assert {c["kernel_prediction"]["status"] for c in doc["cells"]} == {"not-covered"}
+    text = "\n".join(doc["summary"])
+    assert "does not cover 2 cells" in text and "flash_attn on here, auto in the map" in text
+    doc = run_matrix(toy_spec(kernel_map=str(km), targets=["dispatch:5:1.0"], n_max=[1],
+                              engine=EngineSettings(threads=1)), out=tmp_path / "d.json").to_json()
+    assert "no row for dispatch:5:1.0" in "\n".join(doc["summary"])
+
+
+@pytest.mark.parametrize("content, words", [
+    (None, "no such file"),
+    ("{not json", "not valid JSON"),
+    ('{"schema": "specview.matrix/1"}', "not a specview kernel map"),
+    ('{"schema": "specview.kernels/1", "backend": "x", "widths": [1], "positions": 2, "top_k": 8, '
+     '"prompts": [], "targets": [{"widths": [{"width": 1}], "prompts": []}]}', "malformed kernel map"),
+])
+def test_a_bad_kernel_map_is_refused_at_the_start_naming_the_file(tmp_path: Path, capsys, content, words):
+    f = tmp_path / "k.json"
+    if content is not None:
+        f.write_text(content)
+    with pytest.raises(MatrixError) as e:
+        run_matrix(spec(kernel_map=str(f)), FakeSession(), out=tmp_path / "m.json")
+    assert str(f) in str(e.value) and words in str(e.value)
+    assert not (tmp_path / "m.json").exists()  # refused before any cell ran
+    rc = cli.main(["matrix", "--targets", "demo:Q8_0", "--drafters", "none", "-p", "Hi", "--kernel-map", str(f),
+                   "-o", str(tmp_path / "m.json")])
+    err = capsys.readouterr().err
+    assert rc == 2 and str(f) in err and words in err and "Traceback" not in err
+    t = tmp_path / "m.toml"
+    t.write_text('targets = ["demo:Q8_0"]\nkernel_map = "k.json"\n', encoding="utf-8")
+    with pytest.raises(MatrixError) as e:
+        load_spec(t).validate()
+    assert str(t) in str(e.value) and str(f) in str(e.value)  # relative to the TOML file's folder
+
+
+def test_the_toml_key_and_the_dry_run(toy_engine, tmp_path: Path, capsys):
+    km = _map(tmp_path / "k.json", ["dispatch:4:1.0"], widths=range(1, 4))
+    t = tmp_path / "m.toml"
+    t.write_text('n_max = [2, 3]\nkernel_map = "k.json"\nbackend = "matrix-toy"\n'
+                 'prompts = [{tokens = [1, 5, 9], name = "p"}]\n', encoding="utf-8")
+    s = load_spec(t)
+    assert s.kernel_map == str(km)  # relative to the TOML file's folder
+    assert cli.main(["matrix", "--config", str(t), "--targets", "dispatch:4:1.0", "--drafters", "dispatch:99:0",
+                     "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "n_max=2 p_min=0 · fa=auto · p  map: proven-lossless (widths 1-3)" in out
+    assert "n_max=3 p_min=0 · fa=auto · p  map: not-covered (width 4 was not mapped" in out
+    assert f"kernel map {km}: widths 1-3" in out
+
+
+def test_matrix_files_with_predictions_are_checked_and_plain_ones_unchanged(toy_engine, tmp_path: Path):
+    km = _map(tmp_path / "k.json", ["dispatch:4:1.0"])
+    run_matrix(toy_spec(kernel_map=str(km), n_max=[1]), out=tmp_path / "m.json")
+    doc = load_matrix(tmp_path / "m.json")
+    plain = run_matrix(spec(), FakeSession(), out=tmp_path / "p.json").to_json()
+    assert "kernel_map" not in plain and "kernel_map" not in plain["spec"]
+    assert all("kernel_prediction" not in c for c in plain["cells"])
+    for path, value, words in [
+        (("cells", 0, "kernel_prediction", "status"), "probably", "must be one of proven-lossless"),
+        (("cells", 0, "kernel_prediction", "widths"), [1, "2"], "kernel_prediction.widths[1] must be an integer"),
+        (("cells", 0, "kernel_prediction", "caveats"), [3], "caveats[0] must be a text"),
+        (("cells", 0, "kernel_prediction"), "proven", "kernel_prediction must be a object"),
+        (("kernel_map",), ["k.json"], "kernel_map must be a object"),
+        (("kernel_map", "file"), None, "kernel_map.file must be the kernel map's file name"),
+        (("kernel_map", "targets"), [{"safe_n_max": "2"}], "safe_n_max must be an integer"),
+        (("spec", "kernel_map"), 7, "spec.kernel_map must be a file name"),
+    ]:
+        bad = json.loads(json.dumps(doc))
+        parent = bad
+        for k in path[:-1]:
+            parent = parent[k]
+        parent[path[-1]] = value
+        (tmp_path / "bad.json").write_text(json.dumps(bad))
+        with pytest.raises(MatrixError) as e:
+            load_matrix(tmp_path / "bad.json")
+        assert words in str(e.value) and str(tmp_path / "bad.json") in str(e.value), str(e.value)
+
+
+def test_resume_predicts_the_kept_cells_from_the_map_given(toy_engine, tmp_path: Path):
+    km = _map(tmp_path / "k.json", ["dispatch:4:1.0"])
+    out = tmp_path / "m.json"
+    s = toy_spec(n_max=[1, 3])
+    first = run_matrix(s, out=out, cancel=lambda: len(json.loads(out.read_text())["cells"]) >= 2).to_json()
+    assert first["status"] == "interrupted" and all("kernel_prediction" not in c for c in first["cells"])
+    run_matrix(toy_spec(n_max=[1, 3], kernel_map=str(km)), out=out, resume=load_matrix(out))
+    doc = load_matrix(out)
+    assert doc["status"] == "complete"
+    assert all(c["kernel_prediction"]["map_file"] == str(km) for c in doc["cells"])
+    assert {c["params"]["n_max"]: c["kernel_prediction"]["status"] for c in doc["cells"]} == {
+        1: "proven-lossless", 3: "kernels-differ"}

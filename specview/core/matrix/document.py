@@ -32,12 +32,22 @@ CELL_FIELDS: dict[str, str] = {
     "explanation": STR, "diagnosis_error": STR, "error": STR, "acceptance_rate": NUM, "mean_accepted": NUM,
     "n_drafted": INT, "n_accepted": INT, "vanilla_tokens_per_s": NUM, "speculative_tokens_per_s": NUM,
     "speedup": NUM, "target_quant": STR, "draft_quant": STR, "prompt_tokens": INT, "category": STR,
-    "seconds": NUM, "config": DICT, "trace": STR, "fork": DICT, "stop_reason": LIST,
+    "seconds": NUM, "config": DICT, "trace": STR, "fork": DICT, "stop_reason": LIST, "kernel_prediction": DICT,
 }
 FORK_FIELDS = {"vanilla_token": INT, "speculative_token": INT, "vanilla_piece": STR, "speculative_piece": STR,
                "vanilla_margin": NUM}
 TOP_FIELDS = {"status": STR, "specview": STR, "created": STR, "elapsed_s": NUM, "n_cells": INT,
-              "environment": DICT, "counters": DICT, "summary": LIST}
+              "environment": DICT, "counters": DICT, "summary": LIST, "kernel_map": DICT}
+#: a cell's ``kernel_prediction`` (:meth:`KernelPrediction.to_json`); lists are checked item by item below
+PREDICTION_FIELDS = {"status": STR, "target": STR, "settings": STR, "n_max": INT, "widths": LIST, "row": STR,
+                     "safe_n_max": INT, "first_differing": INT, "identical_share": NUM, "max_delta": NUM,
+                     "flips": INT, "missing": LIST, "evidence": STR, "map_file": STR, "map_reach": INT, "reach": INT,
+                     "caveats": LIST, "reason": STR}
+#: the cited map (:func:`~specview.core.kernel_evidence.citation`) and each of its ``targets``
+CITATION_FIELDS = {"file": STR, "schema": STR, "backend": STR, "widths": LIST, "positions": INT, "prompts": LIST,
+                   "targets": LIST, "environment": DICT}
+CITED_TARGET_FIELDS = {"label": STR, "target": STR, "deterministic": BOOL, "safe_widths": LIST, "safe_n_max": INT,
+                       "threads_used": INT}
 
 
 def _ok(value: Any, kind: str) -> bool:
@@ -93,6 +103,38 @@ def _check_params(p: Any, where: str) -> None:
             raise MatrixError(f"{where}.params.{f.name} must be a finite {kind} or null (got {show(v)})")
 
 
+def _items(obj: dict[str, Any], key: str, kind: str, where: str) -> None:
+    """``obj[key]``, a list (or null), holds only values of ``kind``."""
+    for i, v in enumerate(obj.get(key) or []):
+        if v is None or not _ok(v, kind):
+            raise MatrixError(f"{where}.{key}[{i}] must be {'an' if kind == INT else 'a'} {kind} "
+                              f"(got {type(v).__name__} {show(v)})")
+
+
+def _check_prediction(p: dict[str, Any], where: str) -> None:
+    from ..kernel_evidence import STATUSES
+
+    _check(p, PREDICTION_FIELDS, where)
+    if p.get("status") not in STATUSES:
+        raise MatrixError(f"{where}.status must be one of {', '.join(STATUSES)} (got {show(p.get('status'))})")
+    _items(p, "widths", INT, where)
+    _items(p, "missing", STR, where)
+    _items(p, "caveats", STR, where)
+
+
+def _check_citation(c: dict[str, Any], where: str) -> None:
+    _check(c, CITATION_FIELDS, where)
+    if not isinstance(c.get("file"), str):
+        raise MatrixError(f"{where}.file must be the kernel map's file name")
+    _items(c, "widths", INT, where)
+    _items(c, "prompts", STR, where)
+    for i, t in enumerate(c.get("targets") or []):
+        if not isinstance(t, dict):
+            raise MatrixError(f"{where}.targets[{i}] must be an object")
+        _check(t, CITED_TARGET_FIELDS, f"{where}.targets[{i}]")
+        _items(t, "safe_widths", INT, f"{where}.targets[{i}]")
+
+
 def validate_matrix(d: Any, *, source: str = "<matrix>") -> None:
     """Refuse a document that is not a usable ``specview.matrix/1`` file, naming ``source`` and the field."""
     if not isinstance(d, dict):
@@ -114,6 +156,8 @@ def validate_matrix(d: Any, *, source: str = "<matrix>") -> None:
     if not all(isinstance(x, str) for x in d.get("summary") or []):
         raise MatrixError(f"{source}: malformed specview matrix: summary must be a list of sentences")
     MatrixSpec.from_json(d["spec"], source=f"{source}: malformed specview matrix")
+    if d.get("kernel_map") is not None:
+        _check_citation(d["kernel_map"], f"{source}: malformed specview matrix: kernel_map")
     for i, c in enumerate(d["cells"]):
         where = f"{source}: malformed specview matrix: cells[{i}]"
         if not isinstance(c, dict) or "status" not in c:
@@ -130,6 +174,8 @@ def validate_matrix(d: Any, *, source: str = "<matrix>") -> None:
             raise MatrixError(f"{where}.first_mismatch must be >= 0")
         if c.get("fork") is not None:
             _check(c["fork"], FORK_FIELDS, f"{where}.fork")
+        if c.get("kernel_prediction") is not None:
+            _check_prediction(c["kernel_prediction"], f"{where}.kernel_prediction")
 
 
 def load_matrix(path: str | os.PathLike[str]) -> dict[str, Any]:

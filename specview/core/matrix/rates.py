@@ -13,7 +13,10 @@ gives, over the prompts that ran:
   numerics can flip (its diagnosis' "far" threshold: four times the largest
   shift seen before the fork, and at least 2 logits, the gate one engine
   uses), and **material** when it is above; a fork nobody diagnosed has no gap;
-* the same per prompt category (the suite tags each prompt with one).
+* the same per prompt category (the suite tags each prompt with one);
+* where the matrix cites a kernel map, what it predicted for the setting's
+  cells (``kernel_map``: the status they share, or ``mixed``, the count of
+  each, and the contradictions).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import math
 from typing import Any, Sequence
 
 from ..diagnose.classify import FAR_FLOOR
+from .evidence import group_prediction, group_prediction_text
 from .summary import _setting_label, setting_key
 
 Z95 = 1.959963984540054
@@ -143,6 +147,9 @@ def rates(doc: dict[str, Any]) -> dict[str, Any]:
             if isinstance(cat, str):
                 by_cat.setdefault(cat, []).append(c)
         g["categories"] = [dict(_group(cs, n_tokens), category=cat) for cat, cs in by_cat.items()]
+        kp = group_prediction(cells)
+        if kp is not None:
+            g["kernel_map"] = kp
         out.append(g)
     return {"confidence": 0.95, "gap_edges": list(GAP_EDGES), "gap_bins": gap_bin_labels(), "settings": out}
 
@@ -198,4 +205,6 @@ def format_rates(r: dict[str, Any]) -> list[str]:
                                  f"{b['material']} material")
         for c in g["categories"]:
             lines.append(f"  {c['category']:<20} {rate_text(c)}")
+        if isinstance(g.get("kernel_map"), dict):
+            lines.append(f"  kernel map  {group_prediction_text(g['kernel_map'])}")
     return lines

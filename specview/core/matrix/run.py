@@ -26,6 +26,7 @@ from ..trace import Trace, json_safe, write_atomic
 from ..verdicts import cell_label
 from .cells import CellParams, cell_config, cell_record, describe, error_record, expand
 from .document import SCHEMA, validate_matrix
+from .evidence import predict_cell, predict_record
 from .spec import MatrixError, MatrixSpec
 
 #: the speculative arm's stop reason when it was stopped ``stop_after_fork`` tokens after its fork
@@ -44,6 +45,8 @@ class MatrixRun:
     started: float = field(default_factory=time.time)
     environment: dict[str, Any] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
+    #: the kernel map the matrix cites (spec.kernel_map, read), or None
+    kernel_map: Any = None
 
     def to_json(self) -> dict[str, Any]:
         from .rates import rates
@@ -61,6 +64,10 @@ class MatrixRun:
             "counters": self.counters,
             "cells": self.records,
         }
+        if self.kernel_map is not None:
+            from ..kernel_evidence import citation
+
+            doc["kernel_map"] = citation(self.kernel_map, self.spec.kernel_map)
         doc["summary"] = summarize(doc)
         doc["rates"] = rates(doc)
         return doc
@@ -131,6 +138,7 @@ def _comparable_spec(d: dict[str, Any], source: str) -> dict[str, Any]:
     """A spec as JSON with its defaults filled in, without what may change between a run and its resumption."""
     d = json.loads(json.dumps(json_safe(MatrixSpec.from_json(d, source=source).to_json())))
     d.pop("diagnose", None)
+    d.pop("kernel_map", None)  # the map a matrix cites changes its predictions, not what its cells compute
     return d
 
 
@@ -167,12 +175,18 @@ def run_matrix(
     same way: the finished cells are written with ``status = "interrupted"`` and
     the run is returned.  ``resume`` is an earlier (interrupted) matrix document
     of the same spec: its finished cells are kept and only the others run.
+
+    With ``spec.kernel_map`` set, the map is read first (a MatrixError naming the
+    file if it cannot be) and every finished cell records the map's prediction for
+    it (``kernel_prediction``); kept cells predicted from another map, or none,
+    are predicted again from their recorded settings.
     """
     spec.validate()
     say = progress or (lambda msg: None)
     cancel = cancel or (lambda: False)
     cells = expand(spec)
-    run = MatrixRun(spec=spec, cells=cells, out=Path(out) if out is not None else None)
+    run = MatrixRun(spec=spec, cells=cells, out=Path(out) if out is not None else None,
+                    kernel_map=spec.load_kernel_map() if spec.kernel_map else None)
     done_before: set[int] = set()
     if resume is not None:
         validate_matrix(resume, source="--resume")
@@ -182,6 +196,8 @@ def run_matrix(
         run.records = [r for r in resume["cells"] if r.get("status") == "ok"
                        and 0 <= r["index"] < len(cells) and r["params"] == cells[r["index"]].to_json()]
         done_before = {int(r["index"]) for r in run.records}
+        if run.kernel_map is not None:
+            _predict_kept(run, resume.get("environment"))
         if done_before:
             say(f"resuming: {len(done_before)} of {len(cells)} cells already done")
     tdir = Path(traces_dir) if traces_dir is not None else None
@@ -199,6 +215,20 @@ def run_matrix(
         if own:
             runner.close()
     return run
+
+
+def _predict_kept(run: MatrixRun, environment: Any) -> None:
+    """Kept cells whose prediction came from another map (or none) are predicted again from their settings."""
+    for r in run.records:
+        p = r.get("kernel_prediction")
+        if isinstance(p, dict) and p.get("map_file") == run.spec.kernel_map:
+            continue
+        new = predict_record(run.kernel_map, r, run.spec.kernel_map,
+                             environment if isinstance(environment, dict) else None)
+        if new is None:
+            r.pop("kernel_prediction", None)
+        else:
+            r["kernel_prediction"] = new.to_json()
 
 
 def _run_cells(spec: MatrixSpec, runner: Runner, run: MatrixRun, cells: list[CellParams], done_before: set[int],
@@ -238,6 +268,8 @@ def _run_cells(spec: MatrixSpec, runner: Runner, run: MatrixRun, cells: list[Cel
                         run.status = "interrupted"
                         break
                 rec = cell_record(i, params, trace, time.perf_counter() - t0, diag, derr, category)
+                if run.kernel_map is not None:
+                    rec["kernel_prediction"] = predict_cell(run.kernel_map, cfg, trace, spec.kernel_map).to_json()
                 if not run.environment:
                     run.environment = dict(trace.environment)
                 if tdir is not None:

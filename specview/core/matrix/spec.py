@@ -32,7 +32,8 @@ MATRIX_DEFAULTS: dict[str, Any] = {"max_tokens": 128}
 #: the group of the axes that only mean something for a draft model (n_max, p_min)
 DRAFT_GROUP = "speculation"
 #: top-level TOML keys that are not settings
-OWN_KEYS = ("targets", "drafters", "prompts", "builtin_prompts", "suite", "chat", "backend", "engine", "diagnose")
+OWN_KEYS = ("targets", "drafters", "prompts", "builtin_prompts", "suite", "chat", "backend", "engine", "diagnose",
+            "kernel_map")
 
 class _Short(reprlib.Repr):
     def repr_int(self, x: int, level: int) -> str:  # repr() refuses integers of more than 4300 digits
@@ -102,6 +103,7 @@ class _SpecMethods:
     backend: str
     engine: EngineSettings
     diagnose: bool
+    kernel_map: str | None
     source: str | None
 
     def _where(self) -> str:
@@ -138,8 +140,22 @@ class _SpecMethods:
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise MatrixError(f"{where}two prompts share the name {dup[0]!r}; give each a distinct name")
+        if self.kernel_map is not None and (not isinstance(self.kernel_map, str) or not self.kernel_map):
+            raise MatrixError(f"{where}kernel_map must be the name of a kernel map file (got {show(self.kernel_map)})")
         if check_files:
             self._check_models(where)
+            if self.kernel_map:
+                self.load_kernel_map()
+
+    def load_kernel_map(self) -> Any:
+        """The :class:`~specview.core.kernels.KernelMap` the matrix cites, or a MatrixError naming its file."""
+        from ..kernel_evidence import load_kernel_map
+        from ..kernels import KernelMapError
+
+        try:
+            return load_kernel_map(self.kernel_map)
+        except KernelMapError as exc:
+            raise MatrixError(f"{self._where()}{exc}") from None
 
     def _check_models(self, where: str) -> None:
         from ..demo import demo_quant, is_demo_name
@@ -170,6 +186,8 @@ class _SpecMethods:
         d["backend"] = self.backend
         d["engine"] = self.engine.to_dict()
         d["diagnose"] = self.diagnose
+        if self.kernel_map is not None:
+            d["kernel_map"] = self.kernel_map
         return d
 
     @classmethod
@@ -198,6 +216,11 @@ class _SpecMethods:
                 if not isinstance(d[key], typ):
                     raise MatrixError(f"{source}: spec.{key} must be {typ.__name__} (got {show(d[key])})")
                 kw[key] = d[key]
+        if d.get("kernel_map") is not None:
+            if not isinstance(d["kernel_map"], str):
+                raise MatrixError(f"{source}: spec.kernel_map must be a file name or null "
+                                  f"(got {show(d['kernel_map'])})")
+            kw["kernel_map"] = d["kernel_map"]
         spec = MatrixSpec(**kw, source=source)
         spec.validate(check_files=False)
         spec.source = None
@@ -218,6 +241,7 @@ def _spec_fields() -> list[tuple[str, Any, Any]]:
         ("backend", str, field(default=default_of(field_of(RunConfig, "backend")))),
         ("engine", EngineSettings, field(default_factory=EngineSettings)),
         ("diagnose", bool, field(default=True)),
+        ("kernel_map", Any, field(default=None)),
         ("source", Any, field(default=None, compare=False, repr=False)),
     ]
     return out
@@ -226,8 +250,8 @@ def _spec_fields() -> list[tuple[str, Any, Any]]:
 #: What to run: the axes and the settings every cell shares.  Its fields are generated from the
 #: declarations in :mod:`specview.core.config`: ``targets``, ``drafters``, one list per axis
 #: (``n_max``, ``p_min``, ``flash_attn``), ``prompts``, one value per shared run setting
-#: (``max_tokens``, ``n_min``, ``top_k`` ...), ``backend``, ``engine`` (the shared engine settings)
-#: and ``diagnose``.
+#: (``max_tokens``, ``n_min``, ``top_k`` ...), ``backend``, ``engine`` (the shared engine settings),
+#: ``diagnose`` and ``kernel_map`` (a kernel map file whose predictions the matrix cites, or None).
 MatrixSpec = make_dataclass("MatrixSpec", _spec_fields(), bases=(_SpecMethods,),
                             namespace={"__module__": __name__})
 
@@ -402,6 +426,12 @@ def spec_from_dict(d: Any, *, base: Path | None = None, source: str | None = Non
             if not isinstance(d[key], typ):
                 raise MatrixError(f"{source}: '{key}' must be {typ.__name__} (got {show(d[key])})")
             kw[key] = d[key]
+    if "kernel_map" in d:  # a kernel map file, relative to the TOML file's folder
+        km = d["kernel_map"]
+        if not isinstance(km, str) or not km:
+            raise MatrixError(f"{source}: 'kernel_map' must be the name of a kernel map file (got {show(km)})")
+        p = user_path(km)
+        kw["kernel_map"] = str(p if p.is_absolute() else base / p)
     return MatrixSpec(**kw)
 
 

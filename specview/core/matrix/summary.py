@@ -137,8 +137,21 @@ def _value_phrase(axis: str, values: Sequence[Any]) -> str:
     return _join(labels)
 
 
-def summarize(doc: dict[str, Any]) -> list[str]:
-    """Plain sentences naming what the matrix shows, computed from its cells."""
+def summarize(doc: dict[str, Any], *, kernel_map: bool = True) -> list[str]:
+    """Plain sentences naming what the matrix shows, computed from its cells.
+
+    When the matrix cites a kernel map, the sentences comparing its predictions with the cells follow
+    (:func:`~specview.core.matrix.evidence.kernel_lines`; ``kernel_map=False`` leaves them out).
+    """
+    lines = _summary(doc)
+    if kernel_map:
+        from .evidence import kernel_lines
+
+        lines += kernel_lines(doc)
+    return lines
+
+
+def _summary(doc: dict[str, Any]) -> list[str]:
     cells = doc.get("cells", [])
     ok = [c for c in cells if c.get("status") == "ok"]
     errors = [c for c in cells if c.get("status") == "error"]
