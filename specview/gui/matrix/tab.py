@@ -22,7 +22,8 @@ from ..verdict_bar import matrix_verdict
 from ..worker import MatrixCell, MatrixFinished, MatrixRequest, WorkerHost
 from .view import MatrixView
 
-TAB_TIP = "a reproducer matrix: which targets, drafters and n_max fork; double-click a cell to open it side by side"
+TAB_TIP = ("a reproducer matrix: which targets, drafters and n_max fork; double-click a cell to open it side by side; "
+           "over the prompt suite, each setting's divergence rate with its interval and the gaps at its forks")
 
 
 class MatrixTab(MatrixView):

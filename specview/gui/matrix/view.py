@@ -1,4 +1,11 @@
-"""The reproducer matrix as a grid: one colour-coded cell per combination, the summary above it.
+"""The reproducer matrix as a grid: one colour-coded cell per combination, the summary above it, the rates below.
+
+Below the grid, sharing the tab through a splitter, the Rates panel
+(:class:`~specview.gui.matrix.rates.RatesPanel`) shows what
+:func:`specview.core.matrix.rates` gives for the document on screen: per setting
+and prompt category the divergence rate with its 95% Wilson interval, where the
+forks fall and the gaps at them; it follows the cells as they stream in, and
+shrinks to one line when every setting ran on one prompt.
 
 A standalone widget.  Give it a matrix document (``setMatrix``), stream cells
 into it as they finish (``addCell``), or open a saved file (``loadFile``).
@@ -51,7 +58,7 @@ RECORD_ROLE = Qt.ItemDataRole.UserRole + 1
 
 
 class MatrixView(QWidget):
-    """The matrix grid, its legend and its plain-words summary."""
+    """The matrix grid, its legend, its plain-words summary and its divergence rates."""
 
     sigOpenCell = Signal(object)  # RunConfig of the chosen cell
     sigOpenTrace = Signal(str)  # path of the chosen cell's saved trace, when there is one
