@@ -10,20 +10,26 @@ from typing import Any
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "report",
-        help="write an HTML and Markdown bug report from a trace or matrix",
+        help="write an HTML and Markdown bug report from a trace, a matrix or a kernel map",
         description="Write a self-contained HTML report (plots embedded) and a GitHub-ready Markdown file "
-        "(PNG plots beside it) from a trace saved by `specview run --json` or a matrix file from "
-        "`specview matrix`: the verdict and its numbers, the fork in context, the plots, acceptance, "
-        "settings, models, environment and the equivalent llama.cpp commands; for a matrix the grid, the "
-        "forks and the divergence rates.",
+        "(PNG plots beside it) from a trace saved by `specview run --json`, a matrix file from "
+        "`specview matrix` or a kernel map from `specview kernels -o`: the verdict and its numbers, the fork in "
+        "context, the plots, acceptance, settings, models, environment and the equivalent llama.cpp commands; "
+        "for a matrix the grid, the forks, the divergence rates and the kernel map it cites; for a kernel map "
+        "its heatmap and per-width tables. With --kernel-map a trace's report says what the map predicts for "
+        "the run and what that means for its fork.",
         epilog="Exit status: 0 written, 2 error.",
     )
-    p.add_argument("input", metavar="TRACE_OR_MATRIX.json", help="a specview trace or matrix JSON file")
+    p.add_argument("input", metavar="FILE.json", help="a specview trace, matrix or kernel map JSON file")
     p.add_argument("-o", "--out", default="specview-report", help="output folder (default specview-report)")
     p.add_argument("--name", default="report", help="base name of the files (default report)")
     p.add_argument("--card", nargs="?", const="", default=None, metavar="OUT.png",
                    help="also draw the fork card, one PNG for a GitHub comment, and show it at the top of the "
                         "Markdown report (default fork-card.png in the output folder)")
+    p.add_argument("--kernel-map", metavar="FILE", default=None,
+                   help="a kernel map (specview kernels -o FILE): a trace's report gets a 'Kernel map' section (the "
+                   "map's prediction for this run, the target's per-width table, what it means for the fork); a "
+                   "matrix run without one is predicted cell by cell from its recorded settings")
     p.set_defaults(func=main)
     return p
 
@@ -64,7 +70,7 @@ def main(args: argparse.Namespace) -> int:
             raise SpecviewError(f"--card {args.card}: the fork card is a PNG; give a file name ending in .png")
         card, card_path = card_renderer(), args.card or None
     written = write_report(args.input, args.out, name=args.name, plots=plot_renderer(), card=card,
-                           card_path=card_path)
+                           card_path=card_path, kernel_map=args.kernel_map)
     if args.card is not None and "card" not in written:
         print("specview: no fork card: a matrix report has none (report one of its saved traces)", file=sys.stderr)
     for key, path in written.items():

@@ -166,20 +166,35 @@ def _num(x: float | None) -> str:
     return f"{x:.4g}"
 
 
+def kernel_map_from_json(d: Any, *, source: str = "<kernel map>") -> KernelMap:
+    """:meth:`KernelMap.from_json`, with whatever a malformed value makes it raise turned into a
+    :class:`KernelMapError` naming ``source`` (an infinite position, settings out of range ...)."""
+    try:
+        return KernelMap.from_json(d, source=source)
+    except KernelMapError:
+        raise
+    except SpecviewError as exc:
+        raise KernelMapError(f"{source}: malformed kernel map ({exc})") from None
+    except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
+        raise KernelMapError(f"{source}: malformed kernel map ({type(exc).__name__}: {exc})") from None
+
+
 def as_kernel_map(kmap: KernelMap | Mapping[str, Any] | str | os.PathLike[str], *, source: str | None = None
                   ) -> KernelMap:
     """A :class:`KernelMap` from itself, its JSON, or a file (a :class:`KernelMapError` naming it otherwise)."""
     if isinstance(kmap, KernelMap):
         return kmap
     if isinstance(kmap, (str, os.PathLike)):
-        return KernelMap.load(kmap)
-    return KernelMap.from_json(kmap, source=source or "<kernel map>")
+        return load_kernel_map(kmap)
+    return kernel_map_from_json(kmap, source=source or "<kernel map>")
 
 
 def load_kernel_map(path: str | os.PathLike[str], *, what: str = "kernel map") -> KernelMap:
     """Read a map for citing it, with an error that names the file and says how to make one."""
+    from .jsonfile import read_json
+
     try:
-        return KernelMap.load(path)
+        return kernel_map_from_json(read_json(path, KernelMapError), source=str(path))
     except KernelMapError as exc:
         msg = str(exc)
         if str(path) not in msg:
@@ -487,6 +502,6 @@ def statuses(preds: Iterable[KernelPrediction]) -> dict[str, int]:
 
 __all__ = ["DIFFER", "ENV_KEYS", "IDENTITY_KEYS", "KERNEL_SETTINGS", "KernelPrediction", "NOT_COVERED",
            "NOT_DETERMINISTIC", "PROVEN", "REACH_CAVEAT", "SERIAL_CHECK", "STATUSES", "STATUS_WORDS",
-           "as_kernel_map", "citation", "citation_text", "contradiction_text", "environment_differences",
+           "as_kernel_map", "kernel_map_from_json", "citation", "citation_text", "contradiction_text", "environment_differences",
            "likely_causes", "load_kernel_map", "predict", "predict_config", "predict_trace", "reach_of", "same_target",
            "settings_differences", "statuses"]

@@ -7,7 +7,8 @@ and are also corrupted one field or a few bytes at a time.  The properties:
 * reading a file either succeeds or raises specview's own error (:class:`SpecviewError`), never anything else;
 * a report made from whatever was read (HTML and Markdown) never contains markup that came from a field: the
   HTML parses to specview's own tags only, and the Markdown, rendered by a CommonMark parser with raw HTML
-  allowed, yields only the elements specview writes, as many as it writes.
+  allowed, yields only the elements specview writes, as many as it writes.  That includes a kernel map's own
+  report, a trace report's "Kernel map" section and a matrix's citation of a map.
 
 The examples are fixed (``derandomize``) and few, so the suite stays quick and repeatable.
 """
@@ -22,7 +23,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from strategies import (corrupt_bytes, corrupt_field, markup_text, matrix_docs, toml_specs, traces)
+from strategies import (corrupt_bytes, corrupt_field, hostile_floats, hostile_text, json_values, markup_text,
+                        matrix_docs, toml_specs, traces)
 from test_report import Collect, check_html, check_markdown
 
 from specview.core.errors import SpecviewError
@@ -30,7 +32,9 @@ from specview.core.matrix import (MatrixRun, MatrixSpec, expand, format_rates, g
                                   validate_matrix)
 from specview.core.matrix.cells import cell_config
 from specview.core.prompts import prompt_from_file, read_toml, suite_from_dict
-from specview.core.report import matrix_html, matrix_markdown, trace_html, trace_markdown
+from specview.core.kernel_evidence import STATUSES, kernel_map_from_json
+from specview.core.report import (kernels_html, kernels_markdown, matrix_html, matrix_markdown, trace_html,
+                                  trace_kernel_section, trace_markdown)
 from specview.core.report.write import read_input
 from specview.core.trace import Trace
 
@@ -101,6 +105,8 @@ def test_a_trace_with_one_field_of_another_type_reads_or_is_refused(trace: Trace
             return
     if kind == "trace":
         check_trace_reports(obj)
+    elif kind == "kernels":
+        check_kernel_map(obj)
     else:
         check_matrix(obj)
 
@@ -153,6 +159,126 @@ def test_a_matrix_file_with_corrupted_bytes_reads_or_is_refused(doc: dict, data)
             return
     if kind == "matrix":
         check_matrix(obj)
+
+
+# -- kernel maps -----------------------------------------------------------------------------
+@st.composite
+def kernel_maps(draw) -> dict:
+    """A kernel map (``specview.kernels/1``) as ``specview kernels`` writes it, with markup in every label (targets,
+    prompt names, file facts, environment) and hostile figures (NaN, infinite and huge shifts)."""
+    widths = sorted(set(draw(st.lists(st.integers(1, 9), min_size=1, max_size=4))) | {1})
+    small = st.integers(0, 2 ** 40)
+
+    def width(w: int) -> dict:
+        rows = draw(small)
+        ident = draw(st.integers(0, rows)) if draw(st.booleans()) else rows
+        return {"width": w, "rows": rows, "identical": ident, "flips": draw(small),
+                "max_delta": draw(hostile_floats), "p95_delta": draw(hostile_floats), "below_shift": draw(small),
+                "differing_by_row": draw(st.lists(small, max_size=3)),
+                "flip_at": draw(st.lists(st.tuples(markup_text, small).map(list), max_size=2)),
+                "first_difference": draw(st.one_of(st.none(), st.tuples(markup_text, small, small).map(list))),
+                "stopped": draw(st.booleans())}
+
+    names = draw(st.lists(markup_text, min_size=1, max_size=2, unique=True))
+    targets = []
+    for _ in range(draw(st.integers(1, 2))):
+        targets.append({
+            "target": draw(markup_text), "settings": {"flash_attn": draw(st.sampled_from(["auto", "on", "off"])),
+                                                      "threads": draw(st.integers(0, 64))},
+            "model": {"file": draw(markup_text), "quantization": draw(hostile_text), "path": draw(markup_text),
+                      "file_size": draw(small)},
+            "threads_used": draw(st.one_of(st.none(), st.integers(1, 64))), "seconds": draw(hostile_floats),
+            "prompts": [{"name": n, "prompt_tokens": draw(st.lists(small, max_size=4)),
+                         "tokens": draw(st.lists(small, max_size=4)), "positions": draw(st.integers(1, 2 ** 40))}
+                        for n in names],
+            "widths": [width(w) for w in widths]})
+    env = draw(st.dictionaries(hostile_text, json_values, max_size=3))
+    env.update({"cpu": draw(markup_text), "llama_cpp_python": draw(markup_text), "specview": draw(markup_text)})
+    return json.loads(json.dumps({
+        "schema": "specview.kernels/1", "backend": draw(st.one_of(st.just("llama.cpp"), markup_text)),
+        "widths": widths, "positions": draw(st.integers(1, 2 ** 40)), "top_k": 8,
+        "prompts": [{"name": n, "text": draw(markup_text), "chat": True} for n in names],
+        "environment": env, "seconds": draw(hostile_floats), "targets": targets}, allow_nan=True))
+
+
+def check_kernel_map(km) -> None:
+    check_html(kernels_html(km, "<b>k</b>.json"), bold=0)
+    rendered_markdown(kernels_markdown(km, "<b>k</b>.json"), strong=0, imgs=set())
+
+
+@FIXED
+@given(kernel_maps())
+def test_kernel_map_reports_never_leak_markup(d: dict):
+    check_kernel_map(kernel_map_from_json(d, source="generated"))
+
+
+@FIXED
+@given(kernel_maps(), st.data())
+def test_a_kernel_map_with_one_field_of_another_type_reads_or_is_refused(d: dict, data):
+    bad = data.draw(corrupt_field(d))
+    with tempfile.TemporaryDirectory() as tmp:
+        f = Path(tmp) / "k.json"
+        f.write_text(json.dumps(bad), encoding="utf-8")
+        try:
+            kind, obj = read_input(f)
+        except SpecviewError:
+            return
+    if kind == "kernels":
+        check_kernel_map(obj)
+
+
+@FIXED
+@given(traces(), kernel_maps(), st.booleans())
+def test_a_trace_report_with_a_hostile_kernel_map_never_leaks_markup(trace: Trace, d: dict, same: bool):
+    if same and isinstance(trace.config.get("engine"), dict):  # a row for this very run, so its table is shown
+        d["targets"][0].update(target=str(trace.config.get("target")), settings=trace.config["engine"])
+        d["backend"] = "llama.cpp"
+    try:
+        km = kernel_map_from_json(d, source="generated")
+    except SpecviewError:
+        return
+    sec = trace_kernel_section(trace, km, "<b>k</b>.json")
+    check_html(trace_html(trace, {"margins": PNG}, kernel=sec))
+    rendered_markdown(trace_markdown(trace, {"margins": PLOT_FILES["margins"]}, kernel=sec), strong=1,
+                      imgs={PLOT_FILES["margins"]})
+
+
+prediction_dicts = st.fixed_dictionaries({
+    "status": st.sampled_from(STATUSES), "target": markup_text, "settings": markup_text,
+    "n_max": st.integers(0, 2 ** 40), "widths": st.lists(st.integers(1, 2 ** 40), max_size=3),
+    "row": st.one_of(st.none(), markup_text), "safe_n_max": st.one_of(st.none(), st.integers(-1, 2 ** 40)),
+    "first_differing": st.one_of(st.none(), st.integers(0, 2 ** 40)),
+    "identical_share": st.one_of(st.none(), hostile_floats), "max_delta": st.one_of(st.none(), hostile_floats),
+    "flips": st.one_of(st.none(), st.integers(0, 2 ** 40)), "missing": st.lists(markup_text, max_size=2),
+    "evidence": markup_text, "map_file": st.one_of(st.none(), markup_text),
+    "map_reach": st.one_of(st.none(), st.integers(0, 2 ** 40)), "reach": st.one_of(st.none(), st.integers(0, 2 ** 40)),
+    "caveats": st.lists(markup_text, max_size=2), "reason": markup_text})
+
+
+@FIXED
+@given(matrix_docs(), st.data())
+def test_a_matrix_citing_a_hostile_kernel_map_never_leaks_markup(doc: dict, data):
+    doc["kernel_map"] = data.draw(st.fixed_dictionaries({
+        "file": markup_text, "schema": markup_text, "backend": markup_text,
+        "widths": st.lists(st.integers(0, 2 ** 40), max_size=3), "positions": st.integers(0, 2 ** 40),
+        "prompts": st.lists(markup_text, max_size=2),
+        "targets": st.lists(st.fixed_dictionaries({
+            "label": markup_text, "target": markup_text, "deterministic": st.booleans(),
+            "safe_widths": st.lists(st.integers(0, 9), max_size=3), "safe_n_max": st.one_of(st.none(), st.integers()),
+            "threads_used": st.one_of(st.none(), st.integers(0, 64))}), max_size=2),
+        "environment": st.dictionaries(hostile_text, json_values, max_size=2)}))
+    for c in doc["cells"]:
+        if data.draw(st.booleans()):
+            c["kernel_prediction"] = data.draw(prediction_dicts)
+    doc = json.loads(json.dumps(doc, allow_nan=True))
+    validate_matrix(doc, source="generated")
+    check_matrix(doc)
+    bad = data.draw(corrupt_field(doc))
+    try:
+        validate_matrix(bad, source="corrupted")
+    except SpecviewError:
+        return
+    check_matrix(bad)
 
 
 # -- TOML matrix specs -----------------------------------------------------------------------

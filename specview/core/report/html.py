@@ -9,6 +9,8 @@ from ... import __version__
 from ..verdicts import CATEGORIES, COLOURS, WORDS, category, cell_text
 from ..matrix.rates import pct, positions_text, rate_text
 from .escape import esc, visible
+from .kernels import (LEGEND, WIDTH_HEADERS, heat_cell, map_intro, map_title, matrix_citation, matrix_kernel_rows,
+                      target_facts, width_rows)
 from .facts import (PLOT_CAPTIONS, commands, obj, acceptance_facts, cell_colour, cell_detail, config_facts, earliest_fork,
                     environment_facts, fmt, fork_context, headline, model_facts, prompt_block, quoted, spec_rows,
                     trace_title, verdict_facts, verdict_of)
@@ -37,6 +39,9 @@ table.grid th{background:#f4f4f4}table.grid td.row{text-align:left;font-weight:6
 .legend span{display:inline-block;padding:2px 8px;margin-right:6px;border-radius:3px;font-size:12.5px;border:1px solid rgba(0,0,0,.1)}
 ul.summary li{margin:3px 0}
 .note{color:#666;font-size:13px}
+.contra{padding:10px 14px;border-radius:6px;margin:8px 0;border:2px solid #b00020;background:#f2a7a7}
+table.heat{border-collapse:collapse;font-size:12.5px}table.heat th,table.heat td{border:1px solid #ccc;padding:3px 6px;text-align:center}
+table.heat th{background:#f4f4f4}table.heat td.row{text-align:left;font-weight:600;background:#f8f8f8;white-space:nowrap}
 """
 
 
@@ -79,7 +84,28 @@ def _page(title: str, body: str) -> str:
             f"<title>{esc(title)}</title><style>{CSS}</style></head><body><main>\n{body}\n</main></body></html>\n")
 
 
-def trace_html(trace: Any, plots: Mapping[str, bytes]) -> str:
+def _table_html(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A table of plain strings, every cell escaped."""
+    return ("<table class=kv><tr>" + "".join(f"<th>{esc(h)}</th>" for h in headers) + "</tr>"
+            + "".join("<tr>" + "".join(f"<td>{esc(v)}</td>" for v in r) + "</tr>" for r in rows) + "</table>")
+
+
+def kernel_section_html(sec: Any) -> str:
+    """A trace report's "Kernel map" section: the prediction for this run, the row's per-width table, the meaning."""
+    parts = ["<h2>Kernel map</h2>", _kv_html(sec.facts)]
+    if sec.contradiction:
+        parts.append(f"<div class=contra>{esc(sec.meaning)}</div>")
+    else:
+        parts.append(f"<p>{esc(sec.meaning)}</p>")
+    if sec.table:
+        parts.append(f"<p class=note>The map's row {esc(sec.row_label)}, per verify width:</p>")
+        parts.append(_table_html(WIDTH_HEADERS, sec.table))
+    return "\n".join(parts)
+
+
+def trace_html(trace: Any, plots: Mapping[str, bytes], kernel: Any = None) -> str:
+    """The report of one run; ``kernel`` (:func:`~specview.core.report.kernels.trace_kernel_section`) adds the
+    kernel map's prediction for it."""
     v = verdict_of(trace)
     env = obj(trace.environment)
     parts = [f"<h1>specview report: {esc(trace_title(trace))}</h1>",
@@ -95,6 +121,8 @@ def trace_html(trace: Any, plots: Mapping[str, bytes]) -> str:
     if ctx is not None:
         parts.append(f"<h2>The fork, token {ctx['index']}</h2>")
         parts.append(_fork_html(ctx))
+    if kernel is not None:
+        parts.append(kernel_section_html(kernel))
     for key in PLOT_CAPTIONS:
         if key in plots:
             title, cap = PLOT_CAPTIONS[key]
@@ -190,6 +218,7 @@ def matrix_html(doc: dict[str, Any], fork_trace: Any = None) -> str:
     if errs:
         parts.append("<h2>Failed cells</h2><ul>" + "".join(
             f"<li>{esc(describe(CellParams.from_json(c['params'])))}: {esc(c.get('error'))}</li>" for c in errs) + "</ul>")
+    parts.append(matrix_kernel_html(doc))
     parts.append(rates_html(rates(doc)))
     cell = earliest_fork(doc)
     if fork_trace is not None and cell is not None:
@@ -202,6 +231,48 @@ def matrix_html(doc: dict[str, Any], fork_trace: Any = None) -> str:
     parts.append("<h2>Environment</h2>")
     parts.append(_kv_html(environment_facts(doc.get("environment") or {})))
     return _page("specview matrix", "\n".join(parts))
+
+
+def matrix_kernel_html(doc: dict[str, Any]) -> str:
+    """The cited kernel map: its citation, the contradictions, and each cell's prediction against its outcome."""
+    from ..matrix.evidence import contradiction_lines
+
+    cite = matrix_citation(doc)
+    rows = matrix_kernel_rows(doc)
+    if cite is None and not rows:
+        return ""
+    parts = ["<h2>Kernel map</h2>"]
+    if cite is not None:
+        parts.append(f"<p class=note>{esc(cite)}</p>")
+    parts += [f"<div class=contra>{esc(line)}</div>" for line in contradiction_lines(doc)]
+    if rows:
+        parts.append(_table_html(("cell", "prediction", "detail", "outcome", ""), rows))
+    return "\n".join(parts)
+
+
+def kernels_html(kmap: Any, file: str | None = None) -> str:
+    """The report of a kernel map itself: per target its facts and per-width table, and the heatmap."""
+    parts = [f"<h1>specview kernel map: {esc(map_title(kmap, file))}</h1>",
+             f"<div class=sub>specview {esc(kmap.environment.get('specview', __version__))} · "
+             f"{esc(kmap.environment.get('created', ''))} · engine {esc(kmap.backend)}</div>",
+             f"<p>{esc(map_intro(kmap))}</p>", "<h2>Heatmap</h2>"]
+    head = "<tr><th>target</th>" + "".join(f"<th>{esc(w)}</th>" for w in kmap.widths) + "</tr>"
+    body = []
+    for t in kmap.targets:
+        tds = []
+        for w in kmap.widths:
+            sym, colour, tip = heat_cell(t.widths.get(w))
+            tds.append(f"<td style='background:{colour}' title='{esc(tip)}'>{esc(sym)}</td>")
+        body.append(f"<tr><td class=row>{esc(t.label)}</td>{''.join(tds)}</tr>")
+    parts.append(f"<table class=heat>{head}{''.join(body)}</table>")
+    parts.append(f"<p class=note>{esc(LEGEND)}</p>")
+    for t in kmap.targets:
+        parts.append(f"<h2>{esc(t.label)}</h2>")
+        parts.append(_kv_html(target_facts(t)))
+        parts.append(_table_html(WIDTH_HEADERS, width_rows(t)))
+    parts.append("<h2>Environment</h2>")
+    parts.append(_kv_html(environment_facts(kmap.environment)))
+    return _page("specview kernel map", "\n".join(parts))
 
 
 # -- rates -------------------------------------------------------------------------------

@@ -8,6 +8,8 @@ from ... import __version__
 from ..matrix.rates import bar, pct, positions_text, rate_text
 from ..verdicts import category, cell_text
 from .escape import md_code, md_fence, md_text, text, visible
+from .kernels import (LEGEND, WIDTH_HEADERS, heat_cell, map_intro, map_title, matrix_citation, matrix_kernel_rows,
+                      target_facts, width_rows)
 from .facts import (PLOT_CAPTIONS, commands, obj, acceptance_facts, config_facts, earliest_fork,
                     environment_facts, fmt, fork_context, headline, model_facts, prompt_block, quoted, spec_rows,
                     trace_title, verdict_facts, verdict_of)
@@ -33,8 +35,26 @@ def _fork_md(ctx: dict[str, Any]) -> str:
             f"({md_text('; '.join(ids))}); ⏎ is a newline.\n")
 
 
-def trace_markdown(trace: Any, plot_files: Mapping[str, str], card: str | None = None) -> str:
-    """The report; ``card`` is the fork card's file, relative to the report, shown first."""
+def _table_md(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A table of plain strings, every cell escaped (an empty header cell stays a cell)."""
+    out = ["| " + " | ".join(md_text(h) or " " for h in headers) + " |", "|" + "---|" * len(headers)]
+    out += ["| " + " | ".join(md_text(v) or " " for v in r) + " |" for r in rows]
+    return "\n".join(out) + "\n"
+
+
+def kernel_section_md(sec: Any) -> str:
+    """A trace report's "Kernel map" section (see :func:`~specview.core.report.kernels.trace_kernel_section`)."""
+    out = ["### Kernel map\n", _kv_md(sec.facts)]
+    out.append(("⚠ " if sec.contradiction else "") + md_text(sec.meaning) + "\n")
+    if sec.table:
+        out.append(f"The map's row {md_code(sec.row_label)}, per verify width:\n")
+        out.append(_table_md(WIDTH_HEADERS, sec.table))
+    return "\n".join(out)
+
+
+def trace_markdown(trace: Any, plot_files: Mapping[str, str], card: str | None = None, kernel: Any = None) -> str:
+    """The report; ``card`` is the fork card's file, relative to the report, shown first; ``kernel`` adds the
+    kernel map's prediction for the run."""
     v = verdict_of(trace)
     out = [f"## specview: {md_text(v)} — {md_text(trace_title(trace))}\n"]
     if card:
@@ -49,6 +69,8 @@ def trace_markdown(trace: Any, plot_files: Mapping[str, str], card: str | None =
     if ctx is not None:
         out.append(f"### The fork, token {ctx['index']}\n")
         out.append(_fork_md(ctx))
+    if kernel is not None:
+        out.append(kernel_section_md(kernel))
     for key in PLOT_CAPTIONS:
         if key in plot_files:
             title, cap = PLOT_CAPTIONS[key]
@@ -124,6 +146,7 @@ def matrix_markdown(doc: dict[str, Any], fork_trace: Any = None) -> str:
                        f"{md_code(quoted(f.get('speculative_piece')), table=True)} | "
                        f"{md_text(category(c))} | {md_text(fmt(c.get('gap')))} |")
         out.append("")
+    out.append(matrix_kernel_md(doc))
     out.append(rates_md(rates(doc)))
     cell = earliest_fork(doc)
     if fork_trace is not None and cell is not None:
@@ -132,6 +155,41 @@ def matrix_markdown(doc: dict[str, Any], fork_trace: Any = None) -> str:
     out.append(_kv_md(spec_rows(doc.get("spec", {})), ("axis", "values")))
     out.append(_kv_md(environment_facts(doc.get("environment") or {}), ("environment", "")))
     out.append("</details>\n")
+    return "\n".join(out)
+
+
+def matrix_kernel_md(doc: dict[str, Any]) -> str:
+    """The cited kernel map: its citation, the contradictions, and each cell's prediction against its outcome."""
+    from ..matrix.evidence import contradiction_lines
+
+    cite = matrix_citation(doc)
+    rows = matrix_kernel_rows(doc)
+    if cite is None and not rows:
+        return ""
+    out = ["### Kernel map\n"]
+    if cite is not None:
+        out.append(md_text(cite) + "\n")
+    out += ["⚠ " + md_text(line) + "\n" for line in contradiction_lines(doc)]
+    if rows:
+        out.append(_table_md(("cell", "prediction", "detail", "outcome", " "), rows))
+    return "\n".join(out)
+
+
+def kernels_markdown(kmap: Any, file: str | None = None) -> str:
+    """The report of a kernel map itself: the heatmap, then per target its facts and per-width table."""
+    out = [f"## specview kernel map: {md_text(map_title(kmap, file))}\n", md_text(map_intro(kmap)) + "\n",
+           "### Heatmap\n"]
+    heat = [[t.label] + [heat_cell(t.widths.get(w))[0] for w in kmap.widths] for t in kmap.targets]
+    out.append(_table_md(["target", *(str(w) for w in kmap.widths)], heat))
+    out.append(md_text(LEGEND) + "\n")
+    for t in kmap.targets:
+        out.append(f"### {md_text(t.label)}\n")
+        out.append(_kv_md(target_facts(t)))
+        out.append(_table_md(WIDTH_HEADERS, width_rows(t)))
+    out.append("<details><summary>Environment</summary>\n")
+    out.append(_kv_md(environment_facts(kmap.environment), ("environment", "")))
+    out.append("</details>\n")
+    out.append(f"<sub>Made with specview {md_text(kmap.environment.get('specview', __version__))}.</sub>\n")
     return "\n".join(out)
 
 

@@ -1,5 +1,8 @@
 """Writing a report to a folder: ``report.html``, ``report.md`` and the PNG plots the Markdown links to.
 
+The input is a trace, a matrix or a kernel map (``specview.kernels/1``); a trace's report can carry the
+kernel map's prediction for its run (``kernel_map=``).
+
 Qt-free: the plots come from a renderer passed in, a callable ``trace ->
 {name: PNG bytes}`` (the app's own plot widgets draw them, in
 :mod:`specview.gui.export`); without one the report has no plots.  The names
@@ -15,8 +18,9 @@ from typing import Any, Callable, Mapping
 from ..errors import SpecviewError
 from ..trace import SCHEMA as TRACE_SCHEMA, Trace, write_atomic
 from .facts import PLOT_CAPTIONS, earliest_fork
-from .html import matrix_html, trace_html
-from .markdown import matrix_markdown, trace_markdown
+from .html import kernels_html, matrix_html, trace_html
+from .kernels import cite_in_matrix, trace_kernel_section
+from .markdown import kernels_markdown, matrix_markdown, trace_markdown
 
 PlotRenderer = Callable[[Trace], Mapping[str, bytes]]
 #: draws a trace's fork card (PNG bytes); the app's is :func:`specview.gui.card.fork_card_png`
@@ -25,7 +29,8 @@ CARD_FILE = "fork-card.png"
 
 
 def read_input(path: str | os.PathLike[str]) -> tuple[str, Any]:
-    """("trace", Trace) or ("matrix", dict) from a JSON file, refusing anything else clearly."""
+    """("trace", Trace), ("matrix", dict) or ("kernels", KernelMap) from a JSON file, refusing anything else."""
+    from ..kernel_evidence import kernel_map_from_json
     from ..matrix import validate_matrix
     from ..trace import read_json
 
@@ -37,9 +42,11 @@ def read_input(path: str | os.PathLike[str]) -> tuple[str, Any]:
         return "matrix", d
     if isinstance(schema, str) and schema.startswith("specview.trace/"):
         return "trace", Trace.from_json(d, source=str(p))
+    if isinstance(schema, str) and schema.startswith("specview.kernels/"):
+        return "kernels", kernel_map_from_json(d, source=str(p))
     shown = repr(schema) if isinstance(schema, str) and len(schema) < 80 else type(schema).__name__
-    raise SpecviewError(f"{p}: neither a specview trace ({TRACE_SCHEMA}) nor a matrix (specview.matrix/1); "
-                        f"schema is {shown}")
+    raise SpecviewError(f"{p}: neither a specview trace ({TRACE_SCHEMA}), a matrix (specview.matrix/1) nor a "
+                        f"kernel map (specview.kernels/1); schema is {shown}")
 
 
 def earliest_fork_trace(doc: dict, source: Path | None) -> Trace | None:
@@ -56,21 +63,29 @@ def earliest_fork_trace(doc: dict, source: Path | None) -> Trace | None:
         return None
 
 
-def write_report(src: str | os.PathLike[str] | Trace | dict, out_dir: str | os.PathLike[str], *,
+def write_report(src: str | os.PathLike[str] | Trace | dict | Any, out_dir: str | os.PathLike[str], *,
                  name: str = "report", plots: PlotRenderer | None = None, card: CardRenderer | None = None,
-                 card_path: str | os.PathLike[str] | None = None) -> dict[str, Path]:
+                 card_path: str | os.PathLike[str] | None = None,
+                 kernel_map: str | os.PathLike[str] | Any = None) -> dict[str, Path]:
     """Write ``{name}.html``, ``{name}.md`` and the PNGs the Markdown links to into ``out_dir``.
 
-    ``src`` is a trace, a matrix document or a file holding either.  ``plots`` draws a trace's
-    plots (called once, on the caller's thread); a matrix report has none.  ``card`` draws a
-    trace's fork card, written to ``card_path`` (default ``fork-card.png`` in ``out_dir``) and
-    shown at the top of the Markdown report.  Returns what was written, by kind ("html",
-    "markdown", "card", and one entry per plot).
+    ``src`` is a trace, a matrix document, a :class:`~specview.core.kernels.KernelMap` or a file
+    holding one.  ``plots`` draws a trace's plots (called once, on the caller's thread); a matrix
+    report has none.  ``card`` draws a trace's fork card, written to ``card_path`` (default
+    ``fork-card.png`` in ``out_dir``) and shown at the top of the Markdown report.
+    ``kernel_map`` (a map file, or a KernelMap) adds a "Kernel map" section to a trace report:
+    what the map predicts for the run and what that means for its fork; for a matrix that ran
+    without one, its cells are predicted from their recorded settings and the map is cited.  A
+    map file given as ``src`` gets a report of its own.  Returns what was written, by kind
+    ("html", "markdown", "card", and one entry per plot).
     """
+    from ..kernels import KernelMap
     from ..matrix import validate_matrix
 
     if isinstance(src, Trace):
         kind, obj = "trace", src
+    elif isinstance(src, KernelMap):
+        kind, obj = "kernels", src
     elif isinstance(src, dict):
         validate_matrix(src)
         kind, obj = "matrix", src
@@ -78,6 +93,16 @@ def write_report(src: str | os.PathLike[str] | Trace | dict, out_dir: str | os.P
         kind, obj = read_input(src)
     if "/" in name or "\\" in name or name in ("", ".", ".."):
         raise SpecviewError(f"--name {name!r}: give a plain file name, without a folder")
+    kmap, map_file = None, None
+    if kernel_map is not None:
+        if kind == "kernels":
+            raise SpecviewError("--kernel-map: the input is a kernel map already; its report needs no other")
+        from ..kernel_evidence import load_kernel_map
+
+        if isinstance(kernel_map, KernelMap):
+            kmap, map_file = kernel_map, None
+        else:
+            kmap, map_file = load_kernel_map(kernel_map, what="--kernel-map"), str(kernel_map)
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -106,9 +131,16 @@ def write_report(src: str | os.PathLike[str] | Trace | dict, out_dir: str | os.P
                     raise SpecviewError(f"--card {cp}: cannot write the fork card ({exc})") from None
                 written["card"] = cp
                 card_ref = Path(os.path.relpath(cp.resolve(), out.resolve())).as_posix()
-        html_text = trace_html(obj, pngs)
-        md_text = trace_markdown(obj, files, card=card_ref)
+        section = trace_kernel_section(obj, kmap, map_file) if kmap is not None else None
+        html_text = trace_html(obj, pngs, kernel=section)
+        md_text = trace_markdown(obj, files, card=card_ref, kernel=section)
+    elif kind == "kernels":
+        file = None if isinstance(src, KernelMap) else str(src)
+        html_text = kernels_html(obj, file)
+        md_text = kernels_markdown(obj, file)
     else:
+        if kmap is not None:
+            obj = cite_in_matrix(obj, kmap, map_file or "the kernel map given")
         fork_trace = earliest_fork_trace(obj, None if isinstance(src, dict) else Path(src))
         html_text = matrix_html(obj, fork_trace)
         md_text = matrix_markdown(obj, fork_trace)
