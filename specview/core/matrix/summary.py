@@ -183,8 +183,10 @@ def _summary(doc: dict[str, Any]) -> list[str]:
         lines.extend(_by_setting(ok))
         lines.extend(_flips(ok))
     if forks:
-        first = min(forks, key=lambda c: c["first_mismatch"] if c["first_mismatch"] is not None else 1 << 30)
-        lines.append(f"Earliest fork: token {first['first_mismatch']} ({describe(CellParams.from_json(first['params']))}).")
+        # a file may lack a fork's index (it is checked only where present): such a cell sorts last
+        first = min(forks, key=lambda c: c["first_mismatch"] if isinstance(c.get("first_mismatch"), int) else 1 << 63)
+        lines.append(f"Earliest fork: token {first.get('first_mismatch')} "
+                     f"({describe(CellParams.from_json(first['params']))}).")
         gaps = [c["gap"] for c in forks if isinstance(c.get("gap"), (int, float))]
         if gaps:
             lines.append(f"Top-1/top-2 gap at the diagnosed forks: {min(gaps):.4g} to {max(gaps):.4g} logits.")
