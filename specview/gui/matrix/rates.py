@@ -52,7 +52,7 @@ from ..plots import TimedPlot, style_plot
 #: the verdict colours each severity is drawn in (as the HTML report draws them)
 SEVERITY_VERDICT = {"near-tie": "near-tie", "material": "state", "undiagnosed": "diverged"}
 #: the tree's columns
-COLUMNS = ("setting · category", "forks / n", "rate", "95% CI", "fork at: median (q1–q3)", "near-tie",
+COLUMNS = ("setting · category", "forks / n", "rate", "95% CI", "fork at: median\n(quartiles)", "near-tie",
            "material", "undiagnosed")
 COL_FORKS, COL_RATE, COL_CI, COL_POS, COL_NEAR, COL_MATERIAL, COL_UNDIAG = range(1, 8)
 SEVERITY_COLS = {"near-tie": COL_NEAR, "material": COL_MATERIAL, "undiagnosed": COL_UNDIAG}
@@ -130,6 +130,13 @@ def setting_names(settings: list[dict[str, Any]]) -> tuple[list[str], str]:
     return names, " ".join(shared)
 
 
+def bar_pens(heights: Any, pen: Any) -> list | None:
+    """One pen per bar, none for an empty bin (a bar of height 0 would draw its outline as a line); None for no
+    bars (pyqtgraph's BarGraphItem fails on an empty list of pens)."""
+    hs = [] if heights is None else list(heights)
+    return [pen if h else pg.mkPen(None) for h in hs] or None
+
+
 def _short(label: str, limit: int = 40) -> str:
     return label if len(label) <= limit else label[: limit - 1] + "…"
 
@@ -183,6 +190,8 @@ class RatePlot(TimedPlot):
         self.low = [100 * g["low"] for g in rows]
         self.high = [100 * g["high"] for g in rows]
         self.index = [settings.index(g) for g in rows]
+        # a row per setting needs little height: the tree above gets the rest
+        self.setMaximumHeight(max(170, 90 + 48 * len(rows)))
         self.show_empty(not rows)
         n = len(rows)
         y = np.arange(n, dtype=float)[::-1]  # the first setting at the top
@@ -245,9 +254,12 @@ class SeverityPlot(TimedPlot):
     def apply_palette(self, palette: QPalette) -> None:
         style_plot(self, palette)
         cols = severity_colours(palette)
+        self._pens = {}
         for item, sev in ((self.near, "near-tie"), (self.material, "material")):
             fill, line = cols[sev]
-            item.setOpts(brush=pg.mkBrush(fill), pen=pg.mkPen(line, width=1.5))
+            self._pens[sev] = pg.mkPen(line, width=1.5)
+            item.setOpts(brush=pg.mkBrush(fill), pen=self._pens[sev],
+                         pens=bar_pens(item.opts.get("height"), self._pens[sev]))
         text = palette.color(QPalette.ColorRole.Text).name()
         for _sample, label in self.legend.items:
             label.setAttr("color", text)
@@ -262,8 +274,8 @@ class SeverityPlot(TimedPlot):
         x = np.arange(len(bins), dtype=float)
         near = np.array(self.near_counts, dtype=float)
         mat = np.array(self.material_counts, dtype=float)
-        self.near.setOpts(x=x, height=near, y0=np.zeros_like(near))
-        self.material.setOpts(x=x, height=mat, y0=near)
+        self.near.setOpts(x=x, height=near, y0=np.zeros_like(near), pens=bar_pens(near, self._pens["near-tie"]))
+        self.material.setOpts(x=x, height=mat, y0=near, pens=bar_pens(mat, self._pens["material"]))
         total = near + mat
         if g is None:
             self.set_hint(None)
@@ -315,7 +327,8 @@ class PositionPlot(TimedPlot):
     def apply_palette(self, palette: QPalette) -> None:
         style_plot(self, palette)
         fill, line = severity_colours(palette)["undiagnosed"]  # the colour of a fork (diverged)
-        self.bars.setOpts(brush=pg.mkBrush(fill), pen=pg.mkPen(line, width=1))
+        self._pen = pg.mkPen(line, width=1)
+        self.bars.setOpts(brush=pg.mkBrush(fill), pen=self._pen, pens=bar_pens(getattr(self, "counts", []), self._pen))
         text = palette.color(QPalette.ColorRole.Text)
         self.median.setPen(pg.mkPen(text, width=1.5, style=Qt.PenStyle.DashLine))
         self.median.label.setColor(text)
@@ -328,7 +341,8 @@ class PositionPlot(TimedPlot):
         self.bin_width = int(p["bin_width"]) if p else 1
         w = self.bin_width
         counts = np.array(self.counts, dtype=float)
-        self.bars.setOpts(x0=np.arange(len(counts), dtype=float) * w, height=counts, width=w)
+        self.bars.setOpts(x0=np.arange(len(counts), dtype=float) * w, height=counts, width=w,
+                          pens=bar_pens(counts, self._pen))
         has = bool(p and p["median"] is not None)
         if g is not None and not has:
             self.set_hint("No fork here: no position to show.")
@@ -407,7 +421,7 @@ class RatesPanel(QWidget):
         self.rate_plot.sigRowClicked.connect(self.select_setting)
         left.addWidget(self.rate_plot)
         left.setStretchFactor(0, 3)
-        left.setStretchFactor(1, 2)
+        left.setStretchFactor(1, 1)
         self.body.addWidget(left)
         right = QWidget()
         rl = QVBoxLayout(right)
@@ -423,8 +437,9 @@ class RatesPanel(QWidget):
         rl.addWidget(self.severity_plot, 1)
         rl.addWidget(self.position_plot, 1)
         self.body.addWidget(right)
-        self.body.setStretchFactor(0, 1)
+        self.body.setStretchFactor(0, 2)
         self.body.setStretchFactor(1, 1)
+        self.body.setSizes([660, 330])
         lay.addWidget(self.body, 1)
         self._items: dict[str, QTreeWidgetItem] = {}
         self._set_compact(True)
