@@ -296,6 +296,10 @@ def test_save_open_and_refuse_maps(toy, make_window, qtbot, tmp_path, monkeypatc
     assert w2.tabs.currentWidget() is w2.kernels_tab and w2.last_error is None
     assert_grid_shows(w2.kernels_tab, KernelMap.load(saved))
     assert w2.host.worker.runner is None  # opening a map loads no model
+    # its targets, prompts, widths and positions are in the controls: Run map computes it again
+    f2 = w2.kernels_tab.form
+    assert f2.targets.checked() == ["dispatch:3:1.0"] and f2.prompts.checked() == ["list"]
+    assert (f2.widths.text(), f2.positions.value()) == ("1-4", 6)
     assert w2.kernels_tab.form.save_button.isEnabled() and w2.kernels_tab.panel.prescribe_button.isEnabled()
     # File > Open kernel map…
     monkeypatch.setattr("specview.gui.menus.QFileDialog.getOpenFileName", lambda *a, **k: (str(saved), ""))

@@ -7,6 +7,7 @@ Plain widgets that only parse what the user typed; the tab
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QFontDatabase
@@ -231,6 +232,20 @@ class MapForm(QGroupBox):
             bcol.addWidget(b)
         bcol.addStretch(1)
         grid.addLayout(bcol, 0, 3)
+
+    def show_map_settings(self, km: Any) -> None:
+        """Take a map's targets, built-in prompts, widths and positions, so Run map computes it again."""
+        for t in km.targets:
+            self.targets.add(t.target, True)
+        self.targets.set_checked(t.target for t in km.targets)
+        builtin = set(self.prompts.names())
+        names = [p.name for p in km.prompts]
+        if names and all(n in builtin for n in names):
+            self.prompts.set_checked(names)
+        self.targets.touched = True  # the map's targets are the choice now, whatever the Run panel's target
+        self.widths.setText(ranges(km.widths).replace(" ", ""))
+        self.widths_problem()
+        self.positions.setValue(int(km.positions))
 
     def widths_problem(self) -> str | None:
         """Parse the widths; show what is wrong next to the field (and return it), or clear it."""

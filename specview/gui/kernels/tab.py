@@ -283,9 +283,12 @@ class KernelTab(QWidget):
             self.progress.setValue(done)
             self.sigProgress.emit(done, 1000)
         if ev.message:
-            self.progress_text.setText(ev.message)
+            msg = ev.message
+            for prefix in ("kernel map: ", "prescription: "):  # the status line names what runs once
+                msg = msg.removeprefix(prefix)
+            self.progress_text.setText(msg)
             pct = "" if self._fraction is None else f" {100 * self._fraction:.0f}%"
-            self.sigStatus.emit(f"{self.what[4:]}{pct}: {ev.message}")
+            self.sigStatus.emit(f"{self.what[4:]}{pct}: {msg}")
         return True
 
     def on_failed(self, rid: int, message: str, details: str) -> bool:
@@ -316,6 +319,7 @@ class KernelTab(QWidget):
         self.kmap = km
         self.source = Path(source) if source is not None else None
         self.view.setMap(km, source)
+        self.form.show_map_settings(km)
         self.form.save_button.setEnabled(True)
         self.panel.prescribe_button.setEnabled(True)
         self._set_prescription(None)
@@ -414,21 +418,27 @@ class KernelTab(QWidget):
             self.sigVerdict.emit(f"<b>Prescription cancelled</b> after {ev.seconds:.1f} s.", "info", "")
             self.sigBusy.emit(False, f"prescription cancelled after {ev.seconds:.1f} s")
         else:
-            self._set_prescription(ev.prescription)
-            pres = ev.prescription
-            best = next((c for c in pres.lossless if c.measurement and c.measurement.speedup), None)
-            if best is not None:
-                text = (f"<b>Prescription</b>: fastest proven lossless: {html.escape(best.target)} "
-                        f"<code>{html.escape(best.measurement.flags)}</code> at "
-                        f"{best.measurement.speedup:.2f}x vanilla.")
-            else:
-                text = "<b>Prescription</b>: nothing measured is proven lossless here."
-            contradicted = any(c.contradicted for c in pres.lossless)
-            if contradicted:
-                text += " <b>A proven setting was CONTRADICTED by its speed runs</b>: see the panel."
-            self.sigVerdict.emit(text, "bad" if contradicted else "ok" if best is not None else "warn", "")
-            self.sigBusy.emit(False, f"prescription in {ev.seconds:.1f} s")
+            self.show_prescription(ev.prescription)
+            self.sigBusy.emit(False, f"prescription in {ev.seconds:.1f} s; Save prescription… writes it")
         self.sigPrescriptionFinished.emit(ev)
+
+    def show_prescription(self, pres: Any) -> None:
+        """Show a :class:`~specview.core.prescribe.Prescription` in the panel, and its gist in the verdict bar."""
+        self._set_prescription(pres)
+        best = next((c for c in pres.lossless if c.measurement and c.measurement.speedup), None)
+        if best is not None:
+            m = best.measurement
+            text = (f"<b>Prescription</b>: fastest proven lossless: {html.escape(m.target)} "
+                    f"<code>{html.escape(m.flags)}</code> at {m.speedup:.2f}x plain decoding")
+            text += "." if m.speedup >= 1 else (": plain decoding is faster here (the draft costs more than the "
+                                                "verify passes save).")
+            kind = "ok" if m.speedup >= 1 else "warn"
+        else:
+            text, kind = "<b>Prescription</b>: nothing measured is proven lossless here.", "warn"
+        if any(c.contradicted for c in pres.lossless):
+            text += " <b>A proven setting was CONTRADICTED by its speed runs</b>: see the panel."
+            kind = "bad"
+        self.sigVerdict.emit(text, kind, "")
 
     def _set_prescription(self, pres: Any) -> None:
         self.prescription = pres

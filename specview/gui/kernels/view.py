@@ -208,8 +208,8 @@ def _swatch(text: str, colour: str | None, tip: str = "") -> QLabel:
     lab.setTextFormat(Qt.TextFormat.PlainText)
     if colour:
         lab.setStyleSheet(f"background:{colour};color:{INK};padding:2px 6px;border-radius:3px")
-    else:
-        lab.setStyleSheet("padding:2px 2px")
+    else:  # no style sheet: the text follows the theme's palette when it changes
+        lab.setMargin(2)
     lab.setToolTip(tip)
     return lab
 
@@ -290,6 +290,8 @@ class KernelMapView(QWidget):
         # the detail, and room beside it for other panels (the tab puts the prescription there)
         self.bottom = QSplitter(Qt.Orientation.Horizontal)
         self.bottom.setChildrenCollapsible(False)
+        self._split_moved = False  # the user's split is kept; until then the figures get what they need
+        self.bottom.splitterMoved.connect(lambda *_a: setattr(self, "_split_moved", True))
         bottom = QWidget()
         bottom.setObjectName("kernel_detail_panel")
         bl = QVBoxLayout(bottom)
@@ -319,7 +321,6 @@ class KernelMapView(QWidget):
         self.detail.verticalHeader().setMinimumSectionSize(self.fontMetrics().lineSpacing() + 4)
         dh = self.detail.horizontalHeader()
         dh.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        dh.setStretchLastSection(True)
         tips = ("verify width T: the last token plus T-1 drafts", "rows compared at this width",
                 "rows whose every logit equals the single-token row's, bit for bit",
                 "largest |logit difference| over both rows' top-k", "95th percentile of the same",
@@ -379,6 +380,17 @@ class KernelMapView(QWidget):
         if self.kmap is None or width not in self.kmap.widths:
             return None
         return self.table.item(row, list(self.kmap.widths).index(width))
+
+    def _fit_split(self) -> None:
+        """Until the user moves it, the split gives the figures what they need and the panel beside them the rest."""
+        total = sum(self.bottom.sizes())
+        need = self.detail.minimumWidth() + 2
+        if self.bottom.count() > 1 and not self._split_moved and total > need:
+            self.bottom.setSizes([need, total - need])
+
+    def resizeEvent(self, ev) -> None:  # noqa: N802 - Qt name
+        super().resizeEvent(ev)
+        self._fit_split()
 
     # -- drawing ---------------------------------------------------------------
     def _render(self) -> None:
@@ -511,6 +523,7 @@ class KernelMapView(QWidget):
         need = sum(self.detail.columnWidth(c) for c in range(self.detail.columnCount()))
         need += 2 * self.detail.frameWidth() + self.detail.verticalScrollBar().sizeHint().width() + 4
         self.detail.setMinimumWidth(min(need, 760))
+        self._fit_split()
         self.sigTargetSelected.emit(row)
 
 
