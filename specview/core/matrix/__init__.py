@@ -16,6 +16,7 @@ as an axis (``n_max``, ``p_min``: draft-simple cells only; ``flash_attn``).
 * :mod:`.document`  reading a matrix file, every field checked
 * :mod:`.summary`   the grid and the plain-words summary
 * :mod:`.rates`     divergence rates with intervals, fork positions, gap severity
+* :mod:`.evidence`  a cited kernel map: each cell's prediction, the sentences that compare them
 * :mod:`.suite`     the built-in prompt suite as a matrix
 """
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 from ..prompts import PromptSpec, builtin_prompts, prompt_from_file
 from .cells import CellParams, cell_config, cell_record, describe, error_record, expand, model_label
 from .document import SCHEMA, load_matrix, validate_matrix
+from .evidence import contradiction_lines, group_prediction, kernel_lines, prediction_of
 from .rates import format_rates, rates, wilson
 from .run import MatrixRun, fmt_seconds, run_cell, run_matrix
 from .spec import NON_MODEL_DRAFTERS, MatrixError, MatrixSpec, load_spec, spec_from_dict, toml_keys
@@ -36,4 +38,5 @@ __all__ = [
     "expand", "cell_config", "cell_record", "error_record", "describe", "model_label",
     "run_matrix", "run_cell", "fmt_seconds", "validate_matrix", "load_matrix",
     "grid", "summarize", "axis_value_label", "rates", "format_rates", "wilson",
+    "kernel_lines", "contradiction_lines", "group_prediction", "prediction_of",
 ]
