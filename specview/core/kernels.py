@@ -290,7 +290,7 @@ class KernelMap:
             )
         except PromptError as exc:
             raise KernelMapError(str(exc)) from None
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
+        except (KeyError, TypeError, ValueError, IndexError, OverflowError) as exc:  # int(inf): OverflowError
             raise KernelMapError(f"{source}: malformed kernel map ({type(exc).__name__}: {exc})") from None
 
     @classmethod

@@ -77,8 +77,8 @@ def cell(st: WidthStats | None) -> str:
     if st.bit_identical:
         c = "="
     else:
-        d = st.max_delta if st.max_delta == st.max_delta else math.inf
-        c = next(ch for lim, ch in LEVELS if d < lim)
+        d = st.max_delta if st.max_delta == st.max_delta else math.inf  # no figure (NaN): the worst mark
+        c = next((ch for lim, ch in LEVELS if d < lim), LEVELS[-1][1])
     return f" {c}{'!' if st.flips else ' '}"
 
 

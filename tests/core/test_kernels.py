@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -257,3 +258,19 @@ def test_stop_at_difference_answers_the_same_widths_for_less(toy):
             assert b.stopped and b.rows == w < a.rows and b.identical == 0  # one block, then no more
     assert fr[-1] == pytest.approx(1.0)
     assert "stopped at the first difference" in target_table(quick)
+
+
+def test_a_map_without_figures_or_with_infinite_counts_is_read_or_refused_by_name(toy, tmp_path):
+    km = kernel_map(toy, ["dispatch:3:1.0"], PROMPTS[:1], widths=range(1, 5), positions=8, backend="kernels-toy")
+    st = km.targets[0].widths[4]
+    assert not st.bit_identical
+    st.max_delta = math.nan  # a differing width whose shift was not recorded: the heatmap marks it the worst
+    row = next(line for line in km.heatmap().splitlines() if line.startswith("dispatch:3:1.0"))
+    assert row.rstrip().endswith("#!") or row.rstrip().endswith("#")
+    p = km.save(tmp_path / "k.json")
+    raw = json.loads(p.read_text())
+    raw["targets"][0]["prompts"][0]["positions"] = math.inf  # json writes Infinity; int() of it overflows
+    p.write_text(json.dumps(raw))
+    with pytest.raises(KernelMapError, match="malformed kernel map") as info:
+        KernelMap.load(p)
+    assert str(p) in str(info.value)
