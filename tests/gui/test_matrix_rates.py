@@ -165,6 +165,7 @@ def test_the_severity_histogram_stacks_the_planted_gaps_per_bin(qtbot, planted):
     assert list(sev.near.opts["height"]) == [2, 1, 0, 1, 0]
     assert list(sev.material.opts["height"]) == [0, 0, 1, 0, 1]
     assert list(sev.material.opts["y0"]) == [2, 1, 0, 1, 0]  # stacked on the near-ties
+    assert [t.textItem.toPlainText() if t.isVisible() else "" for t in sev.totals] == ["2", "1", "1", "1", "1"]
     ticks = sev.getPlotItem().getAxis("bottom")._tickLevels[0]
     assert [t for _x, t in ticks] == gap_bin_labels() == ["0–0.01", "0.01–0.1", "0.1–0.5", "0.5–2", "≥ 2"]
     # fork positions 3, 10, 40, 41, 100, 200 in bins of 32 tokens (256 / 8)
@@ -176,6 +177,7 @@ def test_the_severity_histogram_stacks_the_planted_gaps_per_bin(qtbot, planted):
     select(panel, 0, "code")
     assert panel.tree.currentItem().text(0) == "code"
     assert sev.near_counts == [0, 0, 0, 1, 0] and sev.material_counts == [0, 0, 0, 0, 1]
+    assert [t.textItem.toPlainText() if t.isVisible() else "" for t in sev.totals] == ["", "", "", "1", "1"]
     assert pos.counts == [0, 0, 0, 1, 0, 0, 1, 0]
     assert "Q4_K_M with Q4_0 n_max=3 p_min=0 · code: 2 of 5 fork" in panel.selection.text()
 

@@ -248,6 +248,7 @@ class SeverityPlot(TimedPlot):
         self.near_counts: list[int] = []
         self.material_counts: list[int] = []
         self.labels: list[str] = []
+        self.totals: list[pg.TextItem] = []  # each bin's count above its bar (made once per bin)
         self.apply_palette(self.palette())
         self.show_empty(True)
 
@@ -264,6 +265,20 @@ class SeverityPlot(TimedPlot):
         for _sample, label in self.legend.items:
             label.setAttr("color", text)
             label.setText(label.text)
+        for t in self.totals:
+            t.setColor(text)
+
+    def _total_labels(self, x: np.ndarray, total: np.ndarray) -> None:
+        while len(self.totals) < len(x):
+            t = pg.TextItem(anchor=(0.5, 1.0), color=self.getPlotItem().getAxis("left").textPen().color())
+            self.getPlotItem().addItem(t, ignoreBounds=True)
+            self.totals.append(t)
+        for i, t in enumerate(self.totals):
+            shown = i < len(x) and total[i] > 0
+            t.setVisible(bool(shown))
+            if shown:
+                t.setText(f"{int(total[i])}")
+                t.setPos(float(x[i]), float(total[i]))
 
     def set_group(self, g: dict[str, Any] | None, labels: list[str]) -> None:
         """Show ``g``'s gap histogram (a setting or category of rates()); the bins labelled ``labels``."""
@@ -277,6 +292,7 @@ class SeverityPlot(TimedPlot):
         self.near.setOpts(x=x, height=near, y0=np.zeros_like(near), pens=bar_pens(near, self._pens["near-tie"]))
         self.material.setOpts(x=x, height=mat, y0=near, pens=bar_pens(mat, self._pens["material"]))
         total = near + mat
+        self._total_labels(x, total)
         if g is None:
             self.set_hint(None)
         elif not g["forks"]:

@@ -228,7 +228,7 @@ class MatrixView(QWidget):
         if compact:
             self.splitter.setSizes([total, self.rates_panel.maximumHeight()])
         else:
-            self.splitter.setSizes([round(total * 0.42), total - round(total * 0.42)])
+            self.splitter.setSizes([round(total * 0.36), total - round(total * 0.36)])
 
     def resizeEvent(self, ev) -> None:  # noqa: N802 - Qt name
         super().resizeEvent(ev)
