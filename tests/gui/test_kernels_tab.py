@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pytest
@@ -28,7 +29,14 @@ from specview.core.prompts import builtin_prompts
 from specview.core.registry import Backend, register_backend, unregister_backend
 from specview.core.session import InProcessBackend, Session
 from specview.gui.kernels import cell_look, is_kernel_map_file, row_claim
-from specview.gui.kernels.view import CONTROL_FAILED, IDENTICAL, INK, RAMP, level, metric_text
+from specview.gui.kernels.view import (
+    CONTROL_FAILED,
+    IDENTICAL,
+    INK,
+    RAMP,
+    level,
+    metric_text,
+)
 
 TOY = "kernels-gui-toy"
 TIMEOUT = 60_000  # ms; every wait ends on a signal
@@ -274,7 +282,7 @@ def test_bad_widths_are_said_next_to_the_field_and_nothing_starts(toy, make_wind
 
 
 def test_save_open_and_refuse_maps(toy, make_window, qtbot, tmp_path, monkeypatch):
-    w, kt = toy_window(make_window)
+    _w, kt = toy_window(make_window)
     choose(kt, targets=["dispatch:3:1.0"], prompts=["list"], widths="1-4", positions=6, stop=True)
     with qtbot.waitSignal(kt.sigMapFinished, timeout=TIMEOUT):
         kt.start()
@@ -309,9 +317,9 @@ def test_save_open_and_refuse_maps(toy, make_window, qtbot, tmp_path, monkeypatc
     # corrupt and foreign files: specview's own words in the window, the map shown stays
     bad = tmp_path / "bad.json"
     for content, words in (('{"schema": "specview.kernels/1", "backend": 3}', "malformed kernel map"),
-                           ('{"schema": "specview.kernels/1", "backend": "x", "widths": [1], "positions": 2, '
-                            '"top_k": 8, "prompts": [], "targets": [{"widths": [{"width": 1, "rows": 2, '
-                            '"identical": 3, "flips": 0}], "prompts": []}]}', "3 identical rows of 2"),
+                           (('{"schema": "specview.kernels/1", "backend": "x", "widths": [1], "positions": 2, '
+                             '"top_k": 8, "prompts": [], "targets": [{"widths": [{"width": 1, "rows": 2, '
+                             '"identical": 3, "flips": 0}], "prompts": []}]}'), "3 identical rows of 2"),
                            ('{"schema": "specview.kernels/1", ', "not valid JSON")):
         bad.write_text(content)
         assert w2.open_trace(bad) is None
@@ -440,3 +448,21 @@ def test_a_real_demo_map_in_the_tab_equals_the_direct_computation(make_window, q
                 (y.rows, y.identical, y.flips, y.below_shift, y.first_difference)
             assert (x.max_delta, x.p95_delta) == (y.max_delta, y.p95_delta)
         assert a.deterministic  # the width-1 control holds on a CPU build at one thread
+
+
+def test_a_prescription_cancels_and_keeps_the_map(toy, make_window, qtbot):
+    w, kt = toy_window(make_window, target="dispatch:5:1.0")
+    choose(kt, targets=["dispatch:5:1.0"], prompts=["essay"], widths="1-6", positions=8)
+    with qtbot.waitSignal(kt.sigMapFinished, timeout=TIMEOUT):
+        kt.start()
+    km = kt.kmap
+    kt.panel.tokens.setValue(400)
+    CountingEngine.delay = 0.002
+    with qtbot.waitSignal(kt.sigProgress, timeout=TIMEOUT):  # the first speed run has started
+        req = kt.prescribe()
+    with qtbot.waitSignal(kt.sigPrescriptionFinished, timeout=TIMEOUT) as blk:
+        w.cancel()  # what Esc does
+        assert req.cancelled
+    assert blk.args[0].cancelled and blk.args[0].prescription is None
+    assert not w.busy and kt.request is None and kt.kmap is km and kt.panel.text.toPlainText() == ""
+    assert "Prescription cancelled" in w.verdict.text()

@@ -278,7 +278,7 @@ class KernelTab(QWidget):
             self.progress.setRange(0, 0)
             self.sigProgress.emit(0, 0)
         else:
-            done = int(round(1000 * self._fraction))
+            done = round(1000 * self._fraction)
             self.progress.setRange(0, 1000)
             self.progress.setValue(done)
             self.sigProgress.emit(done, 1000)

@@ -161,8 +161,8 @@ def cell_details(t: Any, st: Any) -> list[str]:
     what = "the rollback control: the walk's own single-token pass, run again" if w == 1 else (
         f"a verify pass of the last token and {w - 1} draft token{'s' if w > 2 else ''} (n_max {w - 1} and above)")
     lines = [f"{t.label}, width {w}: {what}",
-             f"{st.identical} of {st.rows} rows bit-identical to the single-token rows "
-             f"({100.0 * st.identical_share:.1f}%)"]
+             (f"{st.identical} of {st.rows} rows bit-identical to the single-token rows "
+              f"({100.0 * st.identical_share:.1f}%)")]
     if not st.bit_identical:
         lines.append(f"max |Δlogit| {fmt(st.max_delta)}, p95 |Δlogit| {fmt(st.p95_delta)} (over both rows' top-k)")
         flips = f"{st.flips} argmax flip{'s' if st.flips != 1 else ''}"
