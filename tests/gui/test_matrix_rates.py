@@ -127,9 +127,10 @@ def test_the_table_shows_rates_of_the_document_and_the_planted_counts(qtbot, pla
     assert b[:3] == ["3 / 10", "30.0%", f"{100 * lo:.1f}%–{100 * hi:.1f}%"]
     # forks at 3, 10, 40, 41, 100, 200: median 40.5, quartiles (linear) 17.5 and 85.25
     assert a[3] == "40.5 (17.5–85.25)"
-    assert a[4:] == ["4", "2", "0"] and b[4:] == ["0", "0", "3"]  # near-tie, material, undiagnosed
-    assert a_kids == [("math-reasoning", ["4 / 5", "80.0%", a_kids[0][1][2], "25 (8.25–40.25)", "3", "1", "0"]),
-                      ("code", ["2 / 5", "40.0%", a_kids[1][1][2], "150 (125–175)", "1", "1", "0"])]
+    assert a[4:7] == ["4", "2", "0"] and b[4:7] == ["0", "0", "3"]  # near-tie, material, undiagnosed
+    assert a[7] == b[7] == "" and panel.tree.isColumnHidden(8)  # no kernel map cited: no column
+    assert a_kids == [("math-reasoning", ["4 / 5", "80.0%", a_kids[0][1][2], "25 (8.25–40.25)", "3", "1", "0", ""]),
+                      ("code", ["2 / 5", "40.0%", a_kids[1][1][2], "150 (125–175)", "1", "1", "0", ""])]
     lo, hi = wilson_by_formula(4, 5)
     assert a_kids[0][1][2] == f"{100 * lo:.1f}%–{100 * hi:.1f}%"
     assert [k[1][:2] for k in b_kids] == [["2 / 5", "40.0%"], ["1 / 5", "20.0%"]]
@@ -247,6 +248,31 @@ def test_streamed_cells_update_the_panel(qtbot):
     assert panel.severity_plot.near_counts == [2, 1, 0, 1, 0]
 
 
+def test_a_cited_kernel_map_shows_its_prediction_and_contradictions(qtbot, tmp_path):
+    """Q4_K_M's cells are predicted to differ (its forks agree with that); Q8_0's to be lossless, yet three fork."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtGui import QColor
+
+    from specview.core.verdicts import COLOURS
+
+    doc = empty_doc()
+    doc["cells"] = planted_cells()
+    for c in doc["cells"]:
+        proven = c["params"]["target"] == "demo:Q8_0"
+        c["kernel_prediction"] = {"status": "proven-lossless" if proven else "kernels-differ",
+                                  "target": c["params"]["target"], "n_max": 3, "widths": [1, 2, 3, 4]}
+    view = MatrixView()
+    qtbot.addWidget(view)
+    view.setMatrix(doc)
+    panel = view.rates_panel
+    assert not panel.tree.isColumnHidden(8)
+    a, b = (panel.tree.topLevelItem(i) for i in range(2))
+    assert a.text(8) == "kernels differ: a fork is possible (10 cells)"
+    assert b.text(8) == "proven lossless (10 cells); 3 CONTRADICTIONS"
+    assert b.background(8).color() == QColor(COLOURS["state"]) and a.background(8).style() == Qt.BrushStyle.NoBrush
+    assert "kernel map: proven lossless (10 cells); 3 CONTRADICTIONS" in b.toolTip(0)
+
+
 def test_the_panel_follows_the_theme(qtbot, planted):
     from PySide6.QtGui import QPalette
 
@@ -319,6 +345,34 @@ def test_a_suite_from_the_dialog_is_the_cli_suite(qtbot, cfg):
     dlg.prompt_current.setChecked(True)
     spec = dlg.spec()
     assert [p.text for p in spec.prompts] == [cfg.prompt] and spec.stop_after_fork == 5  # the user's own choice stays
+
+
+KERNEL_MAP = {
+    "schema": "specview.kernels/1", "backend": "llama.cpp", "widths": [1, 2, 3], "positions": 16, "top_k": 8,
+    "prompts": [{"name": "p", "tokens": [1, 2]}], "environment": {},
+    "targets": [{"target": "demo:Q4_K_M", "settings": {"threads": 1}, "model": {}, "threads_used": 1,
+                 "prompts": [{"name": "p", "prompt_tokens": [0, 1, 2], "tokens": [3], "positions": 16}],
+                 "widths": [{"width": w, "rows": 16, "identical": 16, "flips": 0, "max_delta": 0.0, "p95_delta": 0.0}
+                            for w in (1, 2, 3)]}]}
+
+
+def test_the_kernel_map_field_cites_a_map_as_the_cli_does(qtbot, cfg, tmp_path):
+    km = tmp_path / "kernels.json"
+    km.write_text(json.dumps(KERNEL_MAP))
+    dlg = MatrixDialog(cfg, diagnose=True)
+    qtbot.addWidget(dlg)
+    assert dlg.spec().kernel_map is None and "kernel_map" not in dlg.spec().to_json()
+    dlg.prompt_suite.setChecked(True)
+    dlg.kernel_map.setText(str(km))
+    cli = cli_spec("--suite", "--targets", "demo:Q4_K_M", "--drafters", "demo:Q4_0", "--n-max", "3",
+                   "--kernel-map", str(km))
+    assert dlg.spec().kernel_map == str(km) and dlg.spec().to_json() == cli.to_json()
+    ok = dlg.buttons.button(dlg.buttons.StandardButton.Ok)
+    assert ok.isEnabled()
+    dlg.kernel_map.setText(str(tmp_path / "missing.json"))  # refused as the CLI refuses it, naming the file
+    assert "missing.json" in dlg.count.text() and "no such file" in dlg.count.text() and not ok.isEnabled()
+    dlg.kernel_map.clear()
+    assert ok.isEnabled() and dlg.spec().kernel_map is None
 
 
 def test_the_current_prompt_matrix_is_unchanged(qtbot, cfg):

@@ -11,22 +11,27 @@ instead of the current prompt, as ``specview matrix --suite`` does: it starts
 from the setting on screen (its target, drafter and n_max), and cells stop their
 speculative arm :data:`~specview.core.matrix.suite.STOP_AFTER_FORK` tokens after
 their fork unless full texts are asked for; the Matrix tab then shows the
-divergence rates.
+divergence rates.  An optional kernel map file is cited as ``--kernel-map``
+cites it.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 from PySide6.QtWidgets import (
     QButtonGroup,
     QCheckBox,
     QDialog,
     QDialogButtonBox,
+    QFileDialog,
     QGridLayout,
     QGroupBox,
     QHBoxLayout,
     QLabel,
+    QLineEdit,
+    QPushButton,
     QRadioButton,
     QSpinBox,
     QVBoxLayout,
@@ -63,7 +68,7 @@ KEEP = object()
 
 def matrix_spec(cfg: RunConfig, targets: list[str], drafters: list[str], n_max: list[int], *,
                 diagnose: bool = True, suite_categories: list[str] | None | bool = False,
-                stop_after_fork: int | None | object = KEEP) -> MatrixSpec:
+                stop_after_fork: int | None | object = KEEP, kernel_map: str | None = None) -> MatrixSpec:
     """A matrix over ``targets`` x ``drafters`` x ``n_max`` sharing ``cfg``'s prompt and every other setting.
 
     The settings a matrix declares (its axes and the settings its cells share) are taken from ``cfg`` by
@@ -72,7 +77,8 @@ def matrix_spec(cfg: RunConfig, targets: list[str], drafters: list[str], n_max: 
     ``suite_categories`` other than False runs the prompt suite instead of ``cfg``'s prompt: None (or
     True) every category, else the categories listed, as ``specview matrix --suite [CATEGORIES]``; its
     cells then stop :data:`STOP_AFTER_FORK` tokens after their fork unless ``stop_after_fork`` says
-    otherwise (None: full texts).
+    otherwise (None: full texts).  ``kernel_map`` (a ``specview.kernels/1`` file) is cited as
+    ``specview matrix --kernel-map FILE`` cites it: each cell records what the map predicts for it.
     """
     if suite_categories is not False:
         prompts = suite(None if suite_categories in (None, True) else list(suite_categories))
@@ -83,7 +89,7 @@ def matrix_spec(cfg: RunConfig, targets: list[str], drafters: list[str], n_max: 
     kw = {f.name: [get_setting(cfg, f.name)] for f in axis_fields()}
     kw.update({f.name: getattr(cfg, f.name) for f in cell_settings(RunConfig)})
     kw.update(targets=list(targets), drafters=list(drafters), n_max=list(n_max), prompts=prompts,
-              backend=cfg.backend, engine=replace(cfg.engine), diagnose=diagnose)
+              backend=cfg.backend, engine=replace(cfg.engine), diagnose=diagnose, kernel_map=kernel_map or None)
     if stop_after_fork is not KEEP:
         kw["stop_after_fork"] = stop_after_fork
     elif suite_categories is not False and kw.get("stop_after_fork") is None:
@@ -130,6 +136,7 @@ class MatrixDialog(QDialog):
             self.boxes[axis] = row
             lay.addWidget(box)
         lay.addWidget(self._prompt_box())
+        lay.addWidget(self._kernel_map_box())
         self.count = QLabel()
         self.count.setObjectName("matrix_count")
         self.count.setWordWrap(True)
@@ -188,6 +195,31 @@ class MatrixDialog(QDialog):
         self.stop_n.valueChanged.connect(self._update)
         return box
 
+    def _kernel_map_box(self) -> QGroupBox:
+        box = QGroupBox("Kernel map (optional)")
+        bl = QHBoxLayout(box)
+        self.kernel_map = QLineEdit()
+        self.kernel_map.setObjectName("matrix_kernel_map")
+        self.kernel_map.setPlaceholderText("a kernel map file (specview kernels -o FILE): each cell records what it "
+                                           "predicts")
+        self.kernel_map.setToolTip("cite a kernel map, as specview matrix --kernel-map FILE: each cell records "
+                                   "whether the map proves its setting lossless, and the summary names every "
+                                   "contradiction")
+        self.kernel_map.setClearButtonEnabled(True)
+        self.kernel_map.textChanged.connect(self._update)
+        browse = QPushButton("Browse…")
+        browse.setObjectName("matrix_kernel_map_browse")
+        browse.clicked.connect(self._choose_kernel_map)
+        bl.addWidget(self.kernel_map, 1)
+        bl.addWidget(browse)
+        return box
+
+    def _choose_kernel_map(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Cite a specview kernel map", str(Path.cwd()),
+                                              "specview kernel maps (*.json);;All files (*)")
+        if path:
+            self.kernel_map.setText(path)
+
     # -- what was chosen ---------------------------------------------------------------
     def chosen(self, axis: str) -> list:
         return [v for v, c in self.boxes[axis] if c.isChecked()]
@@ -209,7 +241,8 @@ class MatrixDialog(QDialog):
             raise SpecviewError("choose at least one suite category")
         return matrix_spec(self.cfg, self.chosen("targets"), self.chosen("drafters"),
                            [int(n) for n in self.chosen("n_max")], diagnose=self.diagnose, suite_categories=cats,
-                           stop_after_fork=self.stop_after_fork())
+                           stop_after_fork=self.stop_after_fork(),
+                           kernel_map=self.kernel_map.text().strip() or None)
 
     # -- keeping the choices consistent -------------------------------------------------
     def _axis_toggled(self, *_a) -> None:
@@ -260,7 +293,8 @@ class MatrixDialog(QDialog):
         text = f"{n} cell{'s' if n != 1 else ''}"
         if len(spec.prompts) > 1:
             k = n // len(spec.prompts)
-            text += f" ({len(spec.prompts)} prompts × {k} setting{'s' if k != 1 else ''}), {spec.max_tokens} tokens per arm"
+            text += (f" ({len(spec.prompts)} prompts × {k} setting{'s' if k != 1 else ''}), "
+                     f"{spec.max_tokens} tokens per arm")
         if spec.stop_after_fork is not None:
             text += f"; cells stop {spec.stop_after_fork} tokens after their fork"
         if len(spec.prompts) > 1:

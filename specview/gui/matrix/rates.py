@@ -43,6 +43,7 @@ from PySide6.QtWidgets import (
 )
 
 from ...core import verdicts
+from ...core.matrix.evidence import group_prediction_text
 from ...core.matrix.rates import pct, positions_text, rate_text, severity_text
 from ...core.matrix.spec import axis_short, draft_axes, engine_axes
 from ...core.matrix.summary import ALL_AXES, axis_value_label
@@ -53,8 +54,8 @@ from ..plots import TimedPlot, style_plot
 SEVERITY_VERDICT = {"near-tie": "near-tie", "material": "state", "undiagnosed": "diverged"}
 #: the tree's columns
 COLUMNS = ("setting · category", "forks / n", "rate", "95% CI", "fork at: median\n(quartiles)", "near-tie",
-           "material", "undiagnosed")
-COL_FORKS, COL_RATE, COL_CI, COL_POS, COL_NEAR, COL_MATERIAL, COL_UNDIAG = range(1, 8)
+           "material", "undiagnosed", "kernel map")
+COL_FORKS, COL_RATE, COL_CI, COL_POS, COL_NEAR, COL_MATERIAL, COL_UNDIAG, COL_KERNELS = range(1, 9)
 SEVERITY_COLS = {"near-tie": COL_NEAR, "material": COL_MATERIAL, "undiagnosed": COL_UNDIAG}
 KEY_ROLE = Qt.ItemDataRole.UserRole + 2
 
@@ -95,11 +96,16 @@ def ci_cell(g: dict[str, Any]) -> str:
     return "–" if not g["n"] else f"{pct(g['low'])}–{pct(g['high'])}"
 
 
+def kernel_cell(g: dict[str, Any]) -> str:
+    """What a cited kernel map predicted for a setting's cells ("" where the matrix cites none)."""
+    return group_prediction_text(g["kernel_map"]) if isinstance(g.get("kernel_map"), dict) else ""
+
+
 def row_texts(g: dict[str, Any]) -> list[str]:
     """The tree's texts for a setting or category group of :func:`rates` (after its name)."""
     sev = g["severity"]
     return [f"{g['forks']} / {g['n']}", pct(g["rate"]), ci_cell(g), position_cell(g),
-            str(sev["near-tie"]), str(sev["material"]), str(sev["undiagnosed"])]
+            str(sev["near-tie"]), str(sev["material"]), str(sev["undiagnosed"]), kernel_cell(g)]
 
 
 def _part(axis: str, value: Any) -> str:
@@ -428,6 +434,9 @@ class RatesPanel(QWidget):
                                                     "can flip (the diagnosis' far threshold)")
         self.tree.headerItem().setToolTip(COL_MATERIAL, "forks whose gap is above that threshold")
         self.tree.headerItem().setToolTip(COL_UNDIAG, "forks not diagnosed: no gap")
+        self.tree.headerItem().setToolTip(COL_KERNELS, "what the kernel map the matrix cites predicts for the "
+                                                       "setting's cells, and how many of them contradict it")
+        self.tree.setColumnHidden(COL_KERNELS, True)
         self.tree.currentItemChanged.connect(self._current_changed)
         # left: the settings (the tree, and their rates side by side); right: the selected row's histograms
         left = QSplitter(Qt.Orientation.Vertical)
@@ -514,6 +523,7 @@ class RatesPanel(QWidget):
     def _fill_tree(self, settings: list[dict[str, Any]]) -> None:
         """Update the rows in place (selection, expansion and scrolling stay), adding rows for new settings."""
         keys = [setting_key(g) for g in settings]
+        self.tree.setColumnHidden(COL_KERNELS, not any(isinstance(g.get("kernel_map"), dict) for g in settings))
         if list(self._items) != keys[: len(self._items)]:  # a setting went away or moved: lay the tree out again
             self.tree.clear()
             self._items = {}
@@ -562,7 +572,15 @@ class RatesPanel(QWidget):
         item.setText(0, name)
         for col, text in enumerate(row_texts(g), start=1):
             item.setText(col, text)
-            item.setTextAlignment(col, Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+            side = Qt.AlignmentFlag.AlignLeft if col == COL_KERNELS else Qt.AlignmentFlag.AlignRight
+            item.setTextAlignment(col, side | Qt.AlignmentFlag.AlignVCenter)
+        kp = g.get("kernel_map") if isinstance(g.get("kernel_map"), dict) else None
+        if kp is not None and kp.get("contradictions"):  # the map said lossless, yet a cell forked (or the reverse)
+            item.setBackground(COL_KERNELS, QBrush(QColor(verdicts.COLOURS["state"])))
+            item.setForeground(COL_KERNELS, QBrush(QColor(17, 17, 17)))
+        else:
+            item.setBackground(COL_KERNELS, QBrush())
+            item.setForeground(COL_KERNELS, QBrush())
         for sev, col in SEVERITY_COLS.items():
             if g["severity"][sev]:
                 item.setBackground(col, QBrush(QColor(verdicts.COLOURS[SEVERITY_VERDICT[sev]])))
@@ -573,6 +591,8 @@ class RatesPanel(QWidget):
         tip = [f"{full or name}: {rate_text(g)}"]
         if g["forks"]:
             tip += [positions_text(g), "gaps: " + severity_text(g)]
+        if kernel_cell(g):
+            tip.append("kernel map: " + kernel_cell(g))
         if g["errors"]:
             tip.append(f"{g['errors']} cell{'s' if g['errors'] != 1 else ''} failed (not counted)")
         for col in range(len(COLUMNS)):
