@@ -151,6 +151,12 @@ def test_the_rate_plot_draws_each_setting_with_its_wilson_interval(qtbot, plante
         assert o["x"][i] + o["right"][i] == pytest.approx(100 * hi)
     # the two intervals overlap (31.3%-83.2% and 10.8%-60.3%): both bars cover 40-60%
     assert o["x"][0] - o["left"][0] < o["x"][1] + o["right"][1]
+    # the selected setting is ringed; a click on another row of the plot selects it in the tree
+    assert list(plot.selected.getData()[0]) == pytest.approx([60.0])
+    plot.sigRowClicked.emit(1)
+    assert view.rates_panel.tree.currentItem().text(0) == "Q8_0"
+    assert list(plot.selected.getData()[0]) == pytest.approx([30.0])
+    assert view.rates_panel.severity_plot.empty  # Q8_0's forks have no gap
 
 
 def test_the_severity_histogram_stacks_the_planted_gaps_per_bin(qtbot, planted):

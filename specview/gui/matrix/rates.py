@@ -172,6 +172,8 @@ class RatePlot(TimedPlot):
         self.low: list[float] = []
         self.high: list[float] = []
         self.labels: list[str] = []
+        self.index: list[int] = []  # each row's index in rates()["settings"]
+        self.y = np.zeros(0)
         self.apply_palette(self.palette())
         self.scene().sigMouseClicked.connect(self._clicked)
         self.show_empty(True)
@@ -216,7 +218,7 @@ class RatePlot(TimedPlot):
 
     def mark(self, index: int | None) -> None:
         """Ring the setting at ``index`` of rates()["settings"] (None: none)."""
-        if index is None or index not in getattr(self, "index", []):
+        if index is None or index not in self.index:
             self.selected.setData(x=[], y=[])
             return
         i = self.index.index(index)
