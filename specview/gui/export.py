@@ -121,9 +121,12 @@ def trace_plots(trace: Any) -> dict[str, bytes]:
     return plots
 
 
-def write_trace_report(trace: Any, folder: str | os.PathLike[str]) -> dict[str, Path]:
-    """Write the HTML and Markdown report of ``trace`` into ``folder``, with the plots drawn here."""
+def write_trace_report(trace: Any, folder: str | os.PathLike[str], *, kernel_map: Any = None) -> dict[str, Path]:
+    """Write the HTML and Markdown report of ``trace`` into ``folder``, with the plots drawn here.
+
+    ``kernel_map`` (a map file or a KernelMap) adds the map's prediction for the run.
+    """
     from ..core.report.write import write_report
 
-    return write_report(trace, folder, plots=trace_plots)
+    return write_report(trace, folder, plots=trace_plots, kernel_map=kernel_map)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import json
 import math
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -179,9 +180,40 @@ def backend_failure(diag: dict | None) -> str | None:
             "(<code>specview check</code> repeats the comparison).")
 
 
+def kernel_line(pred: Any, trace: Trace) -> tuple[str, bool]:
+    """(rich text, contradiction?) of what the kernel map shown in the app says about ``trace``'s run.
+
+    ``pred`` is a :class:`~specview.core.kernel_evidence.KernelPrediction`.  A fork
+    in a run the map proves lossless contradicts it: that line is the loud one.
+    """
+    from ..core.kernel_evidence import DIFFER, NOT_COVERED, NOT_DETERMINISTIC, contradiction_text
+
+    e = html.escape
+    c = trace.comparison
+    name = e(Path(pred.map_file).name) if pred.map_file else "the kernel map shown"
+    if pred.contradicts(c.identical):
+        fm = c.first_mismatch
+        text = contradiction_text(pred, where="this run", fork=fm.index if fm else None,
+                                  pieces=(fm.vanilla_piece, fm.speculative_piece) if fm else None)
+        return f"<b>Kernel map {name}</b>: {e(text)}", True
+    if pred.status == NOT_COVERED:
+        return f"<i>Kernel map {name}: {e(pred.reason or pred.words)}.</i>", False
+    if pred.status == NOT_DETERMINISTIC:
+        return f"Kernel map {name}: {e(pred.reason or pred.words)}.", False
+    tail = ""
+    if pred.status == DIFFER:
+        tail = (" This fork is what those kernels make possible." if not c.identical else
+                " This run stayed identical, but another prompt may fork.")
+    else:
+        tail = " This run is identical, as the map predicts."
+    caveats = f" Caveat: {e('; '.join(pred.caveats))}." if pred.caveats else ""
+    return f"Kernel map {name}: {e(pred.text())}.{tail}{caveats}", False
+
+
 def trace_verdict(trace: Trace, *, cancelled: bool = False, diagnosis_error: str | None = None,
-                  diag_note: str = "", n_diffs: int = 0, other_quants: list[str] | None = None) -> tuple[str, str]:
-    """(rich text, kind) of a finished or opened trace."""
+                  diag_note: str = "", n_diffs: int = 0, other_quants: list[str] | None = None,
+                  kernel: Any = None) -> tuple[str, str]:
+    """(rich text, kind) of a finished or opened trace; ``kernel``: the kernel map's prediction for its run."""
     v, s, c = trace.vanilla, trace.speculative, trace.comparison
     fm = c.first_mismatch
     diag = trace.diagnosis if isinstance(trace.diagnosis, dict) else None
@@ -229,6 +261,11 @@ def trace_verdict(trace: Trace, *, cancelled: bool = False, diagnosis_error: str
             parts.append(f"<i>{html.escape(expl.strip())}</i>")
         elif diag_note:
             parts.append(f"<i>diagnosis: {html.escape(diag_note)}</i>")
+    if kernel is not None and not cancelled:
+        line, contradiction = kernel_line(kernel, trace)
+        parts.append(line)
+        if contradiction:
+            kind = "bad"
     return "<br>".join(parts), kind
 
 

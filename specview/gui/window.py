@@ -61,6 +61,7 @@ class MainWindow(QMainWindow):
         self.prompts = {p.name: p.text or "" for p in builtin_prompts()}
         self.host = worker_host or WorkerHost(parent=self)
         self.trace: Trace | None = None
+        self._trace_verdict: dict[str, Any] = {}  # how the trace on screen was shown (cancelled, ...)
         self.request: RunRequest | None = None
         self.busy = False
         self.last_finished: RunFinished | None = None
@@ -120,6 +121,7 @@ class MainWindow(QMainWindow):
         self.kernels_tab = kt = KernelTab(self.host, self.build_config)
         self.tabs.addTab(kt, "Kernel map")
         self.tabs.setTabToolTip(2, KERNELS_TIP)
+        self.tabs.currentChanged.connect(self._tab_changed)
         lay.addWidget(self.tabs, 1)
         self.setCentralWidget(central)
         self.live = LiveView(self.panes, self.margin_plot, self.acceptance, self)
@@ -484,8 +486,8 @@ class MainWindow(QMainWindow):
         from .export import write_trace_report
 
         self._set_status(f"writing the report into {folder}…")
-        try:
-            written = write_trace_report(self.trace, folder)
+        try:  # the kernel map in its tab joins the report when it covers this run
+            written = write_trace_report(self.trace, folder, kernel_map=self.kernels_tab.map_for_report(self.trace))
         except (SpecviewError, OSError) as exc:
             self.show_error(f"{folder}: could not write the report ({exc})")
             return None
@@ -529,13 +531,31 @@ class MainWindow(QMainWindow):
         self.act_export.setEnabled(True)
         self.live.live.pending = {"vanilla": [], "speculative": []}
         note = self.side.show_trace(trace)
-        others = [c.path for c in self.target.choices if c.exists]
-        text, kind = trace_verdict(trace, cancelled=cancelled, diagnosis_error=diagnosis_error, diag_note=note,
-                                   n_diffs=len(self.side.diffs), other_quants=others)
-        self.verdict.show_text(text, kind)
-        self.verdict.setToolTip(diagnosis_tooltip(trace.diagnosis if isinstance(trace.diagnosis, dict) else None))
+        self._trace_verdict = dict(cancelled=cancelled, diagnosis_error=diagnosis_error, diag_note=note)
+        self.show_trace_verdict()
         self.speed.setText(speed_text(trace))
         self.sigTraceShown.emit(trace)
+
+    def show_trace_verdict(self) -> None:
+        """The verdict bar for the trace on screen, with what the kernel map in its tab says about that run."""
+        trace = self.trace
+        if trace is None:
+            return
+        others = [c.path for c in self.target.choices if c.exists]
+        text, kind = trace_verdict(trace, n_diffs=len(self.side.diffs), other_quants=others,
+                                   kernel=self.kernels_tab.prediction_for(trace), **self._trace_verdict)
+        self.verdict.show_text(text, kind)
+        self.verdict.setToolTip(diagnosis_tooltip(trace.diagnosis if isinstance(trace.diagnosis, dict) else None))
+
+    def _tab_changed(self, _index: int) -> None:
+        """The verdict bar speaks of the tab in front: its run, matrix or map (not while that tab's job streams)."""
+        w = self.tabs.currentWidget()
+        if w is self.side and not (self.busy and self.request is not None):
+            self.show_trace_verdict()
+        elif w is self.matrix_tab and self.matrix_tab.doc and self.matrix_tab.request is None:
+            self.matrix_tab.show_verdict(str(self.matrix_tab.source or ""))
+        elif w is self.kernels_tab and self.kernels_tab.request is None:
+            self.kernels_tab.show_verdict()
 
     def show_error(self, message: str, details: str = "") -> None:
         """Show an error in the verdict bar (the window stays usable)."""

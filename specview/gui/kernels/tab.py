@@ -81,6 +81,24 @@ def map_verdict(km: KernelMap) -> tuple[str, str]:
     return text, kind
 
 
+def prescription_verdict(pres: Any) -> tuple[str, str]:
+    """(rich text, kind) of a prescription: the fastest proven-lossless setting, and any contradiction."""
+    best = next((c for c in pres.lossless if c.measurement and c.measurement.speedup), None)
+    if best is not None:
+        m = best.measurement
+        text = (f"<b>Prescription</b>: fastest proven lossless: {html.escape(m.target)} "
+                f"<code>{html.escape(m.flags)}</code> at {m.speedup:.2f}x plain decoding")
+        text += "." if m.speedup >= 1 else (": plain decoding is faster here (the draft costs more than the "
+                                            "verify passes save).")
+        kind = "ok" if m.speedup >= 1 else "warn"
+    else:
+        text, kind = "<b>Prescription</b>: nothing measured is proven lossless here.", "warn"
+    if any(c.contradicted for c in pres.lossless):
+        text += " <b>A proven setting was CONTRADICTED by its speed runs</b>: see the panel."
+        kind = "bad"
+    return text, kind
+
+
 class KernelTab(QWidget):
     """The Kernel map tab: its controls, the heat grid with its detail, and the prescription panel."""
 
@@ -314,6 +332,32 @@ class KernelTab(QWidget):
             self.sigBusy.emit(False, f"kernel map computed in {ev.seconds:.1f} s; Save map… writes it")
         self.sigMapFinished.emit(ev)
 
+    # ------------------------------------------------------------ what the map says of a run
+    def prediction_for(self, trace: Any) -> Any:
+        """What the map shown predicts for ``trace``'s run (a KernelPrediction), or None without a map."""
+        if self.kmap is None:
+            return None
+        from ...core.kernel_evidence import predict_trace
+
+        return predict_trace(self.kmap, trace, map_file=self.source)
+
+    def map_for_report(self, trace: Any) -> Any:
+        """The map to put in ``trace``'s report (its file, else the map): only one that covers the run."""
+        from ...core.kernel_evidence import NOT_COVERED
+
+        pred = self.prediction_for(trace)
+        if pred is None or pred.status == NOT_COVERED:
+            return None
+        return str(self.source) if self.source is not None else self.kmap
+
+    def show_verdict(self) -> None:
+        """The verdict bar for what the tab shows: its prescription, else its map (nothing without one)."""
+        if self.prescription is not None:
+            self.sigVerdict.emit(*prescription_verdict(self.prescription), "")
+        elif self.kmap is not None:
+            text, kind = map_verdict(self.kmap)
+            self.sigVerdict.emit(text, kind, str(self.source or ""))
+
     # ------------------------------------------------------------ showing, opening, saving
     def show_map(self, km: KernelMap, source: str | os.PathLike[str] | None) -> None:
         self.kmap = km
@@ -425,19 +469,7 @@ class KernelTab(QWidget):
     def show_prescription(self, pres: Any) -> None:
         """Show a :class:`~specview.core.prescribe.Prescription` in the panel, and its gist in the verdict bar."""
         self._set_prescription(pres)
-        best = next((c for c in pres.lossless if c.measurement and c.measurement.speedup), None)
-        if best is not None:
-            m = best.measurement
-            text = (f"<b>Prescription</b>: fastest proven lossless: {html.escape(m.target)} "
-                    f"<code>{html.escape(m.flags)}</code> at {m.speedup:.2f}x plain decoding")
-            text += "." if m.speedup >= 1 else (": plain decoding is faster here (the draft costs more than the "
-                                                "verify passes save).")
-            kind = "ok" if m.speedup >= 1 else "warn"
-        else:
-            text, kind = "<b>Prescription</b>: nothing measured is proven lossless here.", "warn"
-        if any(c.contradicted for c in pres.lossless):
-            text += " <b>A proven setting was CONTRADICTED by its speed runs</b>: see the panel."
-            kind = "bad"
+        text, kind = prescription_verdict(pres)
         self.sigVerdict.emit(text, kind, "")
 
     def _set_prescription(self, pres: Any) -> None:
