@@ -431,3 +431,28 @@ def test_report_without_qt_writes_no_plots_and_says_so(tmp_path: Path, monkeypat
     assert "no plots" in err and len(err.strip().splitlines()) == 1
     assert not list((tmp_path / "r").glob("*.png"))
     check_html((tmp_path / "r" / "report.html").read_text(encoding="utf-8"))
+
+
+def test_a_broken_backend_is_said_before_the_fork_in_both_reports():
+    from specview.core.reference import problems_of
+
+    t = hostile_trace()
+    totals = {"kl_mean": 3.1, "same_top1": 0.4, "non_finite": 0}
+    problems = problems_of(totals)
+    t.diagnosis["reference"] = {"kind": "gpu", "test_label": "GPU (-ngl 99) <b>", "reference_label": "CPU (-ngl 0)",
+                                "totals": totals, "ok": False, "problems": problems}
+    md = trace_markdown(t, {})
+    check_markdown(md)
+    warn = next(line for line in md.splitlines() if "BACKEND CHECK FAILED" in line)
+    assert warn.startswith("> **⚠ BACKEND CHECK FAILED") and "3.1 nats is above the limit 0.01" in warn
+    assert md.index("BACKEND CHECK FAILED") < md.index("### The fork")
+    assert md.index("BACKEND CHECK FAILED") < md.index("One token per pass picks")
+    page = trace_html(t, {})
+    check_html(page, bold=2)
+    assert page.index("BACKEND CHECK FAILED") < page.index("The fork, token")
+    assert "&lt;b&gt;" in page and "GPU (-ngl 99) <b>" not in page
+    # and a sane backend is one row of the facts, with no warning
+    t.diagnosis["reference"] = dict(t.diagnosis["reference"], ok=True, problems=[],
+                                    totals={"kl_mean": 0.0, "same_top1": 1.0, "non_finite": 0})
+    md = trace_markdown(t, {})
+    assert "BACKEND CHECK FAILED" not in md and "| backend check |" in md

@@ -48,6 +48,16 @@ def _step(arm: Any, i: int | None) -> Any:
     return arm.steps[i] if i is not None and i < len(arm.steps) else None
 
 
+def backend_warning(trace: Any) -> str | None:
+    """The diagnosis' backend check when it found this build broken (the report says it before the fork), else None."""
+    from ..diagnose import reference_line
+
+    ref = obj(obj(trace.diagnosis).get("reference"))
+    if ref.get("ok") is not False:
+        return None
+    return reference_line(ref)
+
+
 def verdict_facts(trace: Any) -> list[tuple[str, str]]:
     """(label, value) rows: the verdict and the numbers behind it."""
     c, v, s = trace.comparison, trace.vanilla, trace.speculative
@@ -92,6 +102,11 @@ def verdict_facts(trace: Any) -> list[tuple[str, str]]:
             rows.append((f"vanilla positions at risk (margin below {fmt(th.get('at_risk'))})", str(len(d["at_risk"]))))
         if d.get("rule"):
             rows.append(("rule", text(d["rule"])))
+        ref = obj(d.get("reference"))
+        if ref:
+            from ..diagnose import reference_line
+
+            rows.append(("backend check", text(reference_line(ref)).replace("backend check  ", "", 1)))
     elif not c.identical:
         rows.append(("diagnosis", "not run (specview run --diagnose explains the fork)"))
     return rows
