@@ -389,8 +389,9 @@ class ModelWorker(QObject):
 
         return text, fraction
 
-    @Slot(object)
-    def kernel_map(self, req: KernelMapRequest) -> None:
+    def _job(self, req: Any, work: Any, finished: Any, signal: Any) -> None:
+        """Run ``work(text, fraction)`` for ``req``; emit ``finished(id, result, cancelled, seconds)`` on
+        ``signal`` (the result None when the job was cancelled), or the failure."""
         if req.cancelled:
             return
         self._current_id = req.id
@@ -398,34 +399,34 @@ class ModelWorker(QObject):
         t0 = time.perf_counter()
         try:
             from ..core.errors import Cancelled
-            from ..core.kernels import kernel_map
 
             text, fraction = self._fraction_reporter(req.id)
             try:
-                kmap = kernel_map(self._session_for(req.backend), req.targets, req.prompts, req.widths,
-                                  req.positions, req.settings, backend=req.backend, progress=text,
-                                  cancel=req.cancel_event.is_set, on_fraction=fraction,
-                                  stop_at_difference=req.stop_at_difference)
+                result = work(text, fraction)
             except Cancelled:
-                kmap = None
-            self.sigKernelMapFinished.emit(KernelMapFinished(req.id, kmap, kmap is None, time.perf_counter() - t0))
+                result = None
+            signal.emit(finished(req.id, result, result is None, time.perf_counter() - t0))
         except BaseException as exc:  # noqa: BLE001 - every failure becomes a message
             self._fail(req.id, exc)
         finally:
             self.busy = False
 
     @Slot(object)
+    def kernel_map(self, req: KernelMapRequest) -> None:
+        def work(text: Any, fraction: Any) -> Any:
+            from ..core.kernels import kernel_map
+
+            return kernel_map(self._session_for(req.backend), req.targets, req.prompts, req.widths, req.positions,
+                              req.settings, backend=req.backend, progress=text, cancel=req.cancel_event.is_set,
+                              on_fraction=fraction, stop_at_difference=req.stop_at_difference)
+
+        self._job(req, work, KernelMapFinished, self.sigKernelMapFinished)
+
+    @Slot(object)
     def prescribe(self, req: PrescriptionRequest) -> None:
-        if req.cancelled:
-            return
-        self._current_id = req.id
-        self.busy = True
-        t0 = time.perf_counter()
-        try:
-            from ..core.errors import Cancelled
+        def work(text: Any, _fraction: Any) -> Any:
             from ..core.prescribe import prescribe
 
-            text, _fraction = self._fraction_reporter(req.id)
             kw: dict[str, Any] = {}
             if req.candidates is not None:
                 kw["candidates"] = req.candidates
@@ -438,17 +439,9 @@ class ModelWorker(QObject):
                 raise BackendUnavailable(f"the prescription runs both arms in this process, on the engine the map "
                                          f"was made with ({req.kmap.backend}), and that engine does not; map and "
                                          "prescribe with llama.cpp or mlx")
-            try:
-                pres = prescribe(session, req.kmap, draft=req.draft, progress=text, cancel=req.cancel_event.is_set,
-                                 **kw)
-            except Cancelled:
-                pres = None
-            self.sigPrescriptionFinished.emit(PrescriptionFinished(req.id, pres, pres is None,
-                                                                   time.perf_counter() - t0))
-        except BaseException as exc:  # noqa: BLE001 - every failure becomes a message
-            self._fail(req.id, exc)
-        finally:
-            self.busy = False
+            return prescribe(session, req.kmap, draft=req.draft, progress=text, cancel=req.cancel_event.is_set, **kw)
+
+        self._job(req, work, PrescriptionFinished, self.sigPrescriptionFinished)
 
     @Slot()
     def shutdown(self) -> None:

@@ -53,13 +53,14 @@ class Grid:
     at: dict[tuple[tuple, tuple], dict[str, Any]]
 
     def row_label(self, row: tuple) -> str:
-        return " · ".join(_part(a, v) for a, v in zip(self.row_axes, row)) or "all"
+        return " · ".join(axis_part(a, v) for a, v in zip(self.row_axes, row)) or "all"
 
     def col_label(self, col: tuple) -> str:
-        return " ".join(_part(a, v) for a, v in zip(self.col_axes, col) if v is not None) or "all"
+        return " ".join(axis_part(a, v) for a, v in zip(self.col_axes, col) if v is not None) or "all"
 
 
-def _part(axis: str, value: Any) -> str:
+def axis_part(axis: str, value: Any) -> str:
+    """One axis value as a setting's label shows it: ``n_max=3``, ``fa=on``, or the value alone."""
     label = axis_value_label(axis, value)
     if axis in draft_axes():
         return f"{axis}={label}"
@@ -263,8 +264,8 @@ def _determinants(ok: Sequence[dict[str, Any]], axes: Sequence[str] = ALL_AXES) 
 def _setting_label(params: dict[str, Any]) -> str:
     """A cell's setting without its prompt: ``Q8_0 with Q4_0 n_max=1 p_min=0`` (engine axes where not default)."""
     p = CellParams.from_json(params)
-    d = " ".join(_part(a, getattr(p, a)) for a in ("drafter", *draft_axes()) if getattr(p, a) is not None)
-    eng = "".join(f" {_part(a, getattr(p, a))}" for a in engine_axes() if getattr(p, a) != _DEFAULTS[a])
+    d = " ".join(axis_part(a, getattr(p, a)) for a in ("drafter", *draft_axes()) if getattr(p, a) is not None)
+    eng = "".join(f" {axis_part(a, getattr(p, a))}" for a in engine_axes() if getattr(p, a) != _DEFAULTS[a])
     return f"{model_label(p.target)} with {d}{eng}"
 
 

@@ -45,8 +45,8 @@ from PySide6.QtWidgets import (
 from ...core import verdicts
 from ...core.matrix.evidence import group_prediction_text
 from ...core.matrix.rates import pct, positions_text, rate_text, severity_text
-from ...core.matrix.spec import axis_short, draft_axes, engine_axes
-from ...core.matrix.summary import ALL_AXES, axis_value_label
+from ...core.matrix.spec import engine_axes
+from ...core.matrix.summary import ALL_AXES, axis_part
 from ..panes import blend, is_dark
 from ..plots import TimedPlot, style_plot
 
@@ -108,15 +108,6 @@ def row_texts(g: dict[str, Any]) -> list[str]:
             str(sev["near-tie"]), str(sev["material"]), str(sev["undiagnosed"]), kernel_cell(g)]
 
 
-def _part(axis: str, value: Any) -> str:
-    label = axis_value_label(axis, value)
-    if axis in draft_axes():
-        return f"{axis}={label}"
-    if axis in engine_axes():
-        return f"{axis_short(axis)}={label}"
-    return label
-
-
 def setting_names(settings: list[dict[str, Any]]) -> tuple[list[str], str]:
     """Short names of the settings (only the axes that differ between them) and what they all share.
 
@@ -129,9 +120,9 @@ def setting_names(settings: list[dict[str, Any]]) -> tuple[list[str], str]:
     varying = [a for a in axes if len({repr(p.get(a)) for p in params}) > 1]
     if not varying:
         return [g["label"] for g in settings], ""
-    names = [" ".join(_part(a, p.get(a)) for a in varying if p.get(a) is not None) or g["label"]
+    names = [" ".join(axis_part(a, p.get(a)) for a in varying if p.get(a) is not None) or g["label"]
              for p, g in zip(params, settings)]
-    shared = [_part(a, params[0].get(a)) for a in axes if a not in varying and params[0].get(a) is not None
+    shared = [axis_part(a, params[0].get(a)) for a in axes if a not in varying and params[0].get(a) is not None
               and a not in engine_axes()]
     return names, " ".join(shared)
 
