@@ -56,6 +56,20 @@ def read_json(path: str | os.PathLike[str], error: type[SpecviewError] = Specvie
     return d
 
 
+def declares_schema(path: str | os.PathLike[str], family: str) -> bool:
+    """True when a JSON file's first bytes name a ``family/...`` schema (specview writes its ``schema`` key first).
+
+    For choosing how to open a file without reading all of it; a file that says
+    so is still validated in full when it is read.
+    """
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(512)
+    except OSError:
+        return False
+    return f'"{family}/'.encode() in head
+
+
 def json_depth(obj: Any, *, limit: int = MAX_DEPTH) -> int:
     """Nesting depth of parsed JSON (a scalar is 0), counted without recursion; stops past ``limit``."""
     level = [obj] if type(obj) in _CONTAINERS else []

@@ -33,6 +33,7 @@ from PySide6.QtWidgets import (
 from ...core.config import RunConfig
 from ...core.demo import is_demo_name
 from ...core.errors import SpecviewError
+from ...core.jsonfile import declares_schema
 from ...core.kernels import KernelMap
 from ...core.kernels_text import parse_widths, ranges, settings_label
 from ...core.prompts import builtin_prompts
@@ -55,12 +56,7 @@ TAB_TIP = ("the kernel map: which verify widths this build computes bit-identica
 
 def is_kernel_map_file(path: str | os.PathLike[str]) -> bool:
     """True for a ``specview.kernels/...`` JSON file (its schema key comes first), read from its first bytes only."""
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(512)
-    except OSError:
-        return False
-    return b'"specview.kernels/' in head
+    return declares_schema(path, "specview.kernels")
 
 
 def map_verdict(km: KernelMap) -> tuple[str, str]:

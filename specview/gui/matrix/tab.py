@@ -17,6 +17,7 @@ from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QFileDialog, QWidget
 
 from ...core.errors import SpecviewError
+from ...core.jsonfile import declares_schema
 from ..controls import engine_problem
 from ..verdict_bar import matrix_verdict
 from ..worker import MatrixCell, MatrixFinished, MatrixRequest, WorkerHost
@@ -129,9 +130,4 @@ class MatrixTab(MatrixView):
 
 def is_matrix_file(path: str | os.PathLike[str]) -> bool:
     """True for a ``specview.matrix/...`` JSON file (its schema key comes first), read from its first bytes only."""
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(512)
-    except OSError:
-        return False
-    return b'"specview.matrix/' in head
+    return declares_schema(path, "specview.matrix")
