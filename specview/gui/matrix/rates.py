@@ -227,18 +227,27 @@ class RatePlot(TimedPlot):
             self.sigRowClicked.emit(self.index[i])
 
 
-class SeverityPlot(TimedPlot):
-    """Near-tie and material forks stacked per gap bin of the selected setting or category."""
+class _CountPlot(TimedPlot):
+    """A fixed plot of fork counts (no panning, no menu), named for tests and styles."""
 
-    def __init__(self, parent: QWidget | None = None):
-        super().__init__(parent, hint="Select a setting: the gaps at its forks appear here.")
-        self.setObjectName("severity_plot")
+    def __init__(self, parent: QWidget | None, *, name: str, bottom: str, hint: str):
+        super().__init__(parent, hint=hint)
+        self.setObjectName(name)
         pi = self.getPlotItem()
-        pi.setLabel("bottom", "top-1/top-2 gap at the fork (logits)")
+        pi.setLabel("bottom", bottom)
         pi.setLabel("left", "forks")
         pi.setMouseEnabled(x=False, y=False)
         pi.hideButtons()
         pi.setMenuEnabled(False)
+
+
+class SeverityPlot(_CountPlot):
+    """Near-tie and material forks stacked per gap bin of the selected setting or category."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent, name="severity_plot", bottom="top-1/top-2 gap at the fork (logits)",
+                         hint="Select a setting: the gaps at its forks appear here.")
+        pi = self.getPlotItem()
         self.legend = pi.addLegend(offset=(-6, 4), labelTextSize="8pt")
         self.near = pg.BarGraphItem(x=[], height=[], width=0.7, name="near-tie")
         self.material = pg.BarGraphItem(x=[], height=[], y0=[], width=0.7, name="material")
@@ -314,18 +323,13 @@ class SeverityPlot(TimedPlot):
         self.setTitle(title, size="9pt")
 
 
-class PositionPlot(TimedPlot):
+class PositionPlot(_CountPlot):
     """Where the forks of the selected setting or category fall: a histogram over the run, median and quartiles."""
 
     def __init__(self, parent: QWidget | None = None):
-        super().__init__(parent, hint="Select a setting: where its forks fall appears here.")
-        self.setObjectName("position_plot")
+        super().__init__(parent, name="position_plot", bottom="token index of the fork",
+                         hint="Select a setting: where its forks fall appears here.")
         pi = self.getPlotItem()
-        pi.setLabel("bottom", "token index of the fork")
-        pi.setLabel("left", "forks")
-        pi.setMouseEnabled(x=False, y=False)
-        pi.hideButtons()
-        pi.setMenuEnabled(False)
         self.bars = pg.BarGraphItem(x0=[], height=[], width=1)
         pi.addItem(self.bars)
         self.median = pg.InfiniteLine(angle=90, movable=False, label="median",
