@@ -82,6 +82,18 @@ def cell(st: WidthStats | None) -> str:
     return f" {c}{'!' if st.flips else ' '}"
 
 
+def width_note(w: int, st: WidthStats) -> str:
+    """What one width's row of the table says beside its figures: bit-identical, the control, stopped early."""
+    note = ""
+    if st.bit_identical:
+        note = "= single-token" if w > 1 else "= control (the same pass after a rollback)"
+    elif w == 1:
+        note = "control failed: not deterministic"
+    if st.stopped:
+        note += (" " if note else "") + "(stopped at the first difference)"
+    return note
+
+
 def heatmap(km: KernelMap) -> str:
     labels = [t.label for t in km.targets]
     lw = max([len(x) for x in labels] + [6])
@@ -136,13 +148,8 @@ def target_table(t: TargetMap) -> str:
     for w in sorted(t.widths):
         st = t.widths[w]
         share = f"{st.identical} ({100.0 * st.identical_share:.1f}%)"
-        mark = ""
-        if st.bit_identical:
-            mark = "  = single-token" if w > 1 else "  = control (the same pass after a rollback)"
-        elif w == 1:
-            mark = "  ! control failed: not deterministic"
-        if st.stopped:
-            mark += "  (stopped at the first difference)"
+        note = width_note(w, st)
+        mark = ("  ! " + note if w == 1 and not st.bit_identical else "  " + note) if note else ""
         lines.append(f"  {w:>5} {st.rows:>6} {share:>16} {_num(st.max_delta):>9} {_num(st.p95_delta):>9} "
                      f"{st.flips:>6} {st.below_shift:>14}{mark}")
     lines.append("  " + verdict_line(t))

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from ..kernel_evidence import (DIFFER, NOT_COVERED, NOT_DETERMINISTIC, PROVEN, STATUS_WORDS, KernelPrediction,
                                citation_text, contradiction_text, predict_trace)
-from ..kernels_text import LEGEND, LEVELS, ranges, settings_label, verdict_line
+from ..kernels_text import LEGEND, LEVELS, ranges, settings_label, verdict_line, width_note
 from ..verdicts import WORDS
 from .escape import text
 from .facts import obj
@@ -41,13 +41,7 @@ def width_rows(t: Any) -> list[list[str]]:
     out = []
     for w in sorted(t.widths):
         st = t.widths[w]
-        note = ""
-        if st.bit_identical:
-            note = "= single-token" if w > 1 else "= control (the same pass after a rollback)"
-        elif w == 1:
-            note = "control failed: not deterministic"
-        if st.stopped:
-            note += (" " if note else "") + "(stopped at the first difference)"
+        note = width_note(w, st)
         share = f"{st.identical} ({100.0 * st.identical_share:.1f}%)"
         out.append([text(w), text(st.rows), share, _num(st.max_delta), _num(st.p95_delta), text(st.flips),
                     text(st.below_shift), note])
