@@ -13,6 +13,9 @@
   model files are :class:`FaultyEngine` contexts.
 * :class:`BrokenBackend` -- fake engines whose GPU side (or all-threads side)
   computes garbage: what the backend check must flag.
+* :class:`KernelToy` -- models named ``dispatch:WIDE:EPS`` (:class:`DispatchToy`, a
+  planted kernel switch at width WIDE) or ``noisy`` (:class:`Noisy` engines: fresh
+  noise on every pass), for the kernel map.
 """
 
 from __future__ import annotations
@@ -58,6 +61,20 @@ class ToyModel:
             out.append(t)
             seq.append(t)
         return out
+
+
+class DispatchToy(ToyModel):
+    """Rows of a pass at least ``wide`` tokens wide are off by ``eps``: a kernel switch at that width."""
+
+    def __init__(self, wide: int, eps: float, seed: int = 0):
+        super().__init__(seed)
+        self.wide, self.eps = wide, eps
+
+    def logits(self, prefix: Sequence[int], T: int = 1) -> np.ndarray:
+        row = ToyModel.logits(self, prefix, 1)
+        if T >= self.wide:
+            row = row + np.float32(self.eps) * np.cos(np.arange(N_VOCAB) * (T + len(prefix))).astype(np.float32)
+        return row.astype(np.float32)
 
 
 VOCAB = VocabInfo(
@@ -333,3 +350,45 @@ class BrokenBackend(InProcessBackend):
 
     def model_key(self, name: str, settings: EngineSettings) -> tuple:
         return (name, settings.gpu_layers != 0)
+
+
+class Noisy:
+    """Mixed into an engine: every forward pass adds fresh noise (a backend that does not reproduce itself)."""
+
+    rng = np.random.default_rng(3)
+
+    def eval(self, tokens, rows):  # type: ignore[no-untyped-def]
+        out = super().eval(tokens, rows)  # type: ignore[misc]
+        return out + self.rng.standard_normal(out.shape).astype(np.float32) * 1e-3
+
+
+class NoisyEngine(Noisy, FakeEngine):
+    pass
+
+
+class KernelToy(LoadedModel):
+    """Names: 'dispatch:WIDE:EPS' (a kernel switch at width WIDE) or 'noisy'; subclasses pick the engines."""
+
+    engine: type = FakeEngine
+    noisy_engine: type = NoisyEngine
+    max_text: int | None = None  # characters of a prompt text it tokenizes
+
+    def __init__(self, name: str):
+        self.path = name
+        kind, *rest = name.split(":")
+        self.kind = kind
+        self.toy = DispatchToy(int(rest[0]), float(rest[1])) if kind == "dispatch" else ToyModel(0)
+
+    def facts(self) -> dict[str, Any]:
+        return {"path": self.path, "file": self.path, "quantization": "toy", "architecture": "toy"}
+
+    @property
+    def vocab(self):
+        return VOCAB
+
+    def tokenize(self, text: str, *, chat: bool = False) -> list[int]:
+        return [1] + [3 + (ord(c) % (N_VOCAB - 3)) for c in text[:self.max_text]]
+
+    def new_engine(self, settings: EngineSettings, n_ctx: int):
+        cls = self.noisy_engine if self.kind == "noisy" else self.engine
+        return cls(self.toy, n_ctx=n_ctx, n_batch=settings.n_batch)

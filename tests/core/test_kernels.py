@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Sequence
 
 import numpy as np
 import pytest
 
-from fakes import N_VOCAB, VOCAB, FakeEngine, ToyModel
+from fakes import DispatchToy, KernelToy, ToyModel
 from specview.core.config import EngineSettings
-from specview.core.engine import LoadedModel
 from specview.core.errors import BackendUnavailable, Cancelled, ConfigError
 from specview.core.kernels import (KernelMap, KernelMapError, block_starts, kernel_map, parse_widths,
                                    passes_needed, tokens_needed)
@@ -22,52 +20,8 @@ from specview.core.session import InProcessBackend, Session
 PROMPTS = [[1, 5, 9, 11], [1, 7, 3, 30, 2, 8]]
 
 
-class DispatchToy(ToyModel):
-    """Rows of a pass at least ``wide`` tokens wide are off by ``eps``: a kernel switch at that width."""
-
-    def __init__(self, seed: int, wide: int, eps: float):
-        super().__init__(seed)
-        self.wide, self.eps = wide, eps
-
-    def logits(self, prefix: Sequence[int], T: int = 1) -> np.ndarray:
-        row = ToyModel.logits(self, prefix, 1)
-        if T >= self.wide:
-            row = row + np.float32(self.eps) * np.cos(np.arange(N_VOCAB) * (T + len(prefix))).astype(np.float32)
-        return row.astype(np.float32)
-
-
-class NoisyEngine(FakeEngine):
-    """Every forward pass adds fresh noise: a nondeterministic backend."""
-
-    rng = np.random.default_rng(3)
-
-    def eval(self, tokens, rows):
-        out = super().eval(tokens, rows)
-        return out + self.rng.standard_normal(out.shape).astype(np.float32) * 1e-3
-
-
-class ToyLoaded(LoadedModel):
+class ToyLoaded(KernelToy):
     """Names: 'dispatch:WIDE:EPS' or 'noisy'."""
-
-    def __init__(self, name: str):
-        self.path = name
-        kind, *rest = name.split(":")
-        self.kind = kind
-        self.toy = DispatchToy(0, int(rest[0]), float(rest[1])) if kind == "dispatch" else ToyModel(0)
-
-    def facts(self) -> dict[str, Any]:
-        return {"path": self.path, "file": self.path, "quantization": "toy", "architecture": "toy"}
-
-    @property
-    def vocab(self):
-        return VOCAB
-
-    def tokenize(self, text: str, *, chat: bool = False) -> list[int]:
-        return [1] + [3 + (ord(c) % (N_VOCAB - 3)) for c in text]
-
-    def new_engine(self, settings: EngineSettings, n_ctx: int):
-        cls = NoisyEngine if self.kind == "noisy" else FakeEngine
-        return cls(self.toy, n_ctx=n_ctx, n_batch=settings.n_batch)
 
 
 class ToyBackend(InProcessBackend):
@@ -135,7 +89,7 @@ def test_one_width_matches_a_direct_computation(toy, width):
     eps = 1.0  # large enough that some argmaxes flip
     km = kernel_map(toy, [f"dispatch:3:{eps}"], PROMPTS, widths=[width], positions=11, backend="kernels-toy")
     st = km.targets[0].widths[width]
-    rows = [r for p in PROMPTS for r in direct_width(DispatchToy(0, 3, eps), p, width, 11, 512)]
+    rows = [r for p in PROMPTS for r in direct_width(DispatchToy(3, eps), p, width, 11, 512)]
     deltas = np.array([r[1] for r in rows])
     assert st.rows == len(rows)
     assert st.identical == sum(r[0] for r in rows)

@@ -11,19 +11,16 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
 import pytest
-from fakes import N_VOCAB, VOCAB, FakeEngine, ToyModel
+from fakes import FakeEngine, KernelToy, Noisy
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor
 from PySide6.QtTest import QTest
 
 from specview.core.config import EngineSettings
-from specview.core.engine import LoadedModel
 from specview.core.kernels import KernelMap, kernel_map
 from specview.core.prompts import builtin_prompts
 from specview.core.registry import Backend, register_backend, unregister_backend
@@ -43,20 +40,6 @@ TIMEOUT = 60_000  # ms; every wait ends on a signal
 DEMO_TIMEOUT = 600_000
 
 
-class DispatchToy(ToyModel):
-    """Rows of a pass at least ``wide`` tokens wide are off by ``eps``: a kernel switch at that width."""
-
-    def __init__(self, wide: int, eps: float):
-        super().__init__(0)
-        self.wide, self.eps = wide, eps
-
-    def logits(self, prefix: Sequence[int], T: int = 1) -> np.ndarray:
-        row = ToyModel.logits(self, prefix, 1)
-        if T >= self.wide:
-            row = row + np.float32(self.eps) * np.cos(np.arange(N_VOCAB) * (T + len(prefix))).astype(np.float32)
-        return row.astype(np.float32)
-
-
 class CountingEngine(FakeEngine):
     """Counts every forward pass (across threads), and can take its time over each."""
 
@@ -71,38 +54,14 @@ class CountingEngine(FakeEngine):
         return out
 
 
-class NoisyEngine(CountingEngine):
+class NoisyEngine(Noisy, CountingEngine):
     """Fresh noise on every pass: a backend that does not reproduce itself."""
 
-    rng = np.random.default_rng(5)
 
-    def eval(self, tokens, rows):
-        out = super().eval(tokens, rows)
-        return out + self.rng.standard_normal(out.shape).astype(np.float32) * 1e-3
+class ToyLoaded(KernelToy):
+    """Names: 'dispatch:WIDE:EPS' or 'noisy'; every pass counted."""
 
-
-class ToyLoaded(LoadedModel):
-    """Names: 'dispatch:WIDE:EPS' or 'noisy'."""
-
-    def __init__(self, name: str):
-        self.path = name
-        kind, *rest = name.split(":")
-        self.kind = kind
-        self.toy = DispatchToy(int(rest[0]), float(rest[1])) if kind == "dispatch" else ToyModel(0)
-
-    def facts(self) -> dict[str, Any]:
-        return {"path": self.path, "file": self.path, "quantization": "toy", "architecture": "toy"}
-
-    @property
-    def vocab(self):
-        return VOCAB
-
-    def tokenize(self, text: str, *, chat: bool = False) -> list[int]:
-        return [1] + [3 + (ord(c) % (N_VOCAB - 3)) for c in text[:40]]
-
-    def new_engine(self, settings: EngineSettings, n_ctx: int):
-        cls = NoisyEngine if self.kind == "noisy" else CountingEngine
-        return cls(self.toy, n_ctx=n_ctx, n_batch=settings.n_batch)
+    engine, noisy_engine, max_text = CountingEngine, NoisyEngine, 40
 
 
 class ToyBackend(InProcessBackend):
