@@ -136,7 +136,9 @@ class MainWindow(QMainWindow):
         mt.sigProgress.connect(lambda done, total: (self.progress.setRange(0, total), self.progress.setValue(done)))
         mt.sigCell.connect(self.sigMatrixCell)
         mt.sigFinished.connect(self.sigMatrixFinished)
+        mt.sigCell.connect(lambda _rec: self._update_export())
         kt.sigSubmitting.connect(self._leave_run)
+        kt.sigMapShown.connect(lambda _km: self._update_export())
         kt.sigVerdict.connect(self._matrix_verdict)
         kt.sigStatus.connect(self._set_status)
         kt.sigError.connect(self.show_error)
@@ -342,7 +344,7 @@ class MainWindow(QMainWindow):
             self.trace = None
             self.side.clear_trace()
             self.act_save.setEnabled(False)
-            self.act_export.setEnabled(False)
+            self._update_export()
         self._set_status(f"{ev.arm} arm…")
 
     def _on_frame(self, live: Live) -> None:
@@ -456,6 +458,7 @@ class MainWindow(QMainWindow):
     def _on_matrix_finished(self, ev: Any) -> None:
         # a cell opened meanwhile keeps its verdict
         self.matrix_tab.on_finished(ev, show_verdict=self.tabs.currentWidget() is self.matrix_tab)
+        self._update_export()
 
     def _matrix_verdict(self, text: str, kind: str, tooltip: str) -> None:
         self.verdict.show_text(text, kind)
@@ -466,6 +469,7 @@ class MainWindow(QMainWindow):
         if not self.matrix_tab.open(path):
             return False
         self.tabs.setCurrentWidget(self.matrix_tab)
+        self._update_export()
         return True
 
     def _open_cell(self, cfg: RunConfig | None, trace_path: str | None) -> None:
@@ -477,21 +481,44 @@ class MainWindow(QMainWindow):
             self.run_config(cfg)
 
     # ------------------------------------------------------------ report
+    def report_source(self) -> tuple[str, Any] | None:
+        """What File ▸ Export Report writes: the tab in front's run, matrix or kernel map (None: nothing yet)."""
+        w = self.tabs.currentWidget()
+        if w is self.matrix_tab:
+            return ("matrix", self.matrix_tab.doc) if self.matrix_tab.doc.get("cells") else None
+        if w is self.kernels_tab:
+            return ("kernel map", self.kernels_tab.kmap) if self.kernels_tab.kmap is not None else None
+        return ("run", self.trace) if self.trace is not None else None
+
+    def _update_export(self) -> None:
+        self.act_export.setEnabled(self.report_source() is not None)
+        self.act_card.setEnabled(self.trace is not None)  # a fork card is a run's
+
     def export_report(self, folder: str | os.PathLike[str]) -> dict[str, Path] | None:
-        """Write the HTML and Markdown report of the trace on screen into ``folder`` (plots drawn here, on the
-        GUI thread, by the app's own plot widgets)."""
-        if self.trace is None:
-            self.show_error("no trace to report yet: run both arms or open a saved trace first")
+        """Write the HTML and Markdown report of what the tab in front shows into ``folder``: the run on screen
+        (plots drawn here, on the GUI thread, by the app's own plot widgets, and the kernel map of its tab when
+        it covers the run), the matrix, or the kernel map."""
+        src = self.report_source()
+        if src is None:
+            what = {self.matrix_tab: "no matrix to report yet: run or open one first",
+                    self.kernels_tab: "no kernel map to report yet: run or open one first"}
+            self.show_error(what.get(self.tabs.currentWidget(),
+                                     "no trace to report yet: run both arms or open a saved trace first"))
             return None
+        from ..core.report.write import write_report
         from .export import write_trace_report
 
-        self._set_status(f"writing the report into {folder}…")
-        try:  # the kernel map in its tab joins the report when it covers this run
-            written = write_trace_report(self.trace, folder, kernel_map=self.kernels_tab.map_for_report(self.trace))
+        kind, obj = src
+        self._set_status(f"writing the {kind} report into {folder}…")
+        try:
+            if kind == "run":  # the kernel map in its tab joins the report when it covers this run
+                written = write_trace_report(obj, folder, kernel_map=self.kernels_tab.map_for_report(obj))
+            else:
+                written = write_report(obj, folder)
         except (SpecviewError, OSError) as exc:
             self.show_error(f"{folder}: could not write the report ({exc})")
             return None
-        self._set_status(f"report written: {written['html']} and {written['markdown']}")
+        self._set_status(f"{kind} report written: {written['html']} and {written['markdown']}")
         self.sigReportWritten.emit(written)
         return written
 
@@ -528,7 +555,7 @@ class MainWindow(QMainWindow):
         """Show a finished or opened trace: panes, plots, marks, verdict."""
         self.trace = trace
         self.act_save.setEnabled(True)
-        self.act_export.setEnabled(True)
+        self._update_export()
         self.live.live.pending = {"vanilla": [], "speculative": []}
         note = self.side.show_trace(trace)
         self._trace_verdict = dict(cancelled=cancelled, diagnosis_error=diagnosis_error, diag_note=note)
@@ -548,7 +575,9 @@ class MainWindow(QMainWindow):
         self.verdict.setToolTip(diagnosis_tooltip(trace.diagnosis if isinstance(trace.diagnosis, dict) else None))
 
     def _tab_changed(self, _index: int) -> None:
-        """The verdict bar speaks of the tab in front: its run, matrix or map (not while that tab's job streams)."""
+        """The verdict bar and File ▸ Export Report speak of the tab in front: its run, matrix or map (the
+        verdict not while that tab's job streams)."""
+        self._update_export()
         w = self.tabs.currentWidget()
         if w is self.side and not (self.busy and self.request is not None):
             self.show_trace_verdict()
