@@ -548,7 +548,7 @@ def test_a_cell_config_is_the_shared_settings_plus_its_axis_values():
 # a matrix that cites a kernel map
 # ---------------------------------------------------------------------------
 from fakes import FakeLoaded, FaultyBackend  # noqa: E402
-from specview.core.config import EngineSettings  # noqa: E402
+from specview.core.config import EngineSettings, resolve_threads  # noqa: E402
 from specview.core.kernels import kernel_map  # noqa: E402
 from specview.core.session import InProcessBackend, Session  # noqa: E402
 from test_kernels import ToyLoaded  # noqa: E402
@@ -562,7 +562,7 @@ class ThreadedToy(ToyLoaded):
 
     def new_engine(self, settings, n_ctx):
         eng = super().new_engine(settings, n_ctx)
-        eng.threads = settings.threads or 2
+        eng.threads = resolve_threads(settings.threads)  # 0: $SPECVIEW_THREADS or every core, as llama.cpp's
         return eng
 
 

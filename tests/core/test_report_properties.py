@@ -264,7 +264,8 @@ def test_a_matrix_citing_a_hostile_kernel_map_never_leaks_markup(doc: dict, data
         "prompts": st.lists(markup_text, max_size=2),
         "targets": st.lists(st.fixed_dictionaries({
             "label": markup_text, "target": markup_text, "deterministic": st.booleans(),
-            "safe_widths": st.lists(st.integers(0, 9), max_size=3), "safe_n_max": st.one_of(st.none(), st.integers()),
+            "safe_widths": st.lists(st.integers(0, 9), max_size=3),
+            "safe_n_max": st.one_of(st.none(), st.integers(-1, 2 ** 40)),
             "threads_used": st.one_of(st.none(), st.integers(0, 64))}), max_size=2),
         "environment": st.dictionaries(hostile_text, json_values, max_size=2)}))
     for c in doc["cells"]:
