@@ -218,7 +218,15 @@ class ModelEngine(Engine):
     """
 
     model: Any
-    _n_vocab: int = 0
+    _n_vocab: int = 0  # the model's logits width, set by the engine when it opens its context
+
+    @property
+    def vocab(self) -> VocabInfo:
+        return self.model.vocab
+
+    @property
+    def n_vocab(self) -> int:
+        return self._n_vocab
 
     def model_facts(self) -> dict[str, Any]:
         return self.model.facts()

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...core.config import EngineSettings
-from ...core.engine import ModelEngine, VocabInfo
+from ...core.engine import ModelEngine
 from ...core.errors import ConfigError, EvalError, SpecviewError
 from .lib import clear_log, llama_environment, recent_log, resolve_threads
 from .model import LlamaModel
@@ -85,14 +85,6 @@ class LlamaEngine(ModelEngine):
         model.contexts += 1
 
     # -- facts -----------------------------------------------------------------
-    @property
-    def vocab(self) -> VocabInfo:
-        return self.model.vocab
-
-    @property
-    def n_vocab(self) -> int:
-        return self._n_vocab
-
     @property
     def n_ubatch(self) -> int:
         """The micro-batch llama.cpp splits each forward pass into (at most ``n_batch``)."""

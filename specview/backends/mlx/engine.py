@@ -326,14 +326,6 @@ class MLXEngine(ModelEngine):
         return s
 
     # -- facts ---------------------------------------------------------------------
-    @property
-    def vocab(self) -> VocabInfo:
-        return self.model.vocab
-
-    @property
-    def n_vocab(self) -> int:
-        return self._n_vocab
-
     def environment(self) -> dict[str, Any]:
         return mlx_environment()
 
