@@ -130,3 +130,43 @@ def write_trace_report(trace: Any, folder: str | os.PathLike[str], *, kernel_map
 
     return write_report(trace, folder, plots=trace_plots, kernel_map=kernel_map)
 
+
+
+# -- File > Export Report: the report of the tab in front -------------------------------------------
+def report_source(w: Any) -> tuple[str, Any] | None:
+    """What the main window ``w`` would report: ("run", trace), ("matrix", doc) or ("kernel map", map) of the
+    tab in front, or None when that tab shows nothing yet."""
+    tab = w.tabs.currentWidget()
+    if tab is w.matrix_tab:
+        return ("matrix", w.matrix_tab.doc) if w.matrix_tab.doc.get("cells") else None
+    if tab is w.kernels_tab:
+        return ("kernel map", w.kernels_tab.kmap) if w.kernels_tab.kmap is not None else None
+    return ("run", w.trace) if w.trace is not None else None
+
+
+def export_tab_report(w: Any, folder: str | os.PathLike[str]) -> dict[str, Path] | None:
+    """Write the report of what ``w``'s tab in front shows into ``folder``: the run on screen (plots drawn here,
+    on the GUI thread, by the app's own plot widgets, and the kernel map of its tab when it covers the run),
+    the matrix, or the kernel map.  Errors are shown in the window; returns what was written, or None."""
+    from ..core.errors import SpecviewError
+    from ..core.report.write import write_report
+
+    src = report_source(w)
+    if src is None:
+        what = {w.matrix_tab: "no matrix to report yet: run or open one first",
+                w.kernels_tab: "no kernel map to report yet: run or open one first"}
+        w.show_error(what.get(w.tabs.currentWidget(), "no trace to report yet: run both arms or open a saved trace first"))
+        return None
+    kind, obj = src
+    w._set_status(f"writing the {kind} report into {folder}…")
+    try:
+        if kind == "run":  # the kernel map in its tab joins the report when it covers this run
+            written = write_trace_report(obj, folder, kernel_map=w.kernels_tab.map_for_report(obj))
+        else:
+            written = write_report(obj, folder)
+    except (SpecviewError, OSError) as exc:
+        w.show_error(f"{folder}: could not write the report ({exc})")
+        return None
+    w._set_status(f"{kind} report written: {written['html']} and {written['markdown']}")
+    w.sigReportWritten.emit(written)
+    return written

@@ -24,6 +24,7 @@ from ..core.prompts import builtin_prompts
 from ..core.trace import Trace
 from . import models as gmodels
 from .controls import ControlsPanel, engine_problem, run_of_trace
+from .export import export_tab_report, report_source
 from .kernels import TAB_TIP as KERNELS_TIP, KernelTab, is_kernel_map_file
 from .live import Live, LiveView
 from .matrix import MatrixDialog, MatrixTab, is_matrix_file
@@ -483,44 +484,16 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------ report
     def report_source(self) -> tuple[str, Any] | None:
         """What File ▸ Export Report writes: the tab in front's run, matrix or kernel map (None: nothing yet)."""
-        w = self.tabs.currentWidget()
-        if w is self.matrix_tab:
-            return ("matrix", self.matrix_tab.doc) if self.matrix_tab.doc.get("cells") else None
-        if w is self.kernels_tab:
-            return ("kernel map", self.kernels_tab.kmap) if self.kernels_tab.kmap is not None else None
-        return ("run", self.trace) if self.trace is not None else None
+        return report_source(self)
 
     def _update_export(self) -> None:
         self.act_export.setEnabled(self.report_source() is not None)
         self.act_card.setEnabled(self.trace is not None)  # a fork card is a run's
 
     def export_report(self, folder: str | os.PathLike[str]) -> dict[str, Path] | None:
-        """Write the HTML and Markdown report of what the tab in front shows into ``folder``: the run on screen
-        (plots drawn here, on the GUI thread, by the app's own plot widgets, and the kernel map of its tab when
-        it covers the run), the matrix, or the kernel map."""
-        src = self.report_source()
-        if src is None:
-            what = {self.matrix_tab: "no matrix to report yet: run or open one first",
-                    self.kernels_tab: "no kernel map to report yet: run or open one first"}
-            self.show_error(what.get(self.tabs.currentWidget(),
-                                     "no trace to report yet: run both arms or open a saved trace first"))
-            return None
-        from ..core.report.write import write_report
-        from .export import write_trace_report
-
-        kind, obj = src
-        self._set_status(f"writing the {kind} report into {folder}…")
-        try:
-            if kind == "run":  # the kernel map in its tab joins the report when it covers this run
-                written = write_trace_report(obj, folder, kernel_map=self.kernels_tab.map_for_report(obj))
-            else:
-                written = write_report(obj, folder)
-        except (SpecviewError, OSError) as exc:
-            self.show_error(f"{folder}: could not write the report ({exc})")
-            return None
-        self._set_status(f"{kind} report written: {written['html']} and {written['markdown']}")
-        self.sigReportWritten.emit(written)
-        return written
+        """Write the HTML and Markdown report of what the tab in front shows into ``folder``
+        (:func:`specview.gui.export.export_tab_report`)."""
+        return export_tab_report(self, folder)
 
     def _set_busy(self, busy: bool, status: str) -> None:
         self.busy = busy
