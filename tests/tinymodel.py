@@ -18,6 +18,20 @@ WORDS = [
 ]
 
 
+
+def add_spm_vocab(w, tokens, scores, types) -> None:
+    """An SPM ("llama") tokenizer on GGUF writer ``w``: unk 0, BOS 1 (added), EOS 2."""
+    w.add_vocab_size(len(tokens))
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+
 def vocab_tokens(extra: str = "") -> tuple[list[str], list[float], list[int]]:
     tokens = ["<unk>", "<s>", "</s>"]
     types = [2, 3, 3]  # UNKNOWN, CONTROL, CONTROL
@@ -85,16 +99,7 @@ def write_tiny_llama(
     w.add_rope_dimension_count(n_embd // n_head)
     w.add_rope_freq_base(10000.0)
     w.add_file_type(0)  # ALL_F32
-    w.add_vocab_size(n_vocab)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
+    add_spm_vocab(w, tokens, scores, types)
     if chat_template:
         w.add_chat_template(  # ChatML, which llama.cpp's template detector knows
             "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

@@ -23,7 +23,7 @@ from specview.core.config import EngineSettings, RunConfig
 from test_server import find_binary
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tinymodel import WORDS  # noqa: E402
+from tinymodel import WORDS, add_spm_vocab  # noqa: E402
 
 pytestmark = [pytest.mark.slow]
 
@@ -83,16 +83,7 @@ def write_tiny_qwen35_mtp(path: str | Path, *, seed: int = 0, n_embd: int = 64, 
                  ("time_step_rank", dt_rank), ("group_count", n_group)):
         w.add_uint32(f"{arch}.ssm.{k}", v)
     w.add_file_type(0)
-    w.add_vocab_size(n_vocab)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
+    add_spm_vocab(w, tokens, scores, types)
     w.add_tensor("token_embd.weight", mat(n_vocab, n_embd, s=1.0))
     w.add_tensor("output_norm.weight", ones(n_embd))
     w.add_tensor("output.weight", mat(n_vocab, n_embd, s=1.5))
