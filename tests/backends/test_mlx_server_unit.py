@@ -7,6 +7,7 @@ import stat
 import sys
 
 import pytest
+from require import require_module
 
 from specview.backends.local_server.process import ServerError
 from specview.backends.mlx_server import protocol
@@ -135,8 +136,8 @@ def test_the_program(tmp_path, monkeypatch):
 
 
 def test_the_backend_is_registered_and_describes_itself():
-    pytest.importorskip("mlx.core")
-    pytest.importorskip("mlx_lm")
+    require_module("mlx.core")
+    require_module("mlx_lm")
     from specview.core.registry import backend_names, get_backend
 
     assert "mlx-server" in backend_names()
@@ -147,8 +148,8 @@ def test_the_backend_is_registered_and_describes_itself():
 
 
 def test_doctor_names_the_program_or_says_what_to_do():
-    pytest.importorskip("mlx.core")
-    pytest.importorskip("mlx_lm")
+    require_module("mlx.core")
+    require_module("mlx_lm")
     from specview.core.config import EngineSettings
     from specview.core.registry import get_backend
 

@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from require import missing
 
 from specview.backends.llama_server import ServerError, ServerRunner, binary as sb
 from specview.backends.llama_server import backend as sbe
@@ -39,9 +40,7 @@ def find_binary() -> str:
     path = os.environ.get(sb.ENV_BIN) or str(sb.cached_server_path())
     if Path(path).is_file() and os.access(path, os.X_OK):
         return path
-    if os.environ.get("SPECVIEW_REQUIRE_SERVER") == "1":
-        pytest.fail(f"SPECVIEW_REQUIRE_SERVER=1 but {path} is missing. {BUILD_HINT}")
-    pytest.skip(BUILD_HINT)
+    missing(f"{path} is missing. {BUILD_HINT}", switch="SPECVIEW_REQUIRE_SERVER")
 
 
 @pytest.fixture(scope="module")

@@ -100,7 +100,7 @@ def test_server_args_split_between_every_server_and_the_speculative_one():
 
 def test_a_report_of_a_draft_mtp_server_trace_shows_the_flags(tmp_path):
     """The whole report, not just the helper: its speculative server command carries --spec-type draft-mtp."""
-    report = pytest.importorskip("specview.core.report")
+    from specview.core import report
     from specview.core.compare import compare_arms
     from specview.core.trace import ArmResult, Step, Trace
 
@@ -115,7 +115,5 @@ def test_a_report_of_a_draft_mtp_server_trace_shows_the_flags(tmp_path):
     t = Trace(config=_config("draft-mtp"), environment={"engine": "llama-server", "backend": "llama-server"},
               models={"target": {"path": "/m/target.gguf", "file": "target.gguf"}, "draft": None},
               prompt=dict(PROMPT), vanilla=v, speculative=s, comparison=compare_arms(v, s))
-    md = report.trace_markdown(t, {}) if hasattr(report, "trace_markdown") else None
-    if md is None:
-        pytest.skip("the report module has no trace_markdown")
+    md = report.trace_markdown(t, {})
     assert "--spec-type draft-mtp" in md and "--spec-draft-n-max 5" in md

@@ -15,17 +15,16 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from require import missing, required
 
 from specview.core.trace import Trace
 
 ROOT = Path(__file__).resolve().parents[2]
-REQUIRED = os.environ.get("SPECVIEW_REQUIRE_BUNDLE") == "1"
+REQUIRED = required("SPECVIEW_REQUIRE_BUNDLE")
 
 
 def _missing(what: str) -> None:
-    if REQUIRED:
-        pytest.fail(f"{what} (SPECVIEW_REQUIRE_BUNDLE=1)")
-    pytest.skip(what)
+    missing(what, switch="SPECVIEW_REQUIRE_BUNDLE")
 
 
 @pytest.fixture(scope="module")

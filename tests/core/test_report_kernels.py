@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import markdown_it
 from specview import cli
 from specview.core.config import RunConfig
 from specview.core.kernels import KernelMap, kernel_map
@@ -21,7 +22,6 @@ from specview.core.report.write import write_report
 from test_kernels import PROMPTS, toy  # noqa: F401  (the fixture)
 from test_report import SCRIPT, check_html, check_markdown
 
-markdown_it = pytest.importorskip("markdown_it")
 HOSTILE = SCRIPT + " | `x` **b** <img src=x onerror=alert(1)>"
 
 

@@ -27,6 +27,7 @@ from strategies import (corrupt_bytes, corrupt_field, hostile_floats, hostile_te
                         matrix_docs, toml_specs, traces)
 from test_report import Collect, check_html, check_markdown
 
+import markdown_it
 from specview.core.errors import SpecviewError
 from specview.core.matrix import (MatrixRun, MatrixSpec, expand, format_rates, grid, load_spec, rates, summarize,
                                   validate_matrix)
@@ -38,7 +39,6 @@ from specview.core.report import (kernels_html, kernels_markdown, matrix_html, m
 from specview.core.report.write import read_input
 from specview.core.trace import Trace
 
-markdown_it = pytest.importorskip("markdown_it")
 
 FIXED = settings(derandomize=True, max_examples=20, deadline=None, database=None,
                  phases=(Phase.explicit, Phase.generate),  # a failure is reported as found: shrinking these takes minutes

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from require import require_module
 
 from specview.core import registry
 from specview.core.engine import BackendUnavailable
@@ -61,8 +62,8 @@ def test_engine_is_remembered_and_restored_from_a_trace(synth, make_window, tmp_
 
 
 def test_run_on_tiny_mlx_folders_fills_both_panes(make_window, qtbot, tmp_path):
-    pytest.importorskip("mlx.core")
-    pytest.importorskip("mlx_lm")
+    require_module("mlx.core")
+    require_module("mlx_lm")
     from specview.backends.mlx import write_random_model
 
     target = write_random_model(tmp_path / "target", seed=1)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from require import require_module
 
 
 def test_mlx_picker_lists_variants_and_derives_a_missing_precision(make_window, qtbot, tmp_path, monkeypatch):
-    pytest.importorskip("mlx.core")
-    pytest.importorskip("mlx_lm")
+    require_module("mlx.core")
+    require_module("mlx_lm")
     from specview.backends import mlx
 
     monkeypatch.setenv("SPECVIEW_CACHE", str(tmp_path / "cache"))  # derived copies land here, not in ~/.cache

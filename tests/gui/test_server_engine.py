@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from require import missing
 
 pytestmark = [pytest.mark.demo]
 
@@ -19,9 +20,8 @@ def server_bin() -> str:
     env = os.environ.get("SPECVIEW_LLAMA_SERVER")
     path = Path(env) if env else cache_dir() / "llama-server" / "0.3.36" / "llama-server"
     if not path.is_file():
-        if os.environ.get("SPECVIEW_REQUIRE_SERVER") == "1":
-            pytest.fail(f"SPECVIEW_REQUIRE_SERVER=1 but {path} is missing: run scripts/build-llama-server.sh")
-        pytest.skip(f"no llama-server at {path}: build one with scripts/build-llama-server.sh")
+        missing(f"no llama-server at {path}: build one with scripts/build-llama-server.sh",
+                switch="SPECVIEW_REQUIRE_SERVER")
     return str(path)
 
 
