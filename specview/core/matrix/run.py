@@ -21,6 +21,7 @@ from typing import Any, Callable
 from ... import __version__
 from ..config import RunConfig
 from ..errors import SpecviewError
+from ..kernel_evidence import environment_differences
 from ..registry import Runner, get_backend
 from ..trace import Trace, json_safe, write_atomic
 from ..verdicts import cell_label
@@ -151,6 +152,36 @@ def _relative(p: Path, out: Path | None) -> str:
         return str(p)
 
 
+class _Resumed:
+    """What the cells kept by ``--resume`` were computed with, checked against the first cell run now.
+
+    A fork depends on the CPU's kernels, the llama.cpp build and the thread split, so cells
+    computed on another machine, build or thread count must not be mixed into one matrix: the
+    resumption is refused, naming what differs, before any result computed here is recorded.
+    """
+
+    def __init__(self, resume: dict[str, Any], kept: list[dict[str, Any]]):
+        env = resume.get("environment")
+        self.environment: dict[str, Any] = dict(env) if isinstance(env, dict) else {}
+        self.threads = {t for r in kept for t in [(r.get("config") or {}).get("threads_used")]
+                        if isinstance(t, int) and not isinstance(t, bool)}
+
+    def differences(self, trace: Trace) -> list[str]:
+        out = [d.replace("(map)", "(kept cells)").replace("(run)", "(now)")
+               for d in environment_differences(self.environment, trace.environment)]
+        now = trace.config.get("threads_used")
+        if isinstance(now, int) and self.threads and self.threads != {now}:
+            out.append(f"threads_used: {', '.join(map(str, sorted(self.threads)))} (kept cells) vs {now} (now)")
+        return out
+
+    def check(self, trace: Trace) -> None:
+        diffs = self.differences(trace)
+        if diffs:
+            raise MatrixError("cannot resume: the kept cells were computed on another machine, build or thread "
+                              f"count ({'; '.join(diffs)}), and a fork depends on all three; run the matrix "
+                              "without --resume, or write to another file")
+
+
 def _cancelled(trace: Trace) -> bool:
     return trace.vanilla.stop_reason == "cancelled" or trace.speculative.stop_reason == "cancelled"
 
@@ -188,6 +219,7 @@ def run_matrix(
     run = MatrixRun(spec=spec, cells=cells, out=Path(out) if out is not None else None,
                     kernel_map=spec.load_kernel_map() if spec.kernel_map else None)
     done_before: set[int] = set()
+    resumed: _Resumed | None = None
     if resume is not None:
         validate_matrix(resume, source="--resume")
         if _comparable_spec(resume["spec"], "--resume") != _comparable_spec(spec.to_json(), "the matrix"):
@@ -196,6 +228,9 @@ def run_matrix(
         run.records = [r for r in resume["cells"] if r.get("status") == "ok"
                        and 0 <= r["index"] < len(cells) and r["params"] == cells[r["index"]].to_json()]
         done_before = {int(r["index"]) for r in run.records}
+        if run.records:
+            resumed = _Resumed(resume, run.records)
+            run.environment = dict(resumed.environment)
         if run.kernel_map is not None:
             _predict_kept(run, resume.get("environment"))
         if done_before:
@@ -210,7 +245,7 @@ def run_matrix(
     if runner is None:
         runner = get_backend(spec.backend).runner(progress=progress)
     try:
-        _run_cells(spec, runner, run, cells, done_before, tdir, say, on_cell, cancel)
+        _run_cells(spec, runner, run, cells, done_before, tdir, say, on_cell, cancel, resumed)
     finally:
         if own:
             runner.close()
@@ -233,12 +268,13 @@ def _predict_kept(run: MatrixRun, environment: Any) -> None:
 
 def _run_cells(spec: MatrixSpec, runner: Runner, run: MatrixRun, cells: list[CellParams], done_before: set[int],
                tdir: Path | None, say: Callable[[str], None], on_cell: Callable[[dict[str, Any]], None] | None,
-               cancel: Callable[[], bool]) -> None:
+               cancel: Callable[[], bool], resumed: _Resumed | None = None) -> None:
     def counters() -> dict[str, int]:
         return {k: int(getattr(runner, k, 0)) for k in ("loads", "vanilla_runs", "speculative_runs")}
 
     run.counters = counters()
-    run.write()
+    if resumed is None:  # a resumed file is rewritten only once its environment is known to be this one
+        run.write()
     t_start = time.perf_counter()
     n_run = 0
     todo = len(cells) - len(done_before)
@@ -258,6 +294,9 @@ def _run_cells(spec: MatrixSpec, runner: Runner, run: MatrixRun, cells: list[Cel
                 if _cancelled(trace):
                     run.status = "interrupted"
                     break
+                if resumed is not None:
+                    resumed.check(trace)  # a MatrixError: not this cell's error, the whole resumption's
+                    resumed = None
                 diag, derr = None, None
                 if spec.diagnose and not trace.comparison.identical:
                     try:
@@ -275,6 +314,8 @@ def _run_cells(spec: MatrixSpec, runner: Runner, run: MatrixRun, cells: list[Cel
                 if tdir is not None:
                     p = trace.save(tdir / f"cell-{i:03d}.json")
                     rec["trace"] = _relative(p, run.out)
+            except MatrixError:
+                raise
             except SpecviewError as exc:
                 if cancel():  # a cell cut short by a cancel is not an error, and is not recorded
                     run.status = "interrupted"
