@@ -23,6 +23,7 @@ COMMANDS = {
     "compare": ("specview.commands.compare", "compare two saved traces (e.g. from two machines)"),
     "check": ("specview.commands.check", "check the backend against the CPU: KL divergence of the same tokens"),
     "kernels": ("specview.commands.kernels", "map which draft widths are bit-identical to single-token passes"),
+    "locate": ("specview.commands.locate", "name the first op where a verify pass departs from single-token passes"),
     "prescribe": ("specview.commands.prescribe", "say which speculative settings are proven lossless here"),
     "doctor": ("specview.commands.doctor", "say what specview will run on: engines, GPU backends, CPU"),
     "gui": ("specview.commands.gui", "open the desktop app"),

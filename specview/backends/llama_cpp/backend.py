@@ -23,6 +23,12 @@ class LlamaLoaded(WrappedModel):
     def new_engine(self, settings: EngineSettings, n_ctx: int) -> LlamaEngine:
         return LlamaEngine(self.model, settings, n_ctx=n_ctx)
 
+    def observed_engine(self, settings: EngineSettings, n_ctx: int, selection: str = "all") -> LlamaEngine:
+        """A context whose passes can be observed node by node (``specview locate``)."""
+        from .graph import ObservedEngine
+
+        return ObservedEngine(self.model, settings, n_ctx=n_ctx, selection=selection)
+
 
 class LlamaBackend(InProcessBackend):
     """GGUF files through llama-cpp-python; ``demo:QUANT`` names the bundled demo model."""

@@ -66,6 +66,7 @@ class LlamaEngine(ModelEngine):
         cp.type_k = kv
         cp.type_v = kv
         cp.no_perf = True
+        self._context_params(cp)
         clear_log()
         ctx = ll.llama_init_from_model(model.ptr, cp)
         if not ctx:
@@ -83,6 +84,9 @@ class LlamaEngine(ModelEngine):
         self._batch = ll.llama_batch_init(self._n_batch, 0, 1)
         self._n_vocab = model.n_vocab
         model.contexts += 1
+
+    def _context_params(self, cp: Any) -> None:
+        """Last word on the ``llama_context_params`` before the context is made (an observer sets ``cb_eval``)."""
 
     # -- facts -----------------------------------------------------------------
     @property

@@ -1,0 +1,593 @@
+"""Name the op: which graph node of the real model first differs between the single-token and the batched pass.
+
+A speculative verify computes token ``P`` as row ``j`` of a width-``T`` pass;
+plain decoding computes it as a single-token pass.  :func:`locate` runs both
+from the same teacher-forced KV prefix on an engine whose passes can be
+observed node by node (:class:`GraphEngine`), and compares the two graphs in
+graph order, row ``j`` of each batched node against the single-token node:
+
+* the sequence is the target's own greedy continuation of the prompt (or, for
+  a trace, the tokens its fork's verify pass was fed), walked one token per
+  pass as plain decoding walks it;
+* the width-``T`` pass feeds tokens ``P-1-j .. P-2-j+T`` on the prefix that
+  ends at token ``P-1-j``; the single-token pass feeds token ``P-1`` on the
+  prefix that ends at token ``P-1``; both prefixes are the walk's own KV
+  entries, copied bit for bit into the observed context;
+* a node's token axis is found by shape: the one axis where the single-token
+  node has 1 and the batched node has ``T``, wherever it sits (``kq-*`` is
+  ``[n_kv, n_tokens, n_head]``).  A node with no such axis (the KV cache's
+  views hold every position) is skipped and counted, never compared whole;
+* both observed passes are checked against the same passes run on a context
+  without the observer: if observing every node changed the logits, fewer
+  nodes are observed (each layer's output and the logits) and the result says
+  so.
+
+The result (:class:`Located`) names the first differing node with its op, the
+types, shapes and buffers of its inputs (the weight's buffer says CPU,
+CPU_REPACK, AMX, Vulkan0 ...), the size of the difference, how it grows layer
+by layer and how many of the vocabulary's logits differ.  JSON schema
+``specview.locate/1``; the text form is :func:`specview.core.locate_text.text`.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .config import EngineSettings
+from .errors import BackendUnavailable, Cancelled, ConfigError, SpecviewError
+from .generate import prefill
+from .jsonfile import json_safe, read_json, write_atomic
+from .topk import topk
+
+SCHEMA = "specview.locate/1"
+#: node selections an engine may observe, widest first
+SELECTIONS = ("all", "layers")
+VIEW_OPS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "CONT", "CPY", "SET_ROWS"})
+
+ProgressFn = Callable[[str], None]
+CancelFn = Callable[[], bool]
+
+
+class LocateError(SpecviewError):
+    """A locate that cannot be run as asked, or a locate file that cannot be read."""
+
+
+class NotObservable(BackendUnavailable):
+    """The engine computes its passes where specview cannot look inside them."""
+
+
+# -- what an observing engine reports --------------------------------------------------
+@dataclass
+class NodeSource:
+    """One input of a graph node."""
+
+    name: str
+    op: str
+    type: str
+    shape: tuple[int, ...]
+    buffer: str | None
+    weight: bool  # a model weight (in a weights buffer), not an activation
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["shape"] = list(self.shape)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> NodeSource:
+        return cls(name=str(d["name"]), op=str(d["op"]), type=str(d["type"]), shape=tuple(int(x) for x in d["shape"]),
+                   buffer=d.get("buffer"), weight=bool(d.get("weight")))
+
+
+@dataclass
+class GraphNode:
+    """One node of one observed pass.
+
+    ``ne`` is ggml's shape (four dimensions, ``ne[0]`` innermost); ``values`` is
+    the tensor in NumPy order (``ne`` reversed, read through its real strides),
+    None when its type has no float form (``note`` says why).
+    """
+
+    index: int
+    name: str
+    op: str
+    type: str
+    ne: tuple[int, int, int, int]
+    buffer: str | None
+    sources: list[NodeSource] = field(default_factory=list)
+    values: np.ndarray | None = field(default=None, repr=False)
+    note: str | None = None
+    #: its data is the context's state (a view of the KV cache, which holds every position), not this pass's output
+    state: bool = False
+
+
+@dataclass
+class MicroBatch:
+    """The graph of one micro-batch of an observed pass: rows ``first_row .. first_row + width - 1``.
+
+    llama.cpp computes a pass of more than ``n_ubatch`` tokens as several graphs
+    (``-ub 1``: one per token); row ``j`` of the pass is row ``j - first_row``
+    of the micro-batch that holds it.
+    """
+
+    first_row: int
+    width: int
+    nodes: list[GraphNode]
+
+
+class GraphEngine(ABC):
+    """What :func:`locate` needs of an engine beyond :class:`~specview.core.engine.Engine`.
+
+    A backend's loaded model offers one through ``observed_engine(settings,
+    n_ctx, selection)``; a model without that method cannot be observed.
+    """
+
+    #: which nodes it observes: "all", or "layers" (each layer's output, the final norm and the logits)
+    selection: str = "all"
+
+    @abstractmethod
+    def observe(self, tokens: Sequence[int], rows: Sequence[int]) -> tuple[np.ndarray, list[MicroBatch]]:
+        """One forward pass as ``eval`` runs it; its logits rows and the graph of each micro-batch it ran."""
+
+    @abstractmethod
+    def take_state(self, other: Any) -> None:
+        """Make this context's KV state (and ``n_past``) a bit-for-bit copy of ``other``'s, on the same model."""
+
+
+# -- comparing two passes ---------------------------------------------------------------
+@dataclass
+class NodeDiff:
+    """One node of the single-token pass against row ``j`` of the same node of the batched pass."""
+
+    index: int
+    name: str
+    op: str
+    type: str
+    shape: tuple[int, ...]  # the single-token node's ggml shape, trailing 1s dropped
+    batched_shape: tuple[int, ...]
+    layer: int | None
+    status: str  # "identical", "differs", "skipped"
+    part: str = ""  # "input" (before layer 0), "blk.N", "output" (the final norm and the logits)
+    buffer: str | None = None
+    sources: list[NodeSource] = field(default_factory=list)
+    token_axis: int | None = None  # ggml axis the row was taken from
+    max_abs: float = 0.0
+    rel: float = 0.0
+    n_diff: int = 0
+    n_elems: int = 0
+    note: str | None = None
+
+    @property
+    def weight(self) -> NodeSource | None:
+        return next((s for s in self.sources if s.weight), None)
+
+    @property
+    def is_view(self) -> bool:
+        return self.op in VIEW_OPS
+
+    def to_json(self) -> dict[str, Any]:
+        d = {k: v for k, v in asdict(self).items() if k != "sources"}
+        d["shape"], d["batched_shape"] = list(self.shape), list(self.batched_shape)
+        d["sources"] = [s.to_json() for s in self.sources]
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> NodeDiff:
+        kw = dict(d)
+        kw["shape"] = tuple(int(x) for x in d["shape"])
+        kw["batched_shape"] = tuple(int(x) for x in d["batched_shape"])
+        kw["sources"] = [NodeSource.from_json(s) for s in d.get("sources", [])]
+        for k in ("max_abs", "rel"):
+            kw[k] = float("inf") if kw.get(k) is None else float(kw[k])
+        return cls(**kw)
+
+
+_LAYER = (re.compile(r"-(\d+)(?:\s|$)"), re.compile(r"_l(\d+)(?:\s|$)"), re.compile(r"^blk\.(\d+)\."))
+
+
+def layer_of(name: str) -> int | None:
+    """The layer a node name belongs to (``ffn_out-3``, ``cache_k_l3``, ``blk.3.``), else None."""
+    for pat in _LAYER:
+        m = pat.search(name)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def trim(ne: Sequence[int]) -> tuple[int, ...]:
+    out = list(int(x) for x in ne)
+    while len(out) > 1 and out[-1] == 1:
+        out.pop()
+    return tuple(out)
+
+
+def token_axis(single: Sequence[int], batched: Sequence[int], width: int) -> int | None:
+    """The ggml axis that holds the pass's tokens: 1 in the single-token node, ``width`` in the batched one.
+
+    None when no axis (or more than one) changes that way, or another axis changes too.
+    """
+    a = list(single) + [1] * (4 - len(single))
+    b = list(batched) + [1] * (4 - len(batched))
+    changed = [d for d in range(4) if a[d] != b[d]]
+    if len(changed) == 1 and a[changed[0]] == 1 and b[changed[0]] == width:
+        return changed[0]
+    return None
+
+
+def compare_values(a: np.ndarray, b: np.ndarray) -> tuple[int, float, float]:
+    """(elements whose bits differ, max |a - b|, that relative to max |a|) of two float32 arrays."""
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    b = np.ascontiguousarray(b, dtype=np.float32)
+    ne = a.view(np.uint32) != b.view(np.uint32)
+    n = int(ne.sum())
+    if n == 0:
+        return 0, 0.0, 0.0
+    da, db = a[ne].astype(np.float64), b[ne].astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        d = np.abs(da - db)
+    d = np.where(np.isnan(da) & np.isnan(db), 0.0, d)  # two NaNs: different bits, no size
+    d = np.where(np.isnan(d), np.inf, d)
+    mx = float(d.max())
+    fin = np.abs(a[np.isfinite(a)])
+    scale = float(fin.max()) if fin.size else 0.0
+    return n, mx, (mx / scale if scale > 0 else float("inf"))
+
+
+def compare_graphs(single: Sequence[GraphNode], batched: Sequence[GraphNode], width: int, row: int
+                   ) -> tuple[list[NodeDiff], list[str]]:
+    """Every node of the single-token pass against row ``row`` of the batched pass, in graph order."""
+    notes: list[str] = []
+    out: list[NodeDiff] = []
+    if len(single) != len(batched):
+        notes.append(f"the passes have {len(single)} and {len(batched)} observed nodes; compared the first "
+                     f"{min(len(single), len(batched))} while their names agree")
+    layer, part = None, "input"
+    for a, b in zip(single, batched):
+        if (a.name, a.op) != (b.name, b.op):
+            notes.append(f"the graphs part at node {a.index} ({a.name} {a.op} against {b.name} {b.op}); "
+                         "nodes from there on are not compared")
+            break
+        got = layer_of(a.name)
+        if got is not None:
+            layer, part = got, f"blk.{got}"
+        elif a.name == "norm" or a.name.startswith("result"):
+            layer, part = None, "output"  # the final norm and the logits
+        d = NodeDiff(index=a.index, name=a.name, op=a.op, type=a.type, shape=trim(a.ne), batched_shape=trim(b.ne),
+                     layer=layer, part=part, status="skipped", buffer=a.buffer, sources=list(a.sources))
+        out.append(d)
+        if a.state or b.state:
+            d.note = ("KV cache view: it holds every position, and the two passes' caches differ past the "
+                      "prefix; the rows written into it are compared as Kcur/Vcur")
+            continue
+        if a.values is None or b.values is None:
+            d.note = a.note or b.note or "no values"
+            continue
+        ax = token_axis(a.ne, b.ne, width) if width > 1 else None
+        if width > 1 and ax is None:
+            d.note = ("no token axis: the same shape at both widths"
+                      if tuple(a.ne) == tuple(b.ne) else
+                      f"shapes differ beyond the token axis ({list(d.shape)} against {list(d.batched_shape)})")
+            continue
+        bv = b.values.reshape(tuple(reversed(b.ne)))
+        if ax is not None:
+            bv = np.take(bv, [row], axis=3 - ax)
+            d.token_axis = ax
+        av = a.values.reshape(tuple(reversed(a.ne)))
+        n, mx, rel = compare_values(av, bv)
+        d.n_elems, d.n_diff, d.max_abs, d.rel = int(av.size), n, mx, rel
+        d.status = "differs" if n else "identical"
+    return out, notes
+
+
+# -- the result ---------------------------------------------------------------------------
+@dataclass
+class LogitsDiff:
+    n_vocab: int
+    n_diff: int
+    max_abs: float
+    argmax_single: int
+    argmax_batched: int
+    margin_single: float  # top-1 minus top-2 logit of the single-token row
+
+    @property
+    def flips(self) -> bool:
+        return self.argmax_single != self.argmax_batched
+
+
+@dataclass
+class Located:
+    """One locate: where row ``row`` of a width-``width`` pass first departs from the single-token pass."""
+
+    target: str
+    backend: str
+    settings: EngineSettings
+    model: dict[str, Any]
+    position: int  # index of the compared token in the continuation: its row feeds token position-1
+    width: int
+    row: int
+    n_prompt: int
+    single_tokens: list[int]
+    batch_tokens: list[int]
+    selection: str
+    observer_exact: bool  # both observed passes gave the logits an unobserved context gives, bit for bit
+    nodes: list[NodeDiff]
+    logits: LogitsDiff
+    notes: list[str] = field(default_factory=list)
+    source: str = "position"  # "position" or "trace"
+    threads_used: int | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def first(self) -> NodeDiff | None:
+        return next((d for d in self.nodes if d.status == "differs"), None)
+
+    @property
+    def identical(self) -> bool:
+        """No compared node and no logit differs."""
+        return self.first is None and self.logits.n_diff == 0
+
+    def count(self, status: str) -> int:
+        return sum(1 for d in self.nodes if d.status == status)
+
+    def per_layer(self) -> list[dict[str, Any]]:
+        """Per part of the graph (input, blk.N, output) in graph order: how far the difference has grown.
+
+        ``out`` is the |Δ| of the part's last compared node (a layer's ``l_out-N``,
+        the residual stream it hands on), ``max`` the largest in it, ``first`` its
+        first differing node, ``differ`` how many of its compared nodes differ.
+        """
+        acc: dict[str, dict[str, Any]] = {}
+        for d in self.nodes:
+            a = acc.setdefault(d.part or "?", {"part": d.part or "?", "out": 0.0, "max": 0.0, "first": None,
+                                               "differ": 0, "compared": 0})
+            if d.status == "skipped":
+                continue
+            a["compared"] += 1
+            a["out"] = d.max_abs
+            if d.status == "differs":
+                a["max"] = max(a["max"], d.max_abs)
+                a["first"] = a["first"] or d.name
+                a["differ"] += 1
+        return list(acc.values())
+
+    def where(self) -> str:
+        """One line: where the batched pass first departs ("blk.0 Qcur-0: MUL_MAT on f16 weights in CPU, 576 of 576")."""
+        from .locate_text import where
+
+        return where(self)
+
+    def text(self) -> str:
+        from .locate_text import text
+
+        return text(self)
+
+    # -- JSON ---------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        first = self.first
+        return json_safe({
+            "schema": SCHEMA, "target": self.target, "backend": self.backend, "settings": self.settings.to_dict(),
+            "model": self.model, "source": self.source, "position": self.position, "width": self.width,
+            "row": self.row, "n_prompt": self.n_prompt, "single_tokens": self.single_tokens,
+            "batch_tokens": self.batch_tokens, "selection": self.selection, "observer_exact": self.observer_exact,
+            "threads_used": self.threads_used, "identical": self.identical,
+            "first": None if first is None else first.index, "where": self.where(),
+            "logits": asdict(self.logits), "notes": list(self.notes), "seconds": self.seconds,
+            "nodes": [d.to_json() for d in self.nodes],
+        })
+
+    @classmethod
+    def from_json(cls, d: Any, *, source: str = "<locate>") -> Located:
+        if not isinstance(d, dict) or d.get("schema") != SCHEMA:
+            got = d.get("schema") if isinstance(d, dict) else type(d).__name__
+            raise LocateError(f"{source}: not a specview locate (schema {got!r}, expected {SCHEMA!r}); "
+                              "write one with `specview locate --json FILE`")
+        try:
+            lg = dict(d["logits"])
+            lg["max_abs"] = float("inf") if lg.get("max_abs") is None else float(lg["max_abs"])
+            lg["margin_single"] = float("inf") if lg.get("margin_single") is None else float(lg["margin_single"])
+            return cls(
+                target=str(d["target"]), backend=str(d["backend"]),
+                settings=EngineSettings.from_dict(d.get("settings") or {}), model=dict(d.get("model") or {}),
+                position=int(d["position"]), width=int(d["width"]), row=int(d["row"]), n_prompt=int(d["n_prompt"]),
+                single_tokens=[int(t) for t in d["single_tokens"]], batch_tokens=[int(t) for t in d["batch_tokens"]],
+                selection=str(d["selection"]), observer_exact=bool(d["observer_exact"]),
+                nodes=[NodeDiff.from_json(n) for n in d["nodes"]], logits=LogitsDiff(**lg),
+                notes=[str(x) for x in d.get("notes", [])], source=str(d.get("source", "position")),
+                threads_used=d.get("threads_used"), seconds={str(k): float(v) for k, v in (d.get("seconds") or {}).items()},
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise LocateError(f"{source}: malformed locate ({type(exc).__name__}: {exc})") from None
+
+    def save(self, path: str | Path) -> Path:
+        import json
+
+        return write_atomic(path, json.dumps(self.to_json(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Located:
+        return cls.from_json(read_json(path, LocateError), source=str(path))
+
+
+# -- running it ---------------------------------------------------------------------------
+def _observed(model: Any, settings: EngineSettings, n_ctx: int, selection: str, backend: str) -> Any:
+    opener = getattr(model, "observed_engine", None)
+    if opener is None:
+        raise NotObservable(f"the {backend} engine cannot show the nodes of its forward passes; locate runs on "
+                            "llama.cpp in-process (the same GGUF file with --engine llama.cpp)")
+    return opener(settings, n_ctx, selection)
+
+
+def locate(session: Any, target: str, *, width: int, row: int = 0, position: int | None = None,
+           prompt_tokens: Sequence[int] | None = None, prompt: str | None = None, chat: bool = True,
+           settings: EngineSettings | None = None, backend: str = "llama.cpp", teacher: Sequence[int] | None = None,
+           source: str = "position", progress: ProgressFn | None = None, cancel: CancelFn | None = None) -> Located:
+    """Locate where row ``row`` of a width-``width`` pass computing token ``position`` first departs.
+
+    A job for a runner: it gets its model and contexts from ``session`` and
+    returns a picklable :class:`Located`.  ``teacher`` gives the continuation to
+    feed (a trace's tokens); without it the target's own greedy continuation
+    is walked.  ``position`` defaults to ``row + 1``, the first token a
+    width-``width`` pass can compute at row ``row``.
+    """
+    say = progress or (lambda msg: None)
+    cancel = cancel or (lambda: False)
+    settings = settings or EngineSettings()
+    if width < 1 or not 0 <= row < width:
+        raise ConfigError(f"row must be between 0 and width - 1 = {width - 1} (got row {row}, width {width})",
+                          setting="row")
+    position = row + 1 if position is None else int(position)
+    if position < row + 1:
+        raise ConfigError(f"position {position} is too early for row {row}: the pass would start before the first "
+                          f"generated token; use a position >= {row + 1}", setting="position")
+    t0 = time.perf_counter()
+    model = session.model(backend, target, settings)
+    t_load = time.perf_counter()
+    ids = list(prompt_tokens) if prompt_tokens else model.tokenize(prompt or "", chat=chat)
+    if not ids:
+        raise LocateError("the prompt is empty")
+    start = position - row  # continuation index of the batch's first row
+    need = start - 1 + width  # continuation tokens the batch feeds: c[start-1 .. start-2+width]
+    n = len(ids)
+    n_ctx = ((n + max(need, position) + 2 + 255) // 256) * 256
+    plain = session.engine("locate", model, settings, n_ctx)
+    if width > plain.n_batch:
+        raise ConfigError(f"width {width} is wider than the batch size {plain.n_batch}; raise --n-batch",
+                          setting="n_batch")
+    say(f"locate: walking {target} to token {max(need, position)} ({n} prompt tokens)")
+    pre = prefill(plain, ids, settings.n_batch, cancel)
+    if pre is None:
+        raise Cancelled("locate cancelled")
+    seq = [int(t) for t in (teacher or [])]
+    notes: list[str] = []
+    row_logits = pre[0]
+    replay_ok = True
+    for k in range(max(need, position)):  # feed c[k]; the row gives c[k+1]
+        if k >= len(seq):
+            seq.append(int(np.argmax(row_logits)))
+        elif replay_ok and k <= position - 1 and int(np.argmax(row_logits)) != seq[k]:
+            replay_ok = False
+            notes.append(f"the single-token replay's greedy token {k} is {int(np.argmax(row_logits))}, the trace's "
+                         f"is {seq[k]}: this machine or build computes the walk differently from the trace's")
+        if k == max(need, position) - 1:
+            break
+        if cancel():
+            raise Cancelled("locate cancelled")
+        row_logits = plain.eval([seq[k]], rows=[0])[0]
+    batch = seq[start - 1:start - 1 + width]
+    single = [seq[position - 1]]
+    t_walk = time.perf_counter()
+    tried: list[str] = []
+    for sel in SELECTIONS:
+        obs = _observed(model, settings, n_ctx, sel, backend)
+        try:
+            res = _pair(plain, obs, n, start, position, batch, single, seq, width, row)
+        finally:
+            obs.close()
+        tried.append(sel)
+        if res["exact"]:
+            break
+        notes.append(f"observing {'every node' if sel == 'all' else 'the layer outputs'} changed the logits "
+                     "(the scheduler splits the graph at every observed node, and fused kernels do not fuse)"
+                     + ("; observing fewer nodes" if sel != SELECTIONS[-1] else "; the nodes below may not be the "
+                        "ones an unobserved pass computes"))
+    mb: MicroBatch = res["micro"]
+    nodes, cmp_notes = compare_graphs(res["single_nodes"], mb.nodes, mb.width, row - mb.first_row)
+    notes += cmp_notes
+    if res["n_micro"] > 1:
+        notes.append(f"llama.cpp computed the width-{width} pass as {res['n_micro']} micro-batches (n_ubatch "
+                     f"{getattr(plain, 'n_ubatch', '?')}); row {row} is row {row - mb.first_row} of the "
+                     f"{mb.width}-token one, and that is what was compared")
+    if row > 0:
+        notes.append(f"row {row} also attends to the K/V entries the same pass wrote for rows 0-{row - 1}, "
+                     "in the batched shape")
+    ls, lb = res["single_ref"][0], res["batch_ref"][row]
+    n_diff, mx, _ = compare_values(ls, lb)
+    ids_s, vals_s = topk(ls, 2)
+    margin = float(vals_s[0] - vals_s[1]) if len(vals_s) > 1 else float("inf")
+    logits = LogitsDiff(n_vocab=int(ls.size), n_diff=n_diff, max_abs=mx, argmax_single=int(np.argmax(ls)),
+                        argmax_batched=int(np.argmax(lb)), margin_single=margin)
+    t1 = time.perf_counter()
+    return Located(
+        target=target, backend=backend, settings=settings, model=model.facts(), position=position, width=width,
+        row=row, n_prompt=n, single_tokens=single, batch_tokens=[int(t) for t in batch], selection=tried[-1],
+        observer_exact=bool(res["exact"]), nodes=nodes, logits=logits, notes=notes, source=source,
+        threads_used=getattr(plain, "threads", None),
+        seconds={"total": round(t1 - t0, 3), "load": round(t_load - t0, 3), "walk": round(t_walk - t_load, 3), "observed": round(res["observed_s"], 3),
+                 "plain": round(res["plain_s"], 3), "compare": round(t1 - t_walk - res["observed_s"] - res["plain_s"], 3)},
+    )
+
+
+def _pair(plain: Any, obs: Any, n: int, start: int, position: int, batch: list[int], single: list[int],
+          seq: list[int], width: int, row: int) -> dict[str, Any]:
+    """The batched and the single-token pass, each observed and unobserved on the same prefix."""
+    plain_s = observed_s = 0.0
+    # the batched pass, on the prefix that ends at token start-1 (fed: c[0..start-2])
+    plain.truncate(n + start - 1)
+    obs.take_state(plain)
+    t = time.perf_counter()
+    batch_ref = plain.eval(batch, rows=range(width))
+    t2 = time.perf_counter()
+    batch_obs, micro = obs.observe(batch, range(width))
+    mb = next(m for m in micro if m.first_row <= row < m.first_row + m.width)
+    observed_s += time.perf_counter() - t2
+    plain_s += t2 - t
+    # the single-token pass, on the prefix that ends at token position-1
+    plain.truncate(n + start - 1)
+    for k in range(start - 1, position - 1):
+        plain.eval([seq[k]], rows=[0])
+    obs.take_state(plain)
+    t = time.perf_counter()
+    single_ref = plain.eval(single, rows=[0])
+    t2 = time.perf_counter()
+    single_obs, (one,) = obs.observe(single, [0])
+    observed_s += time.perf_counter() - t2
+    plain_s += t2 - t
+    exact = (np.array_equal(batch_ref.view(np.uint32), batch_obs.view(np.uint32))
+             and np.array_equal(single_ref.view(np.uint32), single_obs.view(np.uint32)))
+    return {"exact": exact, "batch_ref": batch_ref, "single_ref": single_ref, "micro": mb, "n_micro": len(micro),
+            "single_nodes": one.nodes, "observed_s": observed_s, "plain_s": plain_s}
+
+
+def fork_of(trace: Any) -> dict[str, Any]:
+    """What a trace's first fork asks :func:`locate` for: target, settings, prompt, position, width, row, teacher.
+
+    The width and row are those of the verify pass whose row chose the
+    speculative arm's first differing token; the teacher tokens are the shared
+    prefix and that pass's draft tokens.
+    """
+    from .config import RunConfig
+
+    fm = trace.comparison.first_mismatch
+    if fm is None:
+        raise LocateError("the trace's arms are identical: there is no fork to locate; give --position instead")
+    k = fm.index
+    spec = trace.speculative
+    if k >= len(spec.steps):
+        raise LocateError(f"the speculative arm stopped before token {k}: no verify pass chose it")
+    step = spec.steps[k]
+    if step.batch_size is None or step.batch_index is None:
+        raise LocateError("the trace does not say which verify pass chose the fork's token (its engine reports no "
+                          "per-round data): locate it with --position, --width and --row")
+    cfg = RunConfig.from_dict(trace.config)
+    width, row = int(step.batch_size), int(step.batch_index)
+    teacher = list(trace.vanilla.tokens[:k])
+    rnd = next((r for r in spec.rounds if r.first_step == k - row and r.batch_size == width), None)
+    if rnd is not None and len(rnd.draft_tokens) == width - 1:
+        teacher = teacher[:k - row] + [int(t) for t in rnd.draft_tokens]
+    return {"target": cfg.target, "settings": cfg.engine, "backend": cfg.backend,
+            "prompt_tokens": [int(t) for t in trace.prompt["tokens"]], "position": k, "width": width, "row": row,
+            "teacher": teacher, "source": "trace"}
+
+
+__all__ = ["SCHEMA", "SELECTIONS", "GraphEngine", "GraphNode", "Located", "LocateError", "LogitsDiff", "MicroBatch",
+           "NodeDiff",
+           "NodeSource", "NotObservable", "compare_graphs", "compare_values", "fork_of", "layer_of", "locate",
+           "token_axis"]
