@@ -32,6 +32,8 @@ COMMANDS = {
 EXIT_IDENTICAL = 0
 EXIT_DIVERGED = 1
 EXIT_ERROR = 2
+#: the first argument that makes the frozen app an engine worker (specview.core.worker.child.FROZEN_ARG)
+WORKER_ARG = "--specview-engine-worker"
 
 
 def _load(name: str):
@@ -63,9 +65,18 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == [WORKER_ARG]:  # the frozen app started as an engine worker (specview.core.worker)
+        from .core.worker.child import entry
+
+        entry(argv[1:])
+        return 0
     if not argv:
         argv = ["gui"]
     cmd = argv[0] if argv and argv[0] in COMMANDS else None
+    if cmd is not None:
+        from .commands.common import join_dash_values
+
+        argv = join_dash_values(argv)  # --server-args "--no-repack": a value that starts with a dash
     parser = build_parser(only=cmd)
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):

@@ -26,7 +26,7 @@ import numpy as np
 
 from specview.core.engine import Engine, EngineSettings, VocabInfo
 from specview.core.registry import Backend, LoadedModel
-from specview.core.session import InProcessBackend
+from specview.core.inprocess import InProcessBackend
 
 N_VOCAB = 40
 EOS = 2

@@ -61,7 +61,7 @@ def _prompts(args: argparse.Namespace) -> list[tuple[str, str]]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..core.reference import format_check, run_check
+    from ..core.reference import check_texts, format_check
     from ..core.registry import get_backend
 
     progress = Progress(args.quiet or args.json)
@@ -79,16 +79,9 @@ def main(args: argparse.Namespace) -> int:
                             "return the logits of every position. Check the same GGUF with --engine llama.cpp "
                             "(the same llama.cpp build) instead.")
     texts = _prompts(args)
-    with backend.runner(progress=progress) as session:
-        model = session.model(backend.name, target, settings)
-        prompts = []
-        for name, text in texts:
-            toks = model.tokenize(text, chat=chat)
-            if not toks:
-                raise SpecviewError(f"the prompt {name!r} is empty: give some text")
-            prompts.append((name, toks))
-        result = run_check(session, backend=backend.name, target=target, settings=settings, prompts=prompts,
-                           continuation=args.continuation, progress=progress)
+    with backend.runner(progress=progress) as runner:
+        result = runner.job(check_texts, backend=backend.name, target=target, settings=settings, texts=texts,
+                            chat=chat, continuation=args.continuation, progress=progress)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

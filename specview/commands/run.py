@@ -8,7 +8,7 @@ import time
 from ..core.config import DEMO_DRAFT, DEMO_TARGET, DRAFT_FILE_TYPES, RunConfig
 from ..core.demo import DEMO_PROMPT, is_demo_name
 from ..core.diagnose import format_verdict
-from ..core.errors import ConfigError, SpecviewError
+from ..core.errors import ConfigError, EngineCrashed, SpecviewError
 from ..core.registry import get_backend
 from ..core.trace import Step, Trace
 from .common import (Progress, add_engine_choice, add_setting_flags, cli_error, engine_settings, given_settings,
@@ -71,7 +71,21 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         get_backend(cfg.backend).check(cfg)
     except ConfigError as exc:
         raise cli_error(exc) from None
+    if "target" not in given_settings(args, RunConfig) and cfg.backend == "llama.cpp":
+        cfg = demo_for_machine(cfg, args)
     return cfg
+
+
+def demo_for_machine(cfg: RunConfig, args: argparse.Namespace) -> RunConfig:
+    """The default demo, or the demo quantization that can fork on this build when the default cannot
+    (``args.demo_pick`` keeps the reason for the output and the trace)."""
+    from dataclasses import replace
+
+    from ..backends.llama_cpp.demo_pick import pick_demo_target
+
+    pick = pick_demo_target(cfg.engine, default=cfg.target, progress=Progress(getattr(args, "quiet", False)))
+    args.demo_pick = pick.reason
+    return replace(cfg, target=pick.target) if pick.changed else cfg
 
 
 def _show(piece: str | None) -> str:
@@ -106,6 +120,11 @@ def summary(trace: Trace, *, context: int = 8) -> str:
         lines.append(f"note     {trace.prompt['chat_note']}")
     if cfg.get("serial_verify"):
         lines.append("verify   serial: every verify pass computed as single-token passes (--serial-verify)")
+    eng = cfg.get("engine") if isinstance(cfg.get("engine"), dict) else {}
+    if eng.get("no_repack") is True and eng.get("no_repack_reason"):
+        lines.append(f"repack   {eng['no_repack_reason']}")
+    if trace.environment.get("demo_pick"):
+        lines.append(f"demo     {trace.environment['demo_pick']}")
     lines.append("")
     if c.identical:
         lines.append(f"IDENTICAL: both arms produced the same {c.agree} tokens.")
@@ -151,16 +170,34 @@ def main(args: argparse.Namespace) -> int:
     progress = Progress(args.quiet)
     cfg = config_from_args(args)
     t0 = time.perf_counter()
+    trace: Trace | None = None
+    diag = None
+    crash: EngineCrashed | None = None
     with get_backend(cfg.backend).runner(progress=progress) as runner:
         progress(f"running vanilla and speculative arms ({cfg.max_tokens} tokens each)")
-        trace = runner.run(cfg)
-        diag = None
-        if (args.diagnose or args.controls) and not _cancelled(trace):
-            progress("diagnosing: teacher-forced replays at the fork and the numeric envelope")
-            diag = format_verdict(runner.diagnose(trace, cfg, controls=args.controls, progress=progress))
-    if args.json:
+        try:
+            trace = runner.run(cfg)
+            if getattr(args, "demo_pick", ""):  # which demo quantization ran, and why, in the output and the trace
+                trace.environment["demo_pick"] = args.demo_pick
+            if (args.diagnose or args.controls) and not _cancelled(trace):
+                progress("diagnosing: teacher-forced replays at the fork and the numeric envelope")
+                diag = format_verdict(runner.diagnose(trace, cfg, controls=args.controls, progress=progress))
+        except EngineCrashed as exc:  # the engine died; what it computed is kept, and is itself a bug report
+            crash = exc
+            if trace is None:
+                trace = exc.trace
+            elif exc.crash:
+                trace.extra["crash"] = exc.crash
+    if trace is not None and args.json:
         path = trace.save(args.json)
         progress(f"trace written to {path}")
+    if crash is not None:
+        if trace is not None and (trace.vanilla.steps or trace.speculative.steps):
+            print(summary(trace, context=args.context))
+            print()
+        raise SpecviewError(str(crash) + ("" if args.json or trace is None else
+                                          "\n  keep the run for a bug report: add --json TRACE.json"))
+    assert trace is not None
     print(summary(trace, context=args.context))
     if diag is not None:
         print()

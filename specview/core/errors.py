@@ -47,3 +47,43 @@ class EvalError(SpecviewError):
 
 class Cancelled(SpecviewError):
     """The caller's cancel check returned True."""
+
+
+class EngineCrashed(SpecviewError):
+    """The engine's worker process died (a signal, an early exit) or stopped making progress.
+
+    The message says what it was doing, the native function where the platform
+    told, a known cause when one matches, and what to try.  ``trace`` is what
+    the run had computed before the death (arms stopped with reason
+    ``"crashed"``), or None when nothing was; ``crash`` is the same account as a
+    JSON-ready dict (a trace keeps it under its ``crash`` key).
+    """
+
+    def __init__(self, message: str, *, crash: dict | None = None, trace: object | None = None):
+        super().__init__(message)
+        self.crash: dict = dict(crash or {})
+        self.trace = trace
+
+    @property
+    def signal(self) -> str | None:
+        """The signal's name ("SIGSEGV") when a signal ended the worker."""
+        return self.crash.get("signal")
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.crash.get("exitcode")
+
+    @property
+    def activity(self) -> str | None:
+        return self.crash.get("activity")
+
+    @property
+    def known_cause(self) -> dict | None:
+        return self.crash.get("known_cause")
+
+    def __reduce__(self):  # keyword-only arguments survive pickling
+        return (_rebuild_crash, (str(self), self.crash, self.trace))
+
+
+def _rebuild_crash(message: str, crash: dict, trace: object) -> "EngineCrashed":
+    return EngineCrashed(message, crash=crash, trace=trace)

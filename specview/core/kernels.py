@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,7 @@ import numpy as np
 
 from .config import EngineSettings, check_value
 from .errors import BackendUnavailable, Cancelled, ConfigError, SpecviewError
+from .eta import WorkEta
 from .generate import prefill
 from .prompts import PromptError, PromptSpec, builtin_names, builtin_prompts
 from .kernels_text import heatmap, parse_widths, ranges, settings_label, table
@@ -392,14 +394,22 @@ class _Acc:
 
 
 def _session_of(runner: Any, backend: str) -> Any:
-    if runner is None:
-        from .registry import get_backend
+    """The runner to map on: ``runner``, or a new one of ``backend`` (the caller closes it); refused for an engine
+    whose forward passes specview does not run itself."""
+    from .registry import Runner, get_backend, holds_models
 
+    if runner is None:
         be = get_backend(backend)
         if not be.in_process:
             raise BackendUnavailable(_not_in_process(backend))
         return be.runner()
-    if not (hasattr(runner, "model") and hasattr(runner, "engine")):
+    if holds_models(runner):
+        return runner
+    try:
+        in_process = get_backend(backend).in_process
+    except SpecviewError:
+        in_process = False
+    if not in_process or type(runner).job is Runner.job:
         raise BackendUnavailable(_not_in_process(backend))
     return runner
 
@@ -455,6 +465,10 @@ def map_target(session: Any, target: str, prompts: Sequence[PromptSpec], widths:
         rows = np.empty((n_tok, model.vocab.n_vocab), dtype=np.float32)
         rows[0] = pre[0]
         seq = [int(np.argmax(rows[0]))]
+        n_prompt = len(toks)
+        blocks = sorted(((s, w) for w in widths for s in block_starts(w, positions)), key=lambda b: (-b[0], b[1]))
+        # a line with an estimate per width (on a slow backend the first pass of a width can take minutes)
+        eta = WorkEta({"walk": n_tok - 1, **Counter(w for _, w in blocks)}, label=f"kernel map: {target}, {p.name}")
         for j in range(1, n_tok):
             if cancel():
                 raise Cancelled("kernel map cancelled")
@@ -462,6 +476,8 @@ def map_target(session: Any, target: str, prompts: Sequence[PromptSpec], widths:
             seq.append(int(np.argmax(rows[j])))
             if on_pass:
                 on_pass(1)
+            if (line := eta.done("walk", what="single-token rows")):
+                say(line)
         tops: dict[int, np.ndarray] = {}
         margins = np.empty(n_tok)
         for j in range(n_tok):
@@ -469,14 +485,13 @@ def map_target(session: Any, target: str, prompts: Sequence[PromptSpec], widths:
             tops[j] = ids
             margins[j] = float(vals[0]) - float(vals[1]) if len(vals) > 1 else math.inf
         # 2. the verify blocks, last first, each on the walk's single-token prefix
-        n_prompt = len(toks)
-        blocks = sorted(((s, w) for w in widths for s in block_starts(w, positions)), key=lambda b: (-b[0], b[1]))
         for s, w in blocks:
             if cancel():
                 raise Cancelled("kernel map cancelled")
             if w in stopped:
                 if on_pass:
                     on_pass(1)
+                eta.done(w)  # nothing computed: it only shortens the estimate
                 continue
             eng.truncate(n_prompt + s - 1)
             out = eng.eval(seq[s - 1:s - 1 + w], rows=range(w))
@@ -488,6 +503,8 @@ def map_target(session: Any, target: str, prompts: Sequence[PromptSpec], widths:
                 accs[w].stats.stopped = True
             if on_pass:
                 on_pass(1)
+            if (line := eta.done(w, what=f"width {w}")):
+                say(line)
         out_prompts.append(PromptSequence(name=p.name, prompt_tokens=toks, tokens=seq, positions=positions))
         del rows
     stats = {w: acc.finish() for w, acc in accs.items()}
@@ -521,16 +538,28 @@ def kernel_map(
     """Map every target (under every settings given) over ``prompts`` at ``widths``.
 
     ``session_or_runner`` is the :class:`~specview.core.session.Session` whose
-    loaded models to use (None: a new one for ``backend``, closed afterwards).
+    loaded models to use, or a runner whose Session lives in its worker process
+    (the map then runs there), or None (a new runner for ``backend``, closed
+    afterwards).
     ``progress`` gets one line per target and prompt; ``on_fraction`` the share of
     forward passes done; ``cancel`` is checked between forward passes and raises
     :class:`~specview.core.errors.Cancelled`.  ``stop_at_difference`` stops
     measuring a width at its first differing row: the safe widths are answered
     as fully, for less (see :func:`map_target`).
     """
+    from .registry import holds_models
+
+    if not holds_models(session_or_runner):  # a runner whose models live in its worker: map there
+        runner = _session_of(session_or_runner, backend)
+        try:
+            return runner.job(kernel_map, targets, prompts, widths, positions, settings, backend=backend,
+                              top_k=top_k, progress=progress, cancel=cancel, on_fraction=on_fraction,
+                              stop_at_difference=stop_at_difference)
+        finally:
+            if session_or_runner is None:
+                runner.close()
+    session = session_or_runner
     t0 = time.perf_counter()
-    owned = session_or_runner is None
-    session = _session_of(session_or_runner, backend)
     widths = tuple(sorted({int(w) for w in widths} | {1}))
     if widths[0] < 1:
         raise ConfigError(f"widths must be >= 1 (got {widths[0]})", setting="widths")
@@ -559,16 +588,12 @@ def kernel_map(
             on_fraction(min(1.0, done / total))
 
     rows = []
-    try:
-        for target in targets:
-            for st in settings_list:
-                rows.append(map_target(session, target, kprompts, widths, positions, st, backend=backend,
-                                       top_k=top_k, progress=progress, cancel=cancel, on_pass=tick,
-                                       stop_at_difference=stop_at_difference))
-        env = _environment(backend)
-    finally:
-        if owned:
-            session.close()
+    for target in targets:
+        for st in settings_list:
+            rows.append(map_target(session, target, kprompts, widths, positions, st, backend=backend,
+                                   top_k=top_k, progress=progress, cancel=cancel, on_pass=tick,
+                                   stop_at_difference=stop_at_difference))
+    env = _environment(backend)
     return KernelMap(backend=backend, widths=widths, positions=positions, top_k=top_k, prompts=kprompts,
                      targets=rows, environment=env, seconds=time.perf_counter() - t0)
 

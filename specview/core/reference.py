@@ -34,6 +34,7 @@ import numpy as np
 from .config import EngineSettings
 from .engine import Engine
 from .errors import SpecviewError
+from .eta import WorkEta
 from .generate import GenOptions, run_to_end, vanilla_greedy
 from .registry import get_backend
 
@@ -207,6 +208,19 @@ def _round(d: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def check_texts(session: Any, *, backend: str, target: str, settings: EngineSettings,
+                texts: Iterable[tuple[str, str]], chat: bool = True, **kw: Any) -> dict[str, Any]:
+    """:func:`run_check` over prompt texts (name, text), tokenized by the target as ``session`` loads it."""
+    model = session.model(backend, target, settings)
+    prompts = []
+    for name, text in texts:
+        toks = model.tokenize(text, chat=chat)
+        if not toks:
+            raise SpecviewError(f"the prompt {name!r} is empty: give some text")
+        prompts.append((name, toks))
+    return run_check(session, backend=backend, target=target, settings=settings, prompts=prompts, **kw)
+
+
 def run_check(
     session: Any,
     *,
@@ -253,6 +267,9 @@ def run_check(
     e_ref = session.engine("check-reference", m_ref, chosen.reference, n_ctx)
     e_test = session.engine("check-test", m_test, chosen.test, n_ctx)
     raws = []
+    # one line per prompt with an estimate of the rest (a slow backend takes minutes per prompt)
+    eta = WorkEta({name: len(toks) + continuation for name, toks in prompts}, label=f"backend check: {target}",
+                  unit="positions", every=0.0)
     for name, toks in prompts:
         if cancel():
             raise BackendCheckCancelled("backend check cancelled")
@@ -269,6 +286,8 @@ def run_check(
         fig = teacher_force(e_ref, e_test, seq, n_prompt=len(toks), cancel=cancel)
         raws.append(fig["_raw"])
         base["prompts"].append({"name": name, **_round(fig)})
+        if len(prompts) > 1 and (line := eta.done(name, len(toks) + continuation, what=f"{name} done")):
+            say(line)
     joined = [sum((list(r[i]) for r in raws), []) for i in range(6)]
     totals = summarize(*joined)
     base["totals"] = _round(totals)

@@ -69,6 +69,17 @@ class Runner(ABC):
                  progress: ProgressFn | None = None, cancel: CancelFn | None = None) -> dict[str, Any]:
         """Explain the trace's fork (or confirm it has none); the result goes into ``trace.diagnosis``."""
 
+    def preload(self, cfg: RunConfig) -> None:
+        """Load the models of ``cfg`` now (an engine that loads them when it starts does nothing)."""
+
+    def job(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(session, *args, **kwargs)`` where this engine's models live: the kernel map, the backend
+        check, the prescription.  ``fn`` is a module-level function; keyword arguments that are callables
+        (``progress=``, ``on_pass=`` ...) are called back here, ``cancel=`` is polled.  Only in-process
+        engines have a Session to give it."""
+        raise BackendUnavailable(f"{getattr(fn, '__name__', 'this')} needs an engine whose forward passes specview "
+                                 "runs itself (llama.cpp, mlx)")
+
     def close(self) -> None:
         """Free models, contexts and processes."""
 
@@ -77,6 +88,11 @@ class Runner(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def holds_models(runner: Any) -> bool:
+    """True for a runner whose models live in this process (a Session): it can be handed to core code as is."""
+    return hasattr(runner, "model") and hasattr(runner, "engine")
 
 
 class Backend(ABC):
@@ -120,6 +136,11 @@ class Backend(ABC):
         """Versions and devices, merged into every trace's ``environment`` block."""
         return {}
 
+    def worker_env(self, settings: EngineSettings) -> dict[str, str]:
+        """Environment variables the engine's worker process must have before the engine's library loads
+        (knobs ggml reads once at start-up); a change starts a new worker."""
+        return {}
+
     def setup_facts(self, settings: EngineSettings, *, deep: bool = True) -> list[Fact]:
         """What ``specview doctor`` says of this engine: a list of :class:`specview.core.facts.Fact`.
 
@@ -138,12 +159,20 @@ class Backend(ABC):
 
 _FACTORIES: dict[str, Callable[[], Backend]] = {}
 _INSTANCES: dict[str, Backend] = {}
+_PATHS: dict[str, str] = {}  # engines known by dotted path: another process can make them too
 _discovered = False
 
 
 def register_backend(name: str, factory: Callable[[], Backend] | str) -> None:
-    """Make ``name`` an engine.  ``factory`` is a callable, or a dotted ``"module:Class"`` imported on first use."""
+    """Make ``name`` an engine.  ``factory`` is a callable, or a dotted ``"module:Class"`` imported on first use.
+
+    An in-process engine registered by dotted path runs in a worker process
+    (:class:`specview.core.inprocess.InProcessBackend`); one registered with a
+    Python callable, which no other process can call, runs in this one.
+    """
+    _PATHS.pop(name, None)
     if isinstance(factory, str):
+        _PATHS[name] = factory
         factory = _by_path(factory)
     _FACTORIES[name] = factory
     _INSTANCES.pop(name, None)
@@ -152,6 +181,14 @@ def register_backend(name: str, factory: Callable[[], Backend] | str) -> None:
 def unregister_backend(name: str) -> None:
     _FACTORIES.pop(name, None)
     _INSTANCES.pop(name, None)
+    _PATHS.pop(name, None)
+
+
+def dotted_paths() -> dict[str, str]:
+    """Engines known by dotted path (built-in, plug-ins, and ``register_backend(name, "module:Class")``):
+    another process can make each of them too."""
+    _discover()
+    return dict(_PATHS)
 
 
 def _by_path(path: str) -> Callable[[], Backend]:
@@ -173,7 +210,9 @@ def _discover() -> None:
         return
     _discovered = True
     for name, path in BUILTIN_BACKENDS.items():
-        _FACTORIES.setdefault(name, _by_path(path))
+        if name not in _FACTORIES:
+            _FACTORIES[name] = _by_path(path)
+            _PATHS[name] = path
     try:
         from importlib.metadata import entry_points
 
@@ -183,6 +222,7 @@ def _discover() -> None:
     for ep in eps:
         if ep.name not in _FACTORIES:
             _FACTORIES[ep.name] = _by_path(ep.value)
+            _PATHS[ep.name] = ep.value
 
 
 def backend_names() -> list[str]:

@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable
 
 from .. import __version__
+from . import activity
 from .compare import compare_arms
 from .drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
 from .config import RunConfig
@@ -54,6 +55,7 @@ class Session(Runner):
         m = self._models.get(key)
         if m is None:
             self.progress(f"loading {resolved}")
+            activity.doing(f"loading {resolved}")
             m = be.load(resolved, settings)
             self._models[key] = m
             self.loads += 1
@@ -103,6 +105,16 @@ class Session(Runner):
         deng = self.engine("draft", dmodel, cfg.engine, n_ctx)
         return ModelDrafter(deng, n_max=cfg.n_max, n_min=cfg.n_min, p_min=cfg.p_min, n_batch=cfg.engine.n_batch), dmodel
 
+    def preload(self, cfg: RunConfig) -> None:
+        """Load the target (and the draft model, if the run has one) now."""
+        self.model(cfg.backend, cfg.target, cfg.engine)
+        if cfg.uses_draft_model and cfg.draft:
+            self.model(cfg.backend, cfg.draft, cfg.engine)
+
+    def job(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(self, *args, **kwargs)``: this Session is where the models live."""
+        return fn(self, *args, **kwargs)
+
     def diagnose(self, trace: Trace, cfg: RunConfig, *, controls: bool = False,
                  progress: ProgressFn | None = None, cancel: Callable[[], bool] | None = None) -> dict[str, Any]:
         from .diagnose import diagnose
@@ -116,8 +128,14 @@ class Session(Runner):
         on_event: EventFn | None = None,
         cancel: Callable[[], bool] | None = None,
         reuse_vanilla: bool = True,
+        on_record: Callable[[str, Any], None] | None = None,
     ) -> Trace:
-        """Run (or reuse) the vanilla arm and run the speculative arm; return the trace."""
+        """Run (or reuse) the vanilla arm and run the speculative arm; return the trace.
+
+        ``on_record("head", trace)`` gets the trace's config, models and prompt (its arms still empty)
+        before the first token, and ``on_record("arm", arm)`` each arm when it ends: what a caller needs
+        to keep a run whose engine dies half-way (:mod:`specview.core.worker`).
+        """
         cancel = cancel or (lambda: False)
         get_backend(cfg.backend).check(cfg)
         target = self.model(cfg.backend, cfg.target, cfg.engine)
@@ -126,6 +144,9 @@ class Session(Runner):
         opts = GenOptions(max_tokens=cfg.max_tokens, ignore_eos=cfg.ignore_eos, n_batch=cfg.engine.n_batch,
                           top_k=cfg.top_k)
         drafter, dmodel = self.make_drafter(cfg, target, n_ctx)
+        if on_record is not None:
+            on_record("head", self.build_trace(cfg, target, dmodel, tokens, n_ctx, ArmResult(name="vanilla"),
+                                               ArmResult(name="speculative", drafter=drafter.spec_type)))
 
         vkey = (cfg.backend, target.path, tuple(tokens), cfg.max_tokens, cfg.ignore_eos, cfg.top_k,
                 cfg.engine)
@@ -143,6 +164,8 @@ class Session(Runner):
             self.vanilla_runs += 1
             if vanilla.stop_reason != "cancelled":
                 self._vanilla[vkey] = (vanilla, n_ctx)
+        if on_record is not None:
+            on_record("arm", vanilla)
         if vanilla.stop_reason == "cancelled":
             speculative = ArmResult(name="speculative", drafter=drafter.spec_type, stop_reason="cancelled")
         else:
@@ -219,10 +242,3 @@ def prompt_record(cfg: RunConfig, tokens: list[int], *, chat_note: str | None = 
     if d["chat"] and chat_note:
         d["chat_note"] = chat_note
     return d
-
-
-class InProcessBackend(Backend):
-    """A backend whose models load into this process; its runner is a :class:`Session`."""
-
-    def runner(self, *, progress: ProgressFn | None = None) -> Session:
-        return Session(progress=progress)

@@ -1,8 +1,9 @@
 """The model worker: one long-lived QObject on its own QThread that owns the engine's runner.
 
 Every run, matrix and diagnosis goes through the runner of the chosen engine,
-``get_backend(cfg.backend).runner(progress=...)`` (a :class:`~specview.core.session.Session`
-for the in-process engines, a server runner for llama-server, a plug-in's own):
+``get_backend(cfg.backend).runner(progress=...)`` (for the in-process engines a proxy
+whose :class:`~specview.core.session.Session` lives in a worker process, a server runner for
+llama-server, a plug-in's own):
 the worker never asks which engine it is.  llama.cpp contexts must not cross
 threads, so every model load, derivation, run and diagnosis happens here, and
 the window only ever sees the typed signals below, each carrying one small
@@ -40,7 +41,6 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 from ..core.config import RunConfig
 from ..core.errors import SpecviewError
 from ..core.registry import Runner, get_backend
-from ..core.session import Session
 from ..core.trace import Round, Step, Trace
 from . import models as gmodels
 
@@ -339,11 +339,8 @@ class ModelWorker(QObject):
         self._current_id = req.id
         try:
             cfg = req.cfg
-            runner = self.runner_for(cfg.backend)
-            if isinstance(runner, Session):  # in-process engines load now; a server loads its models when it starts
-                runner.model(cfg.backend, cfg.target, cfg.engine)
-                if cfg.uses_draft_model and cfg.draft:
-                    runner.model(cfg.backend, cfg.draft, cfg.engine)
+            # in-process engines load now (in their worker process); a server loads its models when it starts
+            self.runner_for(cfg.backend).preload(cfg)
             self.sigPreloaded.emit(req.id)
         except BaseException as exc:  # noqa: BLE001
             self._fail(req.id, exc)
@@ -368,9 +365,10 @@ class ModelWorker(QObject):
         finally:
             self.busy = False
 
-    def _session_for(self, backend: str) -> Session | None:
-        """The Session of an in-process engine; None for any other, whose refusal the core words."""
-        return self.runner_for(backend) if get_backend(backend).in_process else None  # type: ignore[return-value]
+    def _session_for(self, backend: str) -> Runner | None:
+        """The runner of an in-process engine (its Session lives in a worker process); None for any other,
+        whose refusal the core words."""
+        return self.runner_for(backend) if get_backend(backend).in_process else None
 
     def _fraction_reporter(self, rid: int) -> tuple[Any, Any]:
         """(progress(text), on_fraction(f)) for one request: a line of text, the fraction at most every BATCH_S."""

@@ -26,7 +26,8 @@ from specview.core import diagnose as dmod
 from specview.core import generate
 from specview.core.engine import Engine, EngineSettings, SpecviewError, VocabInfo
 from specview.core.registry import LoadedModel, register_backend
-from specview.core.session import InProcessBackend, RunConfig, Session
+from specview.core.inprocess import InProcessBackend
+from specview.core.session import RunConfig, Session
 from specview.core.trace import Trace
 from specview.core.verdicts import RULES
 

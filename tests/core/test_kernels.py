@@ -15,7 +15,8 @@ from specview.core.kernels import (KernelMap, KernelMapError, block_starts, kern
                                    passes_needed, tokens_needed)
 from specview.core.kernels_text import target_table
 from specview.core.registry import register_backend, unregister_backend
-from specview.core.session import InProcessBackend, Session
+from specview.core.inprocess import InProcessBackend
+from specview.core.session import Session
 
 PROMPTS = [[1, 5, 9, 11], [1, 7, 3, 30, 2, 8]]
 

@@ -13,7 +13,8 @@ from specview.core.config import EngineSettings, RunConfig
 from specview.core.kernels import kernel_map
 from specview.core.prescribe import Prescription, prescribe, suite_rates, wilson
 from specview.core.registry import register_backend, unregister_backend
-from specview.core.session import InProcessBackend, Session
+from specview.core.inprocess import InProcessBackend
+from specview.core.session import Session
 from test_kernels import PROMPTS, ToyLoaded
 
 POSITIONS = 24

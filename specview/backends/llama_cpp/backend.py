@@ -10,7 +10,7 @@ from ...core.doctor import gpu_build_advice
 from ...core.engine import WrappedModel
 from ...core.errors import SpecviewError
 from ...core.facts import Fact
-from ...core.session import InProcessBackend
+from ...core.inprocess import InProcessBackend
 from . import demo
 from .engine import LlamaEngine
 from .lib import _lib, llama_environment

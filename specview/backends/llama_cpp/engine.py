@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ...core import activity
 from ...core.config import EngineSettings
 from ...core.engine import ModelEngine
 from ...core.errors import ConfigError, EvalError, SpecviewError
@@ -118,6 +119,8 @@ class LlamaEngine(ModelEngine):
             b.seq_id[i][0] = 0
             b.logits[i] = 1 if i in want else 0
         b.n_tokens = n
+        if activity.active:
+            activity.doing(f"a {n}-token pass at position {pos0} of {self.model.path.name}")
         t0 = time.perf_counter()
         rc = ll.llama_decode(self.ctx, b)
         if rc != 0:

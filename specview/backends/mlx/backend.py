@@ -9,7 +9,7 @@ from typing import Any, Callable
 from ...core.config import EngineSettings
 from ...core.engine import WrappedModel
 from ...core.errors import ModelFileError
-from ...core.session import InProcessBackend
+from ...core.inprocess import InProcessBackend
 from . import lib
 from .demo import demo_folder
 from .engine import MLXEngine, MLXModel

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ...core import activity
 from ...core.config import EngineSettings
 from ...core.engine import ModelEngine, VocabInfo
 from ...core.errors import EvalError, ModelFileError, SpecviewError
@@ -345,6 +346,8 @@ class MLXEngine(ModelEngine):
             return np.empty((0, n_vocab), dtype=np.float32)
         mx = self._mxm
         pos0 = self.n_past
+        if activity.active:
+            activity.doing(f"a {n}-token pass at position {pos0} of {self.model.path.name}")
         follows = n == 1 and toks[0] == self._next_greedy
         self._streak = self._streak + 1 if follows else 0
         self._next_greedy = None

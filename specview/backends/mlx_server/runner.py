@@ -281,12 +281,8 @@ class MLXServerRunner(Runner):
             draft = trace.config.get("draft_folder")
             if draft is None and cfg.spec_type == "draft-simple" and cfg.draft:
                 draft = self.folder(cfg.draft)
-            session = self._inprocess()
-            tm = session.model("mlx", target, cfg.engine)
-            dmodel = session.model("mlx", draft, cfg.engine) if draft else None
-            ls = self.loop_settings(cfg, tm.model.config)
-            d = diagnose_from_outside(tm.model.model, dmodel.model.model if dmodel else None, trace, ls,
-                                      progress=say, cancel=cancel)
+            # the teacher-forced replays load the folders into MLX: in its worker process, like every in-process run
+            d = self._inprocess().job(replay_fork, target, draft, cfg, trace, progress=say, cancel=cancel)
         if controls:
             d.setdefault("not_measured", []).append(
                 "the control matrix (--controls): it runs on the in-process engines (--engine mlx); the "
@@ -315,3 +311,17 @@ class MLXServerRunner(Runner):
             self._session.close()
             self._session = None
         self._vocab.clear()
+
+
+def replay_fork(session: Any, target: str, draft: str | None, cfg: RunConfig, trace: Trace, *,
+                progress: ProgressFn | None = None, cancel: CancelFn | None = None) -> dict[str, Any]:
+    """The outside diagnosis of a server run's fork, on ``session``'s MLX copies of the server's folders."""
+    from ...core.registry import get_backend
+    from .diagnose import diagnose_from_outside
+
+    tm = session.model("mlx", target, cfg.engine)
+    dmodel = session.model("mlx", draft, cfg.engine) if draft else None
+    runner = get_backend("mlx-server").runner()
+    ls = runner.loop_settings(cfg, tm.model.config)
+    return diagnose_from_outside(tm.model.model, dmodel.model.model if dmodel else None, trace, ls,
+                                 progress=progress, cancel=cancel)

@@ -1,0 +1,227 @@
+"""The engine's worker process: runs through it equal runs in process, and every native death is survived.
+
+Each death is planted in a real worker (``tests/plants_worker.py``, registered
+by dotted path like a plug-in) or sent to it from outside: a segmentation
+fault, an abort, an early exit, a hang past the deadline, SIGKILL and SIGSEGV
+from another process.  Each test asserts the message, the partial trace (what
+streamed before the death, against an in-process run of the same config), that
+no process is left, and that the next request gets a fresh worker.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from plants_worker import NAME, PATH
+from specview.core.config import RunConfig
+from specview.core.errors import EngineCrashed
+from specview.core.registry import get_backend, register_backend, unregister_backend
+from specview.core.session import Session
+from specview.core.worker import WorkerRunner, live_workers, run_isolated
+
+PROMPT = "the cat sat on the mat and"
+
+
+@pytest.fixture
+def planted(monkeypatch):
+    register_backend(NAME, PATH)
+    yield monkeypatch
+    unregister_backend(NAME)
+
+
+def cfg_for(target, draft, backend="llama.cpp", **kw) -> RunConfig:
+    base = dict(target=str(target), draft=str(draft), prompt=PROMPT, chat=False, max_tokens=40, n_max=3,
+                ignore_eos=True, backend=backend)
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:  # a zombie is gone for every purpose but its entry
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_the_registry_hands_out_a_worker_for_an_in_process_engine(monkeypatch):
+    assert isinstance(get_backend("llama.cpp").runner(), WorkerRunner)
+    monkeypatch.setenv("SPECVIEW_WORKER", "0")
+    assert isinstance(get_backend("llama.cpp").runner(), Session)
+
+
+def test_a_run_through_the_worker_equals_the_run_in_process(tiny_target, tiny_draft):
+    cfg = cfg_for(tiny_target, tiny_draft)
+    with Session() as s:
+        here = s.run(cfg)
+    events = []
+    with get_backend("llama.cpp").runner() as r:
+        there = r.run(cfg, on_event=lambda arm, ev: events.append((arm, ev)))
+        pid = r.pid
+        assert pid is not None and pid != os.getpid()
+        d = r.diagnose(there, cfg)
+        assert there.diagnosis is d or there.diagnosis == d
+        assert (r.loads, r.vanilla_runs, r.speculative_runs) == (2, 1, 1)
+    assert gone(pid)
+    assert there.vanilla.tokens == here.vanilla.tokens
+    assert there.speculative.tokens == here.speculative.tokens
+    assert [(x.drafted, x.accepted) for x in there.speculative.rounds] == \
+        [(x.drafted, x.accepted) for x in here.speculative.rounds]
+    # every token and round streamed back as it happened, in order
+    assert [ev.token for arm, ev in events if arm == "vanilla"] == here.vanilla.tokens
+    assert [ev.token for arm, ev in events if arm == "speculative" and hasattr(ev, "token")] == \
+        here.speculative.tokens
+
+
+def _expect_crash(runner, cfg, **kw) -> EngineCrashed:
+    seen = []
+    with pytest.raises(EngineCrashed) as info:
+        runner.run(cfg, on_event=lambda arm, ev: seen.append((arm, ev)), **kw)
+    exc = info.value
+    exc.seen = seen  # type: ignore[attr-defined]
+    return exc
+
+
+@pytest.mark.parametrize("kind,sig", [("segv", "SIGSEGV"), ("abort", "SIGABRT")])
+def test_a_native_death_in_the_speculative_arm_keeps_the_run(planted, tiny_target, tiny_draft, kind, sig):
+    cfg = cfg_for(tiny_target, tiny_draft)
+    with Session() as s:
+        ref = s.run(cfg)
+    first_wide = next(i for i, st in enumerate(ref.speculative.steps) if st.batch_size and st.batch_size >= 2)
+    assert first_wide is not None
+    # the fifth pass of two or more tokens: after the prefills of both arms and the drafter's, a verify pass
+    planted.setenv("SPECVIEW_PLANT", f"{kind}:4:2")
+    r = get_backend(NAME).runner()
+    try:
+        exc = _expect_crash(r, cfg_for(tiny_target, tiny_draft, backend=NAME))
+        assert exc.signal == sig
+        text = str(exc)
+        assert sig in text and "while running" in text
+        assert "-token pass at position" in text and "target.gguf" in text  # what it was doing, from the worker
+        if sys.platform.startswith("linux"):
+            assert exc.crash["native_frames"], "the dying worker printed its native frames"
+        assert exc.crash["python_frames"], "faulthandler's frames reached the log"
+        assert os.path.exists(exc.crash["log"])
+        t = exc.trace
+        assert t is not None
+        # the vanilla arm finished before the death: kept whole, equal to the in-process run
+        assert t.vanilla.tokens == ref.vanilla.tokens and t.vanilla.stop_reason == ref.vanilla.stop_reason
+        # the speculative arm stopped "crashed" with exactly what streamed, a prefix of the real arm
+        spec_seen = [ev.token for arm, ev in exc.seen if arm == "speculative" and hasattr(ev, "token")]
+        assert t.speculative.stop_reason == "crashed"
+        assert t.speculative.tokens == spec_seen == ref.speculative.tokens[:len(spec_seen)]
+        assert t.extra["crash"]["signal"] == sig
+        assert live_workers() == []
+        # the trace is a bug report: it saves and loads with its crash block
+        from specview.core.trace import Trace
+
+        back = Trace.from_json(__import__("json").loads(t.dumps()))
+        assert back.speculative.stop_reason == "crashed" and back.extra["crash"]["signal"] == sig
+        # the next request starts a fresh worker and runs
+        planted.delenv("SPECVIEW_PLANT")
+        r.timeout = None
+        again = r.run(cfg_for(tiny_target, tiny_draft, backend=NAME))
+        assert again.speculative.tokens == ref.speculative.tokens and r.starts == 2
+    finally:
+        r.close()
+    assert live_workers() == []
+
+
+def test_a_worker_that_exits_early_is_an_exit_status_not_a_signal(planted, tiny_target, tiny_draft):
+    planted.setenv("SPECVIEW_PLANT", "exit:3:1")
+    with get_backend(NAME).runner() as r:
+        exc = _expect_crash(r, cfg_for(tiny_target, tiny_draft, backend=NAME))
+    assert exc.signal is None and exc.exitcode == 3
+    assert "exited unexpectedly with status 3" in str(exc)
+
+
+def test_a_worker_that_stops_making_progress_is_stopped_at_the_deadline(planted, tiny_target, tiny_draft):
+    planted.setenv("SPECVIEW_PLANT", "hang:2:1")
+    planted.setenv("SPECVIEW_WORKER_TIMEOUT", "2")
+    t0 = time.monotonic()
+    with get_backend(NAME).runner() as r:
+        exc = _expect_crash(r, cfg_for(tiny_target, tiny_draft, backend=NAME))
+        pid_gone = live_workers() == []
+    assert time.monotonic() - t0 < 60
+    assert exc.crash["hung"] and exc.signal == "SIGKILL" and pid_gone
+    assert "stopped making progress for" in str(exc) and "SPECVIEW_WORKER_TIMEOUT" in str(exc)
+    assert exc.known_cause is None  # specview's own kill is not read as the OOM killer
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV])
+def test_a_signal_from_outside_mid_run(tiny_target, tiny_draft, sig):
+    cfg = cfg_for(tiny_target, tiny_draft, max_tokens=400)
+    r = get_backend("llama.cpp").runner()
+    sent = []
+
+    def on_event(arm, ev):
+        if arm == "vanilla" and getattr(ev, "index", -1) == 50 and not sent:
+            sent.append(r.pid)
+            os.kill(r.pid, sig)
+
+    try:
+        with pytest.raises(EngineCrashed) as info:
+            r.run(cfg, on_event=on_event)
+    finally:
+        r.close()
+    exc = info.value
+    assert exc.signal == sig.name and sig.name in str(exc)
+    assert gone(sent[0])
+    assert exc.trace is not None and exc.trace.vanilla.stop_reason == "crashed"
+    assert len(exc.trace.vanilla.tokens) >= 51
+    if sig == signal.SIGKILL:
+        assert exc.known_cause["id"] == "oom-killer"
+
+
+def test_the_worker_dies_with_its_parent(tiny_target, tmp_path):
+    script = tmp_path / "parent.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        from specview.core.config import RunConfig
+        from specview.core.registry import get_backend
+        r = get_backend("llama.cpp").runner()
+        r.preload(RunConfig(target={str(tiny_target)!r}, spec_type="none", draft=None, prompt="x"))
+        print(r.pid, flush=True)
+        time.sleep(600)
+    """))
+    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(p.stdout.readline())
+        assert not gone(pid)
+        p.kill()
+        p.wait(10)
+        deadline = time.monotonic() + 10
+        while not gone(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert gone(pid), "the worker outlived a parent killed with SIGKILL"
+    finally:
+        p.kill()
+
+
+def _probe_value(x: int) -> int:
+    return x * 7
+
+
+def _probe_crash() -> None:
+    import ctypes
+
+    ctypes.string_at(0)
+
+
+def test_run_isolated_returns_or_says_how_it_died():
+    assert run_isolated(_probe_value, 6) == 42
+    with pytest.raises(EngineCrashed) as info:
+        run_isolated(_probe_crash)
+    assert info.value.signal == "SIGSEGV"
+    assert live_workers() == []
