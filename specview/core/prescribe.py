@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 
 from .config import RunConfig
 from .errors import Cancelled
+from .eta import WorkEta
 from .kernels import KernelMap, TargetMap, kernel_map
 from .matrix.rates import wilson  # the one 95% Wilson interval the matrix's rates use too
 from .prompts import PromptSpec
@@ -327,8 +328,12 @@ def prescribe(
             return measure(session, _t.target, draft, settings, n, prompts, max_tokens, backend=backend,
                            cancel=cancel)
 
-        for n in sorted(set(cands) | ({safe} if safe else set())):
+        todo = sorted(set(cands) | ({safe} if safe else set()))
+        eta = WorkEta(dict.fromkeys(todo, 1), label=f"prescription: {t.target}", unit="n_max measured", every=0.0)
+        for n in todo:
             cache[n] = speed(n)
+            if len(todo) > 1 and (line := eta.done(n, what=f"n_max {n}")):
+                say(line)
         if safe:
             best_safe = max((cache[n] for n in cache if n <= safe), key=lambda m: m.speedup or 0.0)
             lossless.append(Claim("n_max", t.label, safe, True, t.evidence(range(1, safe + 2)), cache[safe],
