@@ -105,6 +105,27 @@ def speed_text(trace: Trace) -> str:
     return " · ".join(bits)
 
 
+SAVE_CRASH_LINK = "specview:save-crash"
+
+
+def crash_text(message: str, crash: dict[str, Any], *, kept_tokens: int = 0) -> str:
+    """The verdict bar after the engine's worker died: what happened, the retry as one click, the run kept."""
+    lines = [html.escape(ln) for ln in message.splitlines()]
+    head = f"<b>The engine crashed</b>: {lines[0] if lines else ''}"
+    body = "<br>".join(lines[1:])
+    links = []
+    kc = crash.get("known_cause") or {}
+    retry = kc.get("retry")
+    if retry:
+        flags = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in retry.items())
+        links.append(try_link(dict(retry), f"Retry with {flags}"))
+    links.append(try_link({}, "Run again"))
+    if kept_tokens:
+        links.append(f"<a href=\"{SAVE_CRASH_LINK}\">Save the crashed run ({kept_tokens} tokens) as a trace…</a>")
+    return head + ("<br>" + body if body else "") + "<br>" + " · ".join(links) + \
+        "<br><i>The settings and the last finished run stay as they were.</i>"
+
+
 # -- what to try after an identical run -----------------------------------------------------
 def try_link(settings: dict[str, Any], text: str) -> str:
     return f"<a href=\"{TRY_SCHEME}{quote(json.dumps(settings, sort_keys=True))}\">{html.escape(text)}</a>"
@@ -290,6 +311,7 @@ class VerdictBar(QLabel):
     """A rich-text line or two, its background tinted by the verdict's colour."""
 
     sigTry = Signal(dict)  # the settings a "try" link sets
+    sigSaveCrash = Signal()  # the "save the crashed run" link
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -335,6 +357,9 @@ class VerdictBar(QLabel):
         self.show_text(self.text(), kind)
 
     def _link(self, href: str) -> None:
+        if href == SAVE_CRASH_LINK:
+            self.sigSaveCrash.emit()
+            return
         settings = parse_try_link(href)
-        if settings:
+        if settings is not None:  # {}: run again as it is
             self.sigTry.emit(settings)

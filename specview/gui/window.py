@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QSignalBlocker, Qt, QTimer, Signal
-from PySide6.QtWidgets import (QApplication, QDockWidget, QLabel, QMainWindow, QProgressBar, QTabWidget, QVBoxLayout,
+from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QLabel, QMainWindow, QProgressBar, QTabWidget, QVBoxLayout,
                                QWidget)
 
 from ..core.config import EngineSettings, RunConfig, settings_class
@@ -33,7 +33,7 @@ from .menus import build_menus
 from .settings import read_settings, remember, restore_geometry, write_settings
 from .side_by_side import SideBySide
 from .theme import apply_theme
-from .verdict_bar import VerdictBar, diagnosis_tooltip, speed_text, trace_verdict
+from .verdict_bar import VerdictBar, crash_text, diagnosis_tooltip, speed_text, trace_verdict
 from .worker import (ArmStarted, Derived, DeriveRequest, MatrixRequest, PreloadRequest, Progress, RunFailed, RunFinished,
                      RunRequest, RunStarted, WorkerHost)
 
@@ -62,6 +62,8 @@ class MainWindow(QMainWindow):
         self.prompts = {p.name: p.text or "" for p in builtin_prompts()}
         self.host = worker_host or WorkerHost(parent=self)
         self.trace: Trace | None = None
+        self.last_good: Trace | None = None  # the last trace shown whole (a crash puts it back)
+        self.crashed: RunFailed | None = None  # the last run whose engine died
         self._trace_verdict: dict[str, Any] = {}  # how the trace on screen was shown (cancelled, ...)
         self.request: RunRequest | None = None
         self.busy = False
@@ -101,6 +103,7 @@ class MainWindow(QMainWindow):
         lay.setSpacing(4)
         self.verdict = VerdictBar()
         self.verdict.sigTry.connect(self._try_settings)
+        self.verdict.sigSaveCrash.connect(self.save_crash_trace)
         self.speed = QLabel()
         self.speed.setObjectName("speed")
         self.speed.setTextFormat(Qt.TextFormat.RichText)
@@ -411,7 +414,35 @@ class MainWindow(QMainWindow):
         else:
             self.live.stop()
         self._set_busy(False, "")
-        self.show_error(ev.message, ev.details)
+        if ev.crash is not None:
+            self.show_crash(ev)
+        else:
+            self.show_error(ev.message, ev.details)
+
+    def show_crash(self, ev: RunFailed) -> None:
+        """The engine's worker died: say so with the retry, keep the settings and the last finished run on screen,
+        and keep the crashed run for File ▸ Save (a crash is itself a bug report)."""
+        self.crashed = ev
+        if self.last_good is not None and self.trace is None:  # the crashed run had replaced it while it streamed
+            self.show_trace(self.last_good)
+        t = ev.trace
+        kept = len(t.vanilla.tokens) + len(t.speculative.tokens) if t is not None else 0
+        self.last_error = ev.message
+        self.verdict.show_text(crash_text(ev.message, ev.crash or {}, kept_tokens=kept), "error")
+        self.verdict.setToolTip("\n".join((ev.crash or {}).get("log_tail") or []))
+        self._set_status(f"engine crashed: {(ev.crash or {}).get('signal') or 'exit'}")
+        self.sigError.emit(ev.message)
+
+    def save_crash_trace(self, path: str | os.PathLike[str] | None = None) -> str | None:
+        """Write the run the engine computed before it crashed (asks where when ``path`` is None)."""
+        ev = getattr(self, "crashed", None)
+        if ev is None or ev.trace is None:
+            return None
+        if path is None:
+            path, _ = QFileDialog.getSaveFileName(self, "Save the crashed run", "crash-trace.json", "Traces (*.json)")
+            if not path:
+                return None
+        return str(ev.trace.save(path))
 
     # ------------------------------------------------------------ matrix
     def run_matrix(self, spec: Any = None, *, out_dir: str | os.PathLike[str] | None = None) -> MatrixRequest | None:
@@ -526,7 +557,7 @@ class MainWindow(QMainWindow):
     # ---------------------------------------------------------- displaying
     def show_trace(self, trace: Trace, *, cancelled: bool = False, diagnosis_error: str | None = None) -> None:
         """Show a finished or opened trace: panes, plots, marks, verdict."""
-        self.trace = trace
+        self.trace = self.last_good = trace
         self.act_save.setEnabled(True)
         self._update_export()
         self.live.live.pending = {"vanilla": [], "speculative": []}

@@ -39,7 +39,7 @@ from typing import Any
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from ..core.config import RunConfig
-from ..core.errors import SpecviewError
+from ..core.errors import EngineCrashed, SpecviewError
 from ..core.registry import Runner, get_backend
 from ..core.trace import Round, Step, Trace
 from . import models as gmodels
@@ -207,6 +207,8 @@ class RunFailed:
     message: str
     kind: str  # the error class name
     details: str = ""  # a traceback for errors that are not SpecviewError
+    crash: dict | None = None  # the engine's worker died: the account (specview.core.worker.death)
+    trace: Trace | None = None  # ... and the run it had computed, its arms stopped "crashed"
 
 
 @dataclass(frozen=True)
@@ -273,7 +275,10 @@ class ModelWorker(QObject):
             r.close()
 
     def _fail(self, rid: int, exc: BaseException) -> None:
-        if isinstance(exc, SpecviewError):
+        if isinstance(exc, EngineCrashed):
+            self.sigFailed.emit(RunFailed(rid, str(exc), type(exc).__name__, crash=exc.crash,
+                                          trace=exc.trace if isinstance(exc.trace, Trace) else None))
+        elif isinstance(exc, SpecviewError):
             self.sigFailed.emit(RunFailed(rid, str(exc), type(exc).__name__))
         else:
             self.sigFailed.emit(RunFailed(
