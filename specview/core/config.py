@@ -52,6 +52,7 @@ def setting(
     default_factory: Any = MISSING,
     metavar: str | None = None,
     cli_default: Any = MISSING,
+    off_flags: Sequence[str] = (),
 ) -> Any:
     """A dataclass field that carries everything a front end needs to show and check it.
 
@@ -59,7 +60,9 @@ def setting(
     ``only_for`` names the engines it applies to (the app hides it for others);
     ``gui=False`` keeps it out of the generated controls (the app has its own
     widget for it, or it makes no sense there); ``cli_default`` is the flag's
-    default where it differs (None: "decided from other flags").
+    default where it differs (None: "decided from other flags", or by the
+    machine); ``off_flags`` name the flags that set a true/false setting to
+    false explicitly (``--repack`` for ``--no-repack``).
     """
     meta = {
         "flags": tuple(flags),
@@ -74,6 +77,7 @@ def setting(
         "only_for": tuple(only_for),
         "metavar": metavar,
         "cli_default": cli_default,
+        "off_flags": tuple(off_flags),
     }
     if default_factory is not MISSING:
         return field(default_factory=default_factory, metadata=meta)
@@ -100,6 +104,15 @@ class EngineSettings:
                            "the logits, so traces record it)")
     kv_type: str = setting("f16", flags=("--kv-type", "--cache-type"), choices=KV_TYPES, group="engine",
                            label="KV cache type", help="KV cache type for K and V")
+    no_repack: bool = setting(False, flags=("-nr", "--no-repack"), off_flags=("--repack",), axis=True,
+                              group="engine", label="No repack (-nr)", cli_default=None,
+                              help="llama.cpp engines: keep the weights in the plain CPU buffer (llama.cpp's "
+                              "--no-repack): no repacked Q4_0/Q4_K/AMX layouts, so batches take other kernels (it "
+                              "moves the numerics); on by default only where a short multi-token decode crashed this "
+                              "llama.cpp build (the AMX bug, llama.cpp #20824); --repack keeps repacking there")
+    #: why no_repack is on when the user did not set it (a crashed probe), "" otherwise; derived, never a control
+    #: (it applies where no_repack is true: :attr:`repack_note`)
+    no_repack_reason: str = field(default="", compare=False)
     server_bin: str = setting("", flags=("--server-bin",), group="engine", label="Server binary",
                               only_for=("llama-server", "mlx-server"), metavar="PATH",
                               help="llama-server binary (default: $SPECVIEW_LLAMA_SERVER, then PATH, then the copy "
@@ -113,9 +126,17 @@ class EngineSettings:
 
     def __post_init__(self) -> None:
         check_all(self)
+        if not isinstance(self.no_repack_reason, str):
+            raise ConfigError(f"no_repack_reason must be text (got {self.no_repack_reason!r})",
+                              setting="no_repack_reason")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def repack_note(self) -> str:
+        """The one line that says why weights are not repacked when the machine chose it ("" otherwise)."""
+        return self.no_repack_reason if self.no_repack else ""
 
     @classmethod
     def from_dict(cls, d: Any) -> "EngineSettings":

@@ -216,8 +216,8 @@ def test_a_natural_fork_is_a_near_tie(natural):
     assert diag["fork"] == i and i > 0, where  # both arms take their first token from the same prefill
     # the serial-verify control (every verify row its own single-token pass) gives vanilla back exactly
     sv = diag["serial_verify"]
-    if sv is not None:
-        assert sv["identical_to_vanilla"] is True, where
+    assert sv is not None and sv["identical_to_vanilla"] is True, (where, sv)
+    assert diag["rule"] == "serial-verify-reproduces-vanilla", (where, diag["explanation"])
     # both teacher-forced replays give back what their arm recorded, fork token included
     si, sp = diag["replays"]["single"], diag["replays"]["speculative"]
     assert si["reproduced"] and sp["reproduced"], where
