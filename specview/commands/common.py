@@ -37,7 +37,23 @@ def _value_type(f: Field) -> Any:
     return str
 
 
+TRUE_WORDS = ("true", "on", "yes", "1")
+FALSE_WORDS = ("false", "off", "no", "0")
+
+
+def _bool_word(text: str) -> bool:
+    """``true``/``on``/``yes``/``1`` or ``false``/``off``/``no``/``0`` (a matrix's list of a true/false setting)."""
+    word = text.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise ValueError(text)
+
+
 def _csv(kind: type, name: str):
+    conv = _bool_word if kind is bool else kind
+
     def parse(text: str) -> list[Any]:
         out = []
         for part in text.split(","):
@@ -45,9 +61,10 @@ def _csv(kind: type, name: str):
             if not part:
                 continue
             try:
-                out.append(kind(part))
+                out.append(conv(part))
             except ValueError:
-                raise argparse.ArgumentTypeError(f"{part!r} is not a valid {kind.__name__}") from None
+                what = "true or false" if kind is bool else f"a valid {kind.__name__}"
+                raise argparse.ArgumentTypeError(f"{part!r} is not {what}") from None
         if not out:
             raise argparse.ArgumentTypeError("empty list")
         return out
@@ -92,6 +109,8 @@ def add_setting_flags(p: argparse.ArgumentParser, *, matrix: bool = False,
             if matrix and meta.get("axis"):
                 kw.update(action="append", type=_csv(kind, f.name), default=None, metavar="LIST",
                           help=_help(f, default=default, shown_default=True) + "; a comma-separated list is an axis")
+                if kind is bool:  # the flag alone means true; a list (true,false) is an axis
+                    kw.update(nargs="?", const=[True], help=kw["help"] + " (true, false)")
             elif kind is bool:
                 action = argparse.BooleanOptionalAction if default else "store_true"
                 kw.update(action=action, default=None if matrix else default,
@@ -103,7 +122,55 @@ def add_setting_flags(p: argparse.ArgumentParser, *, matrix: bool = False,
                 if meta.get("choices") and kind is str:
                     kw["choices"] = list(meta["choices"])
             g.add_argument(*meta["flags"], **kw)
+            if meta.get("off_flags"):
+                off = f"{meta['flags'][-1]} off"
+                if matrix and meta.get("axis"):
+                    g.add_argument(*meta["off_flags"], dest=f.name, action="append_const", const=[False],
+                                   help=f"{off} (the same as {meta['flags'][-1]} false)")
+                else:
+                    g.add_argument(*meta["off_flags"], dest=f.name, action="store_false", default=kw["default"],
+                                   help=f"{off}, explicitly (wins over a default this machine would pick)")
     return groups
+
+
+#: settings whose value is itself a list of flags (``--server-args "--no-repack"``)
+FLAG_VALUED = ("server_args",)
+
+
+def flags_taking_flags() -> tuple[str, ...]:
+    """The command-line flags whose value may start with a dash (their settings' values are other programs' flags)."""
+    out: list[str] = []
+    for cls in (RunConfig, EngineSettings):
+        for f in declared(cls):
+            if f.name in FLAG_VALUED:
+                out.extend(f.metadata.get("flags") or ())
+    return tuple(out)
+
+
+def join_dash_values(argv: Iterable[str], flags: Iterable[str] | None = None) -> list[str]:
+    """``[..., "--server-args", "--no-repack", ...]`` -> ``[..., "--server-args=--no-repack", ...]``.
+
+    argparse takes a value that starts with a dash for the next option (and
+    refuses the flag: "expected one argument"); a flag whose value is a list of
+    another program's flags always takes the next word as its value, so it is
+    joined to it before parsing.  Words after ``--`` are left alone.
+    """
+    names = set(flags_taking_flags() if flags is None else flags)
+    argv = list(argv)
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            out.extend(argv[i:])
+            break
+        if word in names and i + 1 < len(argv) and argv[i + 1].startswith("-"):
+            out.append(f"{word}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(word)
+        i += 1
+    return out
 
 
 def add_engine_choice(p: argparse.ArgumentParser, group: argparse._ArgumentGroup | None = None, *,
@@ -138,7 +205,33 @@ def given_settings(args: argparse.Namespace, cls: type) -> dict[str, Any]:
 
 
 def engine_settings(args: argparse.Namespace, base: EngineSettings | None = None) -> EngineSettings:
-    return replace(base or EngineSettings(), **given_settings(args, EngineSettings))
+    """The engine settings the flags give; where a command names its engine, with this machine's defaults
+    for what was not given (no repack where the crash probe crashed: :func:`machine_defaults`)."""
+    given = given_settings(args, EngineSettings)
+    settings = replace(base or EngineSettings(), **given)
+    if getattr(args, "backend", None) is None:
+        return settings
+    return machine_defaults(settings, given=given, backend=args.backend)
+
+
+def machine_defaults(settings: EngineSettings, *, given: Iterable[str], backend: str | None) -> EngineSettings:
+    """``settings`` with the defaults this machine needs for the settings not ``given``.
+
+    Today one: on a llama.cpp build whose multi-token decode of a repacked
+    quantized model crashed here (the AMX bug), ``no_repack`` defaults to on,
+    with the reason recorded (``no_repack_reason``).  An explicit setting wins.
+    """
+    from ..backends.llama_cpp.probe import LLAMA_ENGINES, apply_repack_default
+
+    if backend not in LLAMA_ENGINES or "no_repack" in set(given):
+        return settings
+    return apply_repack_default(settings, given=False, backend=backend)
+
+
+def repack_default(backend: str | None) -> tuple[bool, str]:
+    """(no_repack, why) this machine picks for ``backend`` when the user does not say (False, "" mostly)."""
+    s = machine_defaults(EngineSettings(), given=(), backend=backend or "llama.cpp")
+    return s.no_repack, s.repack_note
 
 
 def cli_error(exc: ConfigError) -> SpecviewError:

@@ -17,6 +17,77 @@ from .config import THREADS_VARIABLE, EngineSettings, default_threads
 from .facts import STATUSES, Fact
 from .registry import backend_names, get_backend
 
+#: CPU flags (as /proc/cpuinfo spells them) that decide which kernels ggml's CPU backend takes, by the name shown
+KERNEL_FEATURES = (
+    ("AVX2", ("avx2",)), ("AVX-512", ("avx512f",)), ("AVX-VNNI", ("avx_vnni",)),
+    ("AVX512-VNNI", ("avx512_vnni",)), ("AVX512-BF16", ("avx512_bf16",)),
+    ("AMX", ("amx_int8", "amx_bf16", "amx_tile")),
+    ("NEON", ("asimd", "neon")), ("DOTPROD", ("asimddp", "dotprod")), ("I8MM", ("i8mm",)), ("SVE", ("sve",)),
+    ("SME", ("sme",)),
+)
+#: /proc/cpuinfo's AMX flags (Intel Sapphire Rapids and later); ggml's AMX kernels run where they are
+AMX_FLAGS = ("amx_int8", "amx_bf16", "amx_tile")
+#: macOS sysctl names for the same features (hw.optional.*), mapped to /proc/cpuinfo's spelling
+_SYSCTL_FLAGS = {"hw.optional.avx2_0": "avx2", "hw.optional.avx512f": "avx512f", "hw.optional.neon": "asimd",
+                 "hw.optional.arm.FEAT_DotProd": "asimddp", "hw.optional.arm.FEAT_I8MM": "i8mm",
+                 "hw.optional.arm.FEAT_SME": "sme"}
+
+
+def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
+    """The CPU's feature flags in /proc/cpuinfo's spelling (``avx2``, ``amx_int8``, ``asimddp`` ...).
+
+    Linux: the ``flags`` (x86) or ``Features`` (ARM) line of /proc/cpuinfo (or
+    ``cpuinfo``, its text, as the tests give it); macOS: ``sysctl``'s
+    ``hw.optional`` features; elsewhere, or when neither can be read, empty.
+    """
+    if cpuinfo is None and platform.system() == "Darwin":
+        return _sysctl_flags()
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+                cpuinfo = fh.read()
+        except OSError:
+            return frozenset()
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip().lower() in ("flags", "features"):
+            return frozenset(value.split())
+    return frozenset()
+
+
+def _sysctl_flags() -> frozenset[str]:
+    import subprocess
+
+    try:
+        out = subprocess.run(["sysctl", "-a"], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return frozenset()
+    flags: set[str] = set()
+    for line in out.splitlines():
+        key, sep, value = line.partition(":")
+        key, value = key.strip(), value.strip()
+        if key in _SYSCTL_FLAGS and value == "1":
+            flags.add(_SYSCTL_FLAGS[key])
+        elif key in ("machdep.cpu.features", "machdep.cpu.leaf7_features"):
+            flags.update(w.lower().replace(".", "_") for w in value.split())
+    return frozenset(flags)
+
+
+def kernel_features(flags: Iterable[str] | None = None) -> list[str]:
+    """The features among ``flags`` (default: this CPU's) that pick ggml's CPU kernels: AVX2, AVX-512, AMX ..."""
+    have = set(cpu_flags() if flags is None else flags)
+    return [name for name, spellings in KERNEL_FEATURES if have & set(spellings)]
+
+
+def has_amx(flags: Iterable[str] | None = None) -> bool:
+    """Whether the CPU has Intel AMX (``amx_int8``/``amx_bf16``/``amx_tile``)."""
+    return bool(set(cpu_flags() if flags is None else flags) & set(AMX_FLAGS))
+
+
+def is_x86() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
+
+
 def cpu_name() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
@@ -34,6 +105,10 @@ def machine_facts() -> list[Fact]:
         "every core this process may use"
     return [
         Fact("machine", "cpu", cpu_name(), f"CPU: {cpu_name()} ({os.cpu_count() or '?'} cores, {platform.machine()})",
+             "info"),
+        Fact("machine", "cpu_features", kernel_features(),
+             "CPU features that pick kernels: " + (", ".join(kernel_features()) or "none of AVX2, AVX-512, AMX, "
+                                                   "NEON, DOTPROD read") + (" (no AMX)" if is_x86() and not has_amx() else ""),
              "info"),
         Fact("machine", "os", f"{platform.system()} {platform.release()}",
              f"OS: {platform.system()} {platform.release()}, Python {platform.python_version()}", "info"),

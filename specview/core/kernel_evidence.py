@@ -74,7 +74,7 @@ IDENTITY_KEYS = ("file", "file_size", "quantization", "n_params", "vocab_fingerp
 ENV_KEYS = ("backend", "llama_cpp_python", "llama_cpp_system_info", "ggml_backends", "ggml_devices", "gpu_offload",
             "cpu", "machine", "mlx", "mlx_lm", "mlx_device")
 #: the settings a map row is keyed by (context_key's fields) that must match exactly; threads are compared apart
-KERNEL_SETTINGS = tuple(f.name for f in fields(EngineSettings) if f.name not in ("n_ctx", "threads"))
+KERNEL_SETTINGS = tuple(f.name for f in fields(EngineSettings) if f.compare and f.name not in ("n_ctx", "threads"))
 SERIAL_CHECK = "run `specview run --serial-verify` with these settings"
 #: how the caveat of a run longer than the map's positions starts (a summary counts these instead of listing them)
 REACH_CAVEAT = "this run reaches KV position"

@@ -60,13 +60,13 @@ def parse_widths(text: str) -> tuple[int, ...]:
 def settings_label(settings: EngineSettings) -> str:
     """The settings that differ from the defaults, short: ``fa on, ub 1`` ('' for the defaults)."""
     short = {"flash_attn": "fa", "n_ubatch": "ub", "n_batch": "b", "threads": "t", "kv_type": "kv",
-             "gpu_layers": "ngl"}
+             "gpu_layers": "ngl", "no_repack": "nr"}
     base = EngineSettings()
     parts = []
     for name, abbr in short.items():
         v = getattr(settings, name)
         if v != getattr(base, name):
-            parts.append(f"{abbr} {v}")
+            parts.append(abbr if v is True else f"{abbr} {v}")
     return ", ".join(parts)
 
 

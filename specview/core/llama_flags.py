@@ -70,7 +70,7 @@ def context_size(config: Mapping[str, Any]) -> int:
 
 
 def engine_flags(config: Mapping[str, Any]) -> list[str]:
-    """Context flags: size, batch sizes, flash attention, offload, KV type and threads.
+    """Context flags: size, batch sizes, flash attention, offload, KV type, weight repacking and threads.
 
     The thread count is the one the run used (``threads_used``) when recorded,
     else the setting when it is not 0 ("every core", which llama.cpp decides itself).
@@ -81,6 +81,8 @@ def engine_flags(config: Mapping[str, Any]) -> list[str]:
              "-ngl", ngl_text(eng.get("gpu_layers", -1))]
     kv = str(eng.get("kv_type") or "f16")
     flags += ["-ctk", kv, "-ctv", kv]
+    if eng.get("no_repack") is True:  # weights in the plain CPU buffer (use_extra_bufts = false)
+        flags.append("--no-repack")
     threads = config.get("threads_used") or eng.get("threads") or 0
     if int(threads) > 0:
         flags += ["-t", str(int(threads))]

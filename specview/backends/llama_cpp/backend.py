@@ -15,6 +15,7 @@ from . import demo
 from .engine import LlamaEngine
 from .lib import _lib, llama_environment
 from .model import LlamaModel
+from .probe import setup_facts as probe_facts
 
 
 class LlamaLoaded(WrappedModel):
@@ -44,10 +45,11 @@ class LlamaBackend(InProcessBackend):
         return str(demo.resolve(name, progress=progress))
 
     def model_key(self, name: str, settings: EngineSettings) -> tuple:
-        return (str(Path(name).expanduser().resolve()), settings.gpu_layers)
+        # repacked and plain weights live in different buffers: a model loaded one way cannot serve the other
+        return (str(Path(name).expanduser().resolve()), settings.gpu_layers, settings.no_repack)
 
     def load(self, name: str, settings: EngineSettings) -> LlamaLoaded:
-        return LlamaLoaded(LlamaModel(name, gpu_layers=settings.gpu_layers))
+        return LlamaLoaded(LlamaModel(name, gpu_layers=settings.gpu_layers, no_repack=settings.no_repack))
 
     def environment(self) -> dict[str, Any]:
         return llama_environment()
@@ -86,6 +88,7 @@ def setup_facts(settings: EngineSettings, *, deep: bool = True, devices: list[di
     facts.append(Fact(name, "cpu_features", feats,
                       "CPU features its kernels use: " + (", ".join(feats) or "none reported")
                       + " (they pick which kernel computes a batch, so they move the numerics)", "info"))
+    facts.extend(probe_facts(env.get("llama_cpp_system_info"), deep=deep))  # AMX, and the crash probe
     asked = settings.gpu_layers
     if not gpus:
         if asked > 0:

@@ -84,18 +84,23 @@ class LlamaModel:
 
     With ``vocab_only`` only the vocabulary and the metadata are read (no
     weights, no contexts): enough to tokenize, detokenize and describe a model
-    that runs elsewhere (llama-server).
+    that runs elsewhere (llama-server).  ``no_repack`` keeps the weights in the
+    plain CPU buffer (``use_extra_bufts = false``, llama.cpp's ``--no-repack``):
+    no repacked or AMX layouts, so batched passes take other kernels.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, gpu_layers: int = -1, vocab_only: bool = False):
+    def __init__(self, path: str | os.PathLike[str], *, gpu_layers: int = -1, vocab_only: bool = False,
+                 no_repack: bool = False):
         self.path = Path(path).expanduser().resolve()
         check_gguf_file(self.path)
         ll = _init()
         self._ll = ll
         self.vocab_only = vocab_only
         self.gpu_layers = 0 if vocab_only else gpu_layers
+        self.no_repack = bool(no_repack)
         mp = ll.llama_model_default_params()
         mp.vocab_only = vocab_only
+        mp.use_extra_bufts = not self.no_repack
         mp.n_gpu_layers = 0 if vocab_only else (gpu_layers if gpu_layers >= 0 else 999)
         clear_log()
         t0 = time.perf_counter()
@@ -145,6 +150,7 @@ class LlamaModel:
             "vocab_fingerprint": self.vocab.fingerprint(),
             "n_ctx_train": self.n_ctx_train,
             "gpu_layers": self.gpu_layers,
+            "no_repack": self.no_repack,
             "layers_on": dict(self.layer_devices),
             "load_seconds": round(self.load_seconds, 3),
         }
@@ -271,23 +277,23 @@ def vocab_model(path: str | os.PathLike[str]) -> LlamaModel:
 
 
 class ModelStore:
-    """Loads each (file, GPU layers) once and hands out the shared weights.
+    """Loads each (file, GPU layers, no repack) once and hands out the shared weights.
 
     ``loads`` counts real loads, so tests and the matrix can prove a file was
     loaded exactly once.
     """
 
     def __init__(self) -> None:
-        self._models: dict[tuple[str, int], LlamaModel] = {}
+        self._models: dict[tuple[str, int, bool], LlamaModel] = {}
         self.loads = 0
         self._lock = threading.Lock()
 
-    def get(self, path: str | os.PathLike[str], *, gpu_layers: int = -1) -> LlamaModel:
-        key = (str(Path(path).expanduser().resolve()), gpu_layers)
+    def get(self, path: str | os.PathLike[str], *, gpu_layers: int = -1, no_repack: bool = False) -> LlamaModel:
+        key = (str(Path(path).expanduser().resolve()), gpu_layers, bool(no_repack))
         with self._lock:
             m = self._models.get(key)
             if m is None:
-                m = LlamaModel(path, gpu_layers=gpu_layers)
+                m = LlamaModel(path, gpu_layers=gpu_layers, no_repack=no_repack)
                 self._models[key] = m
                 self.loads += 1
             return m

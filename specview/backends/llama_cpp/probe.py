@@ -1,0 +1,265 @@
+"""Known crashers, found before they bite: the AMX probe and the no-repack default it decides.
+
+On Intel CPUs with AMX (``amx_int8`` in /proc/cpuinfo) a natively built
+llama.cpp compiles ggml's AMX kernels, and every decode of two or more tokens
+of a quantized model with repacked weights dies in ``ggml_backend_amx_mul_mat``
+(llama.cpp #20824, unfixed upstream).  Loading the weights with
+``use_extra_bufts = false`` (llama.cpp's ``--no-repack``) avoids it.
+
+:func:`probe_multi_token_decode` decodes a few tokens at once on a small
+quantized model with repacking on.  It runs in a throwaway worker process
+(:func:`specview.core.worker.run_isolated`), so a crash costs that process
+only, and its result is cached per llama.cpp build and CPU.  The probe is
+needed, and run, only on x86 CPUs with AMX; elsewhere the question does not
+arise.  Where it crashed, runs default to no repack (:func:`repack_default`)
+and say so; an explicit ``--no-repack`` / ``--repack`` always wins.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+from ...core.config import EngineSettings
+from ...core.doctor import AMX_FLAGS, cpu_flags, cpu_name, has_amx, is_x86
+from ...core.errors import EngineCrashed, SpecviewError
+from ...core.facts import Fact
+from ...core.paths import cache_dir
+
+#: the engines whose weights llama.cpp's CPU backend repacks (both run the same ggml code)
+LLAMA_ENGINES = ("llama.cpp", "llama-server")
+PROBE_TOKENS = 4
+UPSTREAM = "llama.cpp #20824"
+#: the demo quantizations the probe loads, first found first (Q4_0 and Q4_K are both repacked, and AMX-packed)
+PROBE_QUANTS = ("Q4_0", "Q4_K_M", "Q8_0")
+PROBE_TIMEOUT = 180.0
+CACHE_NAME = "multi-token-decode.json"
+
+
+# -- the build and the CPU ----------------------------------------------------------------------
+def libllama_path() -> Path | None:
+    """The libllama this llama-cpp-python loads (``$LLAMA_CPP_LIB_PATH`` first, as llama-cpp-python does)."""
+    import importlib.util
+
+    dirs: list[Path] = []
+    env = os.environ.get("LLAMA_CPP_LIB_PATH")
+    if env:
+        dirs.append(Path(env))
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is not None and spec.origin:
+        dirs.append(Path(spec.origin).parent / "lib")
+    for d in dirs:
+        for name in ("libllama.so", "libllama.dylib", "llama.dll"):
+            if (d / name).exists():
+                return (d / name).resolve()
+    return None
+
+
+def build_identity(flags: frozenset[str] | None = None) -> dict[str, Any]:
+    """What the probe's answer depends on: the llama.cpp build (path, size, mtime), the CPU's name and flags."""
+    lib = libllama_path()
+    st = lib.stat() if lib is not None else None
+    flags = cpu_flags() if flags is None else flags
+    return {
+        "libllama": str(lib) if lib else None,
+        "libllama_size": st.st_size if st else None,
+        "libllama_mtime": int(st.st_mtime) if st else None,
+        "cpu": cpu_name(),
+        "cpu_flags": hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:16],
+    }
+
+
+def identity_key(identity: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def probe_needed(flags: frozenset[str] | None = None) -> bool:
+    """Only x86 CPUs with AMX meet the crash; everywhere else the probe is not run."""
+    return is_x86() and has_amx(cpu_flags() if flags is None else flags)
+
+
+# -- the probe itself (run in a worker) -----------------------------------------------------------
+def probe_model() -> Path:
+    """A small quantized model: a demo quantization already on disk, else the demo's Q4_0 derived."""
+    from . import demo
+
+    for q in PROBE_QUANTS:
+        p = demo.derived_path(q)
+        if p.exists():
+            return p
+    return demo.resolve(f"demo:{PROBE_QUANTS[0]}")
+
+
+def probe_multi_token_decode(path_or_demo: str | os.PathLike[str] | None = None, *,
+                             n_tokens: int = PROBE_TOKENS) -> dict[str, Any]:
+    """Load a quantized model with repacking on and decode ``n_tokens`` tokens in one pass.
+
+    Returns what ran (``{"ok": True, "model": ..., "n_tokens": ..., "seconds": ...}``).
+    On an AMX CPU with a native build this is where the process dies: call it
+    through :func:`run_probe` (a throwaway worker), never in a process you need.
+    """
+    from . import demo
+    from .engine import LlamaEngine
+    from .model import LlamaModel
+
+    t0 = time.perf_counter()
+    if path_or_demo is None:
+        path = probe_model()
+    else:
+        path = demo.resolve(str(path_or_demo))
+    model = LlamaModel(path, gpu_layers=0, no_repack=False)
+    try:
+        eng = LlamaEngine(model, EngineSettings(gpu_layers=0, n_batch=64, n_ubatch=64), n_ctx=256)
+        try:
+            toks = model.tokenize("The quick brown fox jumps over the lazy dog")[:n_tokens]
+            while len(toks) < n_tokens:
+                toks.append(toks[-1])
+            rows = eng.eval(toks, rows=range(n_tokens))
+            finite = bool(all(float(abs(r).max()) < float("inf") for r in rows))
+        finally:
+            eng.close()
+        facts = model.facts()
+    finally:
+        model.close()
+    return {"ok": True, "model": str(path), "quantization": facts.get("quantization"), "n_tokens": n_tokens,
+            "finite": finite, "seconds": round(time.perf_counter() - t0, 3)}
+
+
+# -- the cached verdict ---------------------------------------------------------------------------
+def cache_path() -> Path:
+    return cache_dir() / "probes" / CACHE_NAME
+
+
+def _read_cache() -> dict[str, Any]:
+    try:
+        d = json.loads(cache_path().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
+def cached_result(identity: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The probe's cached result for this build and CPU, or None when it has not run here."""
+    r = _read_cache().get(identity_key(identity or build_identity()))
+    return r if isinstance(r, dict) else None
+
+
+def _write_cache(key: str, result: dict[str, Any]) -> None:
+    from ...core.trace import write_atomic
+
+    d = _read_cache()
+    d[key] = result
+    try:
+        cache_path().parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(cache_path(), json.dumps(d, indent=1) + "\n")
+    except (OSError, SpecviewError):
+        pass  # an unwritable cache costs a probe next time, never the run
+
+
+def run_probe(*, timeout: float = PROBE_TIMEOUT, isolate: Callable[..., Any] | None = None) -> dict[str, Any]:
+    """Run the probe in a throwaway worker and cache what happened (``crashed`` true or false)."""
+    if isolate is None:
+        from ...core.worker import run_isolated as isolate
+    identity = build_identity()
+    t0 = time.perf_counter()
+    try:
+        result: dict[str, Any] = dict(isolate(probe_multi_token_decode, None, timeout=timeout))
+        result["crashed"] = False
+    except EngineCrashed as exc:
+        result = {"crashed": True, "signal": exc.signal, "exitcode": exc.exitcode, "activity": exc.activity,
+                  "known_cause": exc.known_cause, "message": str(exc).splitlines()[0] if str(exc) else ""}
+    except SpecviewError as exc:  # no model to probe with, say: not a crash, and not cached
+        return {"crashed": False, "skipped": str(exc), "identity": identity}
+    result.update(identity=identity, n_tokens=result.get("n_tokens", PROBE_TOKENS),
+                  probe_seconds=round(time.perf_counter() - t0, 3), when=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    _write_cache(identity_key(identity), result)
+    return result
+
+
+def probe_result(*, run: bool = True) -> dict[str, Any] | None:
+    """The probe's result for this build and CPU: cached, else run now (``run``); None where it is not needed."""
+    if not probe_needed():
+        return None
+    cached = cached_result()
+    if cached is not None or not run:
+        return cached
+    return run_probe()
+
+
+def reason_text(result: dict[str, Any]) -> str:
+    """The one line a run prints and records when the probe's crash made it default to no repack."""
+    sig = result.get("signal") or f"exit {result.get('exitcode')}"
+    return (f"no repack by default: a {result.get('n_tokens', PROBE_TOKENS)}-token decode of a quantized model "
+            f"with repacked weights crashed this llama.cpp build on this CPU ({sig}; the AMX bug, {UPSTREAM}); "
+            "--repack turns repacking back on")
+
+
+def repack_default(*, run: bool = True) -> tuple[bool, str]:
+    """(no_repack, why) for a run whose user did not set it: (True, reason) where the probe crashed."""
+    r = probe_result(run=run)
+    if r and r.get("crashed"):
+        return True, reason_text(r)
+    return False, ""
+
+
+def apply_repack_default(settings: EngineSettings, *, given: bool, backend: str | None = "llama.cpp",
+                         run: bool = True) -> EngineSettings:
+    """``settings`` with this machine's no-repack default where the user did not set it (``given``).
+
+    An explicit choice always wins; other engines (MLX) are left alone.
+    """
+    if given or (backend is not None and backend not in LLAMA_ENGINES):
+        return settings
+    no_repack, why = repack_default(run=run)
+    if not no_repack:
+        return settings
+    return replace(settings, no_repack=True, no_repack_reason=why)
+
+
+# -- what doctor says ---------------------------------------------------------------------------
+def build_uses_amx(system_info: str | None) -> bool:
+    """Whether llama.cpp's system info reports AMX kernels (``AMX_INT8 = 1``)."""
+    from .backend import cpu_features
+
+    return any(f.startswith("AMX") for f in cpu_features(system_info))
+
+
+def setup_facts(system_info: str | None, *, deep: bool = True) -> list[Fact]:
+    """doctor's lines: AMX on the CPU and in the build, and the multi-token decode probe (run only where needed)."""
+    name = "llama.cpp"
+    flags = cpu_flags()
+    amx = sorted(set(flags) & set(AMX_FLAGS))
+    uses = build_uses_amx(system_info)
+    facts = [Fact(name, "amx", {"cpu": amx, "build": uses},
+                  ("CPU has AMX (" + ", ".join(amx) + ")" if amx else "CPU has no AMX")
+                  + ("; this llama.cpp build uses it (AMX_INT8 in its system info)" if uses else
+                     "; this llama.cpp build does not report AMX kernels"), "info")]
+    if not probe_needed(flags):
+        facts.append(Fact(name, "repack_probe", None,
+                          "multi-token decode probe: not needed here (the known crash is on x86 CPUs with AMX)",
+                          "info"))
+        return facts
+    r = cached_result() if not deep else probe_result(run=True)
+    if r is None:
+        facts.append(Fact(name, "repack_probe", None, "multi-token decode probe: not run yet (doctor without "
+                          "--quick runs it, in a throwaway worker)", "info"))
+    elif r.get("crashed"):
+        facts.append(Fact(name, "repack_probe", r,
+                          f"multi-token decode probe: a {r.get('n_tokens', PROBE_TOKENS)}-token decode of a quantized "
+                          f"model with repacked weights CRASHED ({r.get('signal') or r.get('exitcode')}); runs "
+                          "default to --no-repack here", "warn",
+                          advice=f"the AMX bug ({UPSTREAM}): weights stay in the plain CPU buffer with --no-repack; "
+                          "--repack forces repacking (and the crash)"))
+    elif r.get("skipped"):
+        facts.append(Fact(name, "repack_probe", r, f"multi-token decode probe: not run ({r['skipped']})", "info"))
+    else:
+        facts.append(Fact(name, "repack_probe", r,
+                          f"multi-token decode probe: a {r.get('n_tokens', PROBE_TOKENS)}-token decode of "
+                          f"{Path(str(r.get('model'))).name} with repacked weights ran fine; repacking stays on",
+                          "ok"))
+    return facts
