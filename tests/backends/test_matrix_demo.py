@@ -76,8 +76,9 @@ def test_cell_records_carry_verdicts_and_figures(matrix):
         p = r["params"]
         if r["identical"]:
             assert r["verdict"] == "identical"
-        else:
-            assert r["verdict"] in ("near-tie", "state", "nondeterministic", "diverged")
+        else:  # nothing is wrong with llama.cpp's loop here: a fork of a real cell is batched numerics, diagnosed
+            assert r["verdict"] == "near-tie", (p, r["explanation"])
+            assert r["diagnosed"] and 0 < r["gap"] <= r["far_threshold"], (p, r["gap"], r["far_threshold"])
             assert r["fork"]["vanilla_token"] != r["fork"]["speculative_token"]
         if p["drafter"] == "none":
             assert r["identical"] and r["n_drafted"] == 0 and r["acceptance_rate"] is None
