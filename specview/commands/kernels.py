@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..core.config import DEMO_TARGET, EngineSettings, RunConfig, declared
 from ..core.errors import ConfigError, SpecviewError
-from .common import Progress, add_engine_choice, add_setting_flags, cli_error, given_settings
+from .common import Progress, add_engine_choice, add_setting_flags, cli_error, given_settings, machine_defaults
 
 DEFAULT_POSITIONS = 128
 
@@ -72,13 +72,20 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def settings_from_args(args: argparse.Namespace) -> list[EngineSettings]:
-    """One EngineSettings per --flash-attn value given (the map covers each)."""
+    """One EngineSettings per combination of the axis values given (--flash-attn, --no-repack): the map covers each.
+
+    Where --no-repack/--repack is not given, this machine's default applies (no repack where the crash probe
+    crashed: :func:`~specview.commands.common.machine_defaults`).
+    """
+    import itertools
+
     given = given_settings(args, EngineSettings)
-    fa = given.pop("flash_attn", None)
-    values = [v for group in fa for v in group] if fa else [None]
+    names = [n for n in ("flash_attn", "no_repack") if n in given]
+    lists = [list(dict.fromkeys(v for group in given.pop(n) for v in group)) for n in names]
     try:
-        base = replace(EngineSettings(), **given)
-        return [base if v is None else replace(base, flash_attn=v) for v in dict.fromkeys(values)]
+        base = machine_defaults(replace(EngineSettings(), **given), given=names,
+                                backend=getattr(args, "backend", None) or "llama.cpp")
+        return [replace(base, **dict(zip(names, combo))) for combo in itertools.product(*lists)]
     except ConfigError as exc:
         raise cli_error(exc) from None
 

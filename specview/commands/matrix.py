@@ -19,7 +19,8 @@ from typing import Any
 from ..core.config import DEMO_DRAFT, DEMO_TARGET, EngineSettings, RunConfig, axes, field_of, settings_class
 from ..core.errors import ConfigError, SpecviewError
 from ..core.verdicts import cell_text
-from .common import Progress, add_engine_choice, add_setting_flags, cli_error, given_settings, parse_tokens
+from .common import (Progress, add_engine_choice, add_setting_flags, cli_error, given_settings, parse_tokens,
+                     repack_default)
 
 EXIT_IDENTICAL, EXIT_DIVERGED, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -165,6 +166,17 @@ def _prompts(args: argparse.Namespace, chat: bool) -> list:
     return given
 
 
+def _file_sets(path: str, name: str) -> bool:
+    """Whether the matrix file at ``path`` sets ``name`` itself (top level or its engine table)."""
+    from ..core.matrix.spec import MatrixError, read_toml, user_path
+
+    try:
+        d = read_toml(user_path(path), MatrixError)
+    except SpecviewError:
+        return False
+    return isinstance(d, dict) and (name in d or name in (d.get("engine") if isinstance(d.get("engine"), dict) else {}))
+
+
 def spec_from_args(args: argparse.Namespace):
     from ..core.matrix import MatrixSpec, builtin_prompts, load_spec, spec_from_dict
     from ..core.matrix.suite import STOP_AFTER_FORK, SUITE_MAX_TOKENS, suite
@@ -203,12 +215,19 @@ def spec_from_args(args: argparse.Namespace):
             continue  # the prompts' own (above)
         setattr(spec, name, _flat(v) if name in ax else v)
     eng = given_settings(args, EngineSettings)
+    repack_given = "no_repack" in eng or (from_file and _file_sets(args.config, "no_repack"))
     for name in [n for n in eng if n in ax]:
         setattr(spec, name, _flat(eng.pop(name)))
     try:
         spec.engine = replace(spec.engine, **eng)
     except ConfigError as exc:
         raise cli_error(exc) from None
+    if not repack_given:  # this machine's default (no repack where the crash probe crashed), said in one line
+        no_repack, why = repack_default(spec.backend)
+        if no_repack:
+            spec.no_repack = [True]
+            spec.engine = replace(spec.engine, no_repack_reason=why)
+            Progress(getattr(args, "quiet", False))(why)
     if args.full_text:
         spec.stop_after_fork = None
     elif args.stop_after_fork is not None:

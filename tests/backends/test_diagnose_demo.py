@@ -309,10 +309,17 @@ def _identical_trace(cfg: RunConfig):
 
 
 # -- the default demo: what the README promises ---------------------------------------------
+@pytest.mark.parametrize("no_repack", [False, True], ids=["repack", "no-repack"])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_the_default_demo_forks(threads):
-    """`specview run` with every default forks at one and at two threads (where is the machine's business)."""
-    cfg = RunConfig(prompt=DEMO_PROMPT, engine=EngineSettings(threads=threads))
+def test_the_default_demo_forks(threads, no_repack):
+    """`specview run` with every default forks at one and at two threads, with repacked weights and without
+    (where is the machine's business): the demo target is the one `specview run` picks for these kernels."""
+    from specview.backends.llama_cpp.demo_pick import pick_demo_target
+
+    settings = EngineSettings(threads=threads, no_repack=no_repack)
+    pick = pick_demo_target(settings)
+    assert pick.can_fork, pick.reason
+    cfg = RunConfig(prompt=DEMO_PROMPT, target=pick.target, engine=settings)
     session = Session()
     try:
         trace = session.run(cfg)
@@ -320,7 +327,8 @@ def test_the_default_demo_forks(threads):
         session.close()
     assert not trace.comparison.identical, (
         f"the default demo ({cfg.target} <- {cfg.draft}, {cfg.max_tokens} tokens, n_max {cfg.n_max}, "
-        f"{threads} thread(s)) gave the same text in both arms on this machine; the README promises a fork")
+        f"{threads} thread(s), {'no repack' if no_repack else 'repack'}; {pick.reason or 'the default'}) gave the "
+        "same text in both arms on this machine; the README promises a fork")
 
 
 def test_an_identical_run_is_cheap():
