@@ -1,0 +1,73 @@
+"""Ctrl+C of ``specview run``: the real CLI in its own process, interrupted as a terminal would, exits 130.
+
+The run is long (the demo target, 4,000 tokens with no end-of-text stop), SIGINT is sent to the
+``specview`` process once it has said what it runs, and the test asserts the exit status and that
+no process the command started outlives it, wherever the engine runs (this process or a worker).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.demo
+
+
+def _children(pid: int) -> set[int]:
+    """Every live descendant of ``pid`` (from /proc; zombies count as gone)."""
+    parents: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if fields[0] != "Z":
+            parents[int(d.name)] = int(fields[1])
+    out, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, pp in parents.items() if pp in frontier} - out
+        out |= frontier
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return state[state.rindex(")") + 2] != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process tree from /proc")
+def test_ctrl_c_of_specview_run_exits_130_and_leaves_no_process(demo_paths):
+    cmd = [sys.executable, "-m", "specview", "run", "-m", "demo:Q4_K_M", "-md", "demo:Q4_0", "-n", "4000",
+           "--ignore-eos", "-c", "4096", "-t", "1", "-p", "Write an essay on the importance of sleep for students."]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        first = p.stderr.readline()
+        assert first.startswith("specview: "), first
+        time.sleep(2.0)  # into the run: the models load and the vanilla arm starts
+        assert p.poll() is None, "the 4,000-token run ended before it was interrupted"
+        started = _children(p.pid)
+        os.kill(p.pid, signal.SIGINT)  # the terminal's Ctrl+C, to the command itself
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert p.returncode == 130, (p.returncode, err[-2000:])
+    assert "Traceback" not in err, err[-2000:]
+    deadline = time.monotonic() + 10
+    while any(_alive(c) for c in started) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [c for c in started if _alive(c)], "a process started by specview run outlived it"
