@@ -68,7 +68,14 @@ def text(loc: "Located") -> str:
     if first is not None:
         lines += ["    " + x for x in describe(first)]
         lines.append("  growth: |Δ| of each part's output (largest inside it), differing / compared nodes, first:")
-        for a in loc.per_layer():
+        parts = [a for a in loc.per_layer() if a["differ"]]
+        if len(parts) > 9:  # the first parts, the largest, the last: how it starts, peaks and ends
+            big = max(parts[4:-3], key=lambda a: a["out"])
+            parts = parts[:4] + [None, big, None] + parts[-3:]
+        for a in parts:
+            if a is None:
+                lines.append("         ...")
+                continue
             if a["differ"]:
                 lines.append(f"    {a['part']:>8}  {_g(a['out']):>9} ({_g(a['max'])})  {a['differ']:3d}/"
                              f"{a['compared']:<3d} {a['first']}")

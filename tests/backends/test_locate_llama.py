@@ -7,7 +7,6 @@ import dataclasses
 import numpy as np
 import pytest
 
-from specview.backends.llama_cpp.backend import LlamaLoaded
 from specview.backends.llama_cpp.engine import LlamaEngine
 from specview.backends.llama_cpp.graph import ObservedEngine
 from specview.backends.llama_cpp.model import LlamaModel

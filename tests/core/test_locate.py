@@ -7,7 +7,6 @@ import json
 import numpy as np
 import pytest
 
-from specview.core.config import EngineSettings
 from specview.core.engine import Engine, VocabInfo
 from specview.core.locate import (GraphEngine, GraphNode, Located, LocateError, MicroBatch, NotObservable,
                                   compare_values, layer_of, locate, token_axis)
