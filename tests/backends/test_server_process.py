@@ -26,8 +26,14 @@ from specview.backends.llama_server.process import LlamaServer
 pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
 
 STANDIN = textwrap.dedent('''
-    import http.server, json, os, sys, time
+    import http.server, json, os, signal, sys, time
     args = sys.argv[1:]
+    if os.environ.get("STANDIN_TERM_FILE"):  # say that a SIGTERM (a graceful stop, not a kill) reached it
+        def on_term(signum, frame):
+            with open(os.environ["STANDIN_TERM_FILE"], "w") as f:
+                f.write("SIGTERM")
+            os._exit(0)
+        signal.signal(signal.SIGTERM, on_term)
     port = int(args[args.index("--port") + 1])
     mode = os.environ.get("STANDIN_MODE", "ok")
     if mode == "exit":
@@ -192,9 +198,12 @@ def test_a_sigkilled_parent_takes_its_server_with_it(standin, tmp_path):
 
 
 def test_sigterm_to_specview_stops_its_servers_first(standin, tmp_path):
+    """specview's own handler stops the server (it gets SIGTERM), before the kernel's death signal would kill it."""
+    marker = tmp_path / "term"
     script = tmp_path / "parent.py"
     script.write_text(textwrap.dedent(f'''
-        import time
+        import os, time
+        os.environ["STANDIN_TERM_FILE"] = {str(marker)!r}
         from specview.backends.llama_server.process import LlamaServer
         s = LlamaServer({standin!r}, [], label="term")
         s.start()
@@ -214,3 +223,4 @@ def test_sigterm_to_specview_stops_its_servers_first(standin, tmp_path):
             p.kill()
             p.wait()
     assert _wait_gone(pid)
+    assert marker.is_file() and marker.read_text() == "SIGTERM", "the server was killed, not stopped by specview"
