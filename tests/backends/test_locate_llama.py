@@ -341,3 +341,44 @@ def test_locate_and_compare_agree_on_the_logits(session):
         model.close()
     assert loc.single_tokens == [seq[4]] and loc.batch_tokens == [seq[3], seq[4]]
     assert compare_values(single, batched)[0] == loc.logits.n_diff
+
+
+# -- the command ---------------------------------------------------------------------------------
+def test_the_command_writes_shows_and_refuses_what_it_cannot_observe(tiny_target, tmp_path, capsys):
+    from specview.cli import main
+
+    out = tmp_path / "loc.json"
+    rc = main(["locate", "-m", str(tiny_target), "--width", "3", "--row", "1", "--position", "4", "--tokens",
+               "1,300,301", "-t", "1", "-fa", "off", "--json", str(out), "-q"])
+    printed = capsys.readouterr().out
+    loc = Located.load(out)
+    assert rc == (0 if loc.identical else 1)
+    assert (loc.width, loc.row, loc.position, loc.settings.flash_attn) == (3, 1, 4, "off")
+    assert loc.observer_exact and loc.count("identical") + loc.count("differs") > 40
+    assert main(["locate", "--show", str(out)]) == rc
+    assert capsys.readouterr().out == printed
+    assert main(["locate", "-m", str(tiny_target), "--width", "2", "--engine", "llama-server"]) == 2
+    assert "not observable" in capsys.readouterr().err
+    assert main(["locate", "-m", str(tiny_target), "--width", "2", "--row", "2", "--tokens", "1,300"]) == 2
+    assert "--row" in capsys.readouterr().err
+
+
+def test_a_trace_locates_its_own_fork(session):
+    from specview.core.locate import fork_of
+    from forks import find_fork
+
+    fork = find_fork(session, threads=1)
+    trace = fork.trace
+    req = fork_of(trace)
+    k = trace.comparison.first_mismatch.index
+    step = trace.speculative.steps[k]
+    assert (req["position"], req["width"], req["row"]) == (k, step.batch_size, step.batch_index)
+    assert req["settings"] == fork.cfg.engine and req["target"] == fork.cfg.target
+    loc = locate(session, **req)
+    assert loc.source == "trace" and loc.observer_exact
+    assert loc.single_tokens == [trace.vanilla.tokens[k - 1]]
+    start = k - loc.row
+    assert loc.batch_tokens[:loc.row + 1] == trace.vanilla.tokens[start - 1:k]
+    assert not any("replay's greedy token" in n for n in loc.notes)  # the walk reproduced the trace's vanilla arm
+    if loc.width > 1 and not loc.identical:
+        assert loc.first.op and loc.first.sources
