@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 
 from ...core.diagnose import FAR_FACTOR, FAR_FLOOR, LOGIT_TOL, SCHEMA_VERSION, classify, envelope_stats, far_threshold
 from ...core.diagnose import at_risk_positions, fork_fields, fork_of, require_complete
+from ...core.diagnose.words import identical_words
 from ...core.errors import Cancelled, SpecviewError
 from ...core.trace import ArmResult, Trace
 from ..local_server.process import LocalServer
@@ -286,8 +287,7 @@ def diagnose_run(runner: ServerRunner, trace: Trace, cfg: Any, *, progress: Prog
     require_complete(trace)
     if comp.identical:
         d["verdict"], d["rule"] = classify(identical=True)
-        d["explanation"] = (f"The speculative arm produced exactly vanilla's {comp.agree} tokens: greedy speculative "
-                            "decoding was lossless on this run.")
+        d["explanation"] = identical_words(trace)
         d["seconds"] = round(time.perf_counter() - t_start, 3)
         trace.diagnosis = d
         return d

@@ -239,8 +239,9 @@ def diagnose_from_outside(target: Any, draft: Any, trace: Trace, ls: LoopSetting
     }
     if comp.identical:
         result["verdict"], result["rule"] = classify(identical=True)
-        result["explanation"] = (f"The speculative arm produced exactly vanilla's {comp.agree} tokens: greedy "
-                                 "speculative decoding on this mlx_lm.server was lossless on this run.")
+        from ...core.diagnose.words import identical_words
+
+        result["explanation"] = identical_words(trace)
         result["seconds"] = round(time.perf_counter() - t_start, 3)
         return result
     fm = fork_of(trace)

@@ -72,6 +72,47 @@ def reference_line(ref: dict[str, Any] | None) -> str | None:
             f"the model wrongly; read nothing into a fork until it is fixed")
 
 
+def verify_widths(trace: Trace) -> dict[int, int] | None:
+    """How many verify passes of each width the speculative arm ran (round 0, the prefill, not counted);
+    None when the engine reports no rounds (llama-server, mlx_lm.server)."""
+    spec = trace.speculative
+    if not spec.rounds:
+        return None
+    out: dict[int, int] = {}
+    for r in spec.rounds:
+        if r.index >= 1:
+            out[r.batch_size] = out.get(r.batch_size, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def widths_words(widths: dict[int, int] | None) -> str:
+    """ "86 verify passes: width 2 ×10, 3 ×20, 4 ×56" """
+    if widths is None:
+        return "the engine reports no verify passes, so which widths ran is not known"
+    n = sum(widths.values())
+    if not n:
+        return "no verify pass ran"
+    parts = [f"{'width ' if i == 0 else ''}{w} ×{c}" for i, (w, c) in enumerate(widths.items())]
+    return f"{n} verify pass{'es' if n != 1 else ''}: {', '.join(parts)}"
+
+
+def identical_words(trace: Trace) -> str:
+    """What an identical run proves: lossless at the verify widths it exercised, or nothing when nothing was drafted."""
+    comp, spec = trace.comparison, trace.speculative
+    widths = verify_widths(trace)
+    rounds = sum(widths.values()) if widths is not None else None
+    if spec.n_drafted == 0:
+        where = f" in {rounds} rounds" if rounds else ""
+        p_min = trace.config.get("p_min")
+        why = " (p_min 1 is llama.cpp's zero-draft control)" if p_min is not None and float(p_min) >= 1 else ""
+        return (f"The speculative arm produced exactly vanilla's {comp.agree} tokens, but it drafted no token"
+                f"{where}{why}: every verify pass was a single-token pass, as in plain decoding, so nothing "
+                "speculative was tested. Inconclusive for speculation: this is the zero-draft control.")
+    return (f"The speculative arm produced exactly vanilla's {comp.agree} tokens: greedy speculative decoding was "
+            f"lossless on this run, at the verify widths it exercised ({widths_words(widths)}); identical says "
+            "nothing of widths it never ran.")
+
+
 def explain(d: dict[str, Any], trace: Trace) -> str:
     verdict, rule = d["verdict"], d["rule"]
     ctrl = _controls_sentence(d.get("controls"))
@@ -81,8 +122,7 @@ def explain(d: dict[str, Any], trace: Trace) -> str:
         pre = (f"Before anything else: the backend check failed ({'; '.join(ref.get('problems') or [])}); this "
                f"backend does not compute the model as the CPU does, so the fork below may be its fault. ")
     if verdict == "identical":
-        return (f"{pre}The speculative arm produced exactly vanilla's {trace.comparison.agree} tokens: greedy "
-                f"speculative decoding was lossless on this run.{ctrl}")
+        return f"{pre}{identical_words(trace)}{ctrl}"
     # an engine that diagnoses from the outside may lack replays or an envelope: read what is there
     rp = d.get("replays") or {}
     env = d.get("envelope") or {}
