@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""A mutation check: plant known defects in a copy of the tree and make sure the tests notice each one.
+
+Each mutation is a small textual patch of one source file (the exact text it replaces must be
+found once, or the mutation is reported as stale) and the few fast tests that exist to catch it
+(fake engines, tiny GGUF models, stand-in servers).  The checked-out files (``git ls-files``) are
+copied to a temporary folder; the named tests first run there unmutated and must pass; then, for
+each mutation in turn, the patch is applied, the same tests run with ``PYTHONPATH`` pointing at
+the copy, and they must fail.  One line per mutation says which test killed it and how long it
+took.  The exit status is 0 when every mutation was killed, 1 when one survived (or a baseline
+failed, or a patch no longer applies).
+
+    python scripts/mutation-check.py            # every mutation
+    python scripts/mutation-check.py -k resume  # those whose name contains "resume"
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+MUTATIONS: tuple[Mutation, ...] = (
+    Mutation(
+        "vanilla arm: the runner-up token instead of the argmax",
+        "specview/core/generate.py",
+        "    while True:\n        tok = int(np.argmax(row))",
+        "    while True:\n        tok = int(np.argsort(row)[-2])",
+        ("tests/core/test_generate.py::test_vanilla_equals_an_independent_greedy_loop",),
+    ),
+    Mutation(
+        "speculative arm: the target's own token after the accepted drafts is the last draft's",
+        "specview/core/generate.py",
+        "emitted = [*draft[:n_acc], int(argmax[n_acc])]",
+        "emitted = [*draft[:n_acc], int(argmax[max(n_acc - 1, 0)])]",
+        ("tests/core/test_generate.py::test_speculative_is_lossless_on_a_shape_independent_model",),
+    ),
+    Mutation(
+        "accept rule: the last draft token is never accepted",
+        "specview/core/generate.py",
+        "    while n < len(draft) and int(argmax[n]) == int(draft[n]):",
+        "    while n < len(draft) - 1 and int(argmax[n]) == int(draft[n]):",
+        ("tests/core/test_generate.py::test_perfect_drafter_verifies_full_batches",),
+    ),
+    Mutation(
+        "rollback: the first rejected draft token stays in the KV cache",
+        "specview/core/generate.py",
+        "        engine.truncate(n_past + n_acc + 1)",
+        "        engine.truncate(min(n_past + n_acc + 2, n_past + T))",
+        ("tests/core/test_generate.py::test_speculative_is_lossless_on_a_shape_independent_model",),
+    ),
+    Mutation(
+        "diagnosis: a serial-verify control that differs from vanilla is read as a near-tie",
+        "specview/core/diagnose/classify.py",
+        '        return _rule("state", "serial-verify-differs")',
+        '        return _rule("near-tie", "serial-verify-differs")',
+        ("tests/core/test_diagnose.py",),
+    ),
+    Mutation(
+        "diagnosis: a gap far beyond the envelope is never a state bug",
+        "specview/core/diagnose/classify.py",
+        "    if gap > far_threshold(env_max, factor=factor, floor=floor):",
+        "    if gap > 1e9 * far_threshold(env_max, factor=factor, floor=floor):",
+        ("tests/core/test_diagnose.py",),
+    ),
+    Mutation(
+        "matrix resume: failed cells are kept, so they are never run again",
+        "specview/core/matrix/run.py",
+        'run.records = [r for r in resume["cells"] if r.get("status") == "ok"\n',
+        'run.records = [r for r in resume["cells"] if r.get("status") in ("ok", "error")\n',
+        ("tests/backends/test_matrix_resume.py",),
+    ),
+    Mutation(
+        "matrix resume: cells from another machine, build or thread count are mixed in",
+        "specview/core/matrix/run.py",
+        "                    resumed.check(trace)",
+        "                    resumed.differences(trace)",
+        ("tests/backends/test_matrix_resume.py",),
+    ),
+    Mutation(
+        "report escaping: HTML is written as it comes",
+        "specview/core/report/escape.py",
+        "    return html.escape(value if isinstance(value, str) else text(value), quote=True)",
+        "    return value if isinstance(value, str) else text(value)",
+        ("tests/core/test_report.py",),
+    ),
+    Mutation(
+        "report escaping: Markdown specials pass through",
+        "specview/core/report/escape.py",
+        '    s = _MD_SPECIAL.sub(r"\\\\\\1", visible(value))',
+        "    s = visible(value)",
+        ("tests/core/test_report.py",),
+    ),
+    Mutation(
+        "kernel map: a width that differs from single-token passes still counts as proven lossless",
+        "specview/core/kernel_evidence.py",
+        "    differ = [w for w in measured if not row.widths[w].bit_identical]",
+        "    differ = []",
+        ("tests/core/test_kernel_evidence.py",),
+    ),
+    Mutation(
+        "server cleanup: exit and the signal handlers leave the servers running",
+        "specview/backends/local_server/process.py",
+        "            srv.stop(grace=1.0)",
+        "            pass",
+        ("tests/backends/test_server_process.py",),
+    ),
+    Mutation(
+        "worker death: a worker killed by a signal is reported without it",
+        "specview/core/worker/death.py",
+        "        return signal.Signals(-exitcode).name",
+        "        return None",
+        ("tests/core/test_worker.py::test_a_native_death_in_the_speculative_arm_keeps_the_run",),
+    ),
+)
+
+
+def tracked_files() -> list[str]:
+    # tracked files and new ones not yet added (not the ignored ones): the tree as it is checked out
+    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                         check=True, capture_output=True).stdout
+    return [p for p in out.decode().split("\0") if p]
+
+
+def copy_tree(dst: Path) -> None:
+    for rel in tracked_files():
+        src = ROOT / rel
+        if not src.is_file():  # deleted in the work tree but still tracked
+            continue
+        target = dst / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, target)
+
+
+def run_tests(tree: Path, tests: tuple[str, ...], timeout: float) -> tuple[int, str, float]:
+    env = dict(os.environ, PYTHONPATH=str(tree) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               PYTHONDONTWRITEBYTECODE="1", GGML_NO_BACKTRACE="1", QT_QPA_PLATFORM="offscreen")
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--no-header", "-rfE",
+           "-o", "addopts=", *tests]
+    t0 = time.perf_counter()
+    try:
+        cp = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
+        return cp.returncode, cp.stdout + cp.stderr, time.perf_counter() - t0
+    except subprocess.TimeoutExpired as exc:
+        out = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        return -1, out + f"\n(timed out after {timeout:.0f} s)", time.perf_counter() - t0
+
+
+def first_failure(output: str) -> str:
+    m = re.search(r"^(?:FAILED|ERROR) (\S+)", output, re.M)
+    return m.group(1) if m else "?"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-k", default="", help="only the mutations whose name contains this text")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per test run (default 300)")
+    args = ap.parse_args(argv)
+    chosen = [m for m in MUTATIONS if args.k.lower() in m.name.lower()]
+    if not chosen:
+        print(f"no mutation matches {args.k!r}", file=sys.stderr)
+        return 2
+    t_start = time.perf_counter()
+    bad = 0
+    with tempfile.TemporaryDirectory(prefix="specview-mutants-") as tmp:
+        tree = Path(tmp)
+        copy_tree(tree)
+        where = subprocess.run([sys.executable, "-c", "import specview; print(specview.__file__)"], cwd=tree,
+                               env=dict(os.environ, PYTHONPATH=str(tree)), capture_output=True, text=True).stdout
+        if not where.startswith(str(tree)):
+            print(f"the copy's specview is not the one imported ({where.strip()}): the check would test nothing")
+            return 1
+        # the baseline: every named test passes on the unmutated copy
+        suites = sorted({t for m in chosen for t in m.tests})
+        rc, out, secs = run_tests(tree, tuple(suites), args.timeout)
+        if rc != 0:
+            print(f"BASELINE FAILED ({secs:.1f} s): the tests must pass before a mutation can be judged\n{out[-3000:]}")
+            return 1
+        print(f"baseline: {len(suites)} test targets pass unmutated ({secs:.1f} s)")
+        for m in chosen:
+            f = tree / m.path
+            original = f.read_text(encoding="utf-8")
+            n = original.count(m.old)
+            if n != 1:
+                print(f"STALE     {m.name}: the text to replace is found {n} times in {m.path}")
+                bad += 1
+                continue
+            f.write_text(original.replace(m.old, m.new), encoding="utf-8")
+            try:
+                rc, out, secs = run_tests(tree, m.tests, args.timeout)
+            finally:
+                f.write_text(original, encoding="utf-8")
+            if rc == 1:
+                print(f"killed    {m.name}  [{first_failure(out)}] ({secs:.1f} s)")
+            elif rc == 0:
+                print(f"SURVIVED  {m.name}: {', '.join(m.tests)} still pass ({secs:.1f} s)")
+                bad += 1
+            else:
+                print(f"ERROR     {m.name}: pytest exited {rc} ({secs:.1f} s)\n{out[-2000:]}")
+                bad += 1
+    total = time.perf_counter() - t_start
+    print(f"{len(chosen) - bad} of {len(chosen)} mutations killed in {total:.0f} s")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
