@@ -311,8 +311,6 @@ def test_a_width_the_kernel_map_calls_bit_identical_has_identical_logits(session
 
 
 def test_without_repack_no_weight_is_in_a_repacked_buffer(session):
-    if "no_repack" not in {f.name for f in dataclasses.fields(EngineSettings)}:
-        pytest.skip("EngineSettings has no no_repack setting in this checkout")
     loc = locate(session, "demo:Q4_K_M", width=8, row=0, position=12, prompt="Write an essay on sleep.",
                  settings=dataclasses.replace(DEMO, no_repack=True))
     bufs = {s.buffer for d in loc.nodes for s in d.sources if s.weight}
