@@ -118,6 +118,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/core/test_kernel_evidence.py",),
     ),
     Mutation(
+        "backend check: the llama.cpp build's gpu_offload fact is always false, so no GPU diagnosis checks first",
+        "specview/backends/llama_cpp/lib.py",
+        '"gpu_offload": bool(ll.llama_supports_gpu_offload()),',
+        '"gpu_offload": False,',
+        ("tests/backends/test_check_llama.py::test_a_gpu_build_checks_the_backend_before_every_gpu_diagnosis",),
+    ),
+    Mutation(
         "server cleanup: exit and the signal handlers leave the servers running",
         "specview/backends/local_server/process.py",
         "            srv.stop(grace=1.0)",
