@@ -43,7 +43,9 @@ def add_map_flags(p: argparse.ArgumentParser, *, widths: str = "1-16", positions
     g.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     skip = [f.name for f in declared(RunConfig) if f.name not in ("chat", "top_k")]
     # the context is sized to the map; settings declared for one engine only (a server's binary) do not apply
-    skip += ["n_ctx"] + [f.name for f in declared(EngineSettings) if f.metadata["only_for"]]
+    # the server engines' own settings (a binary, its flags) mean nothing to a map; llama.cpp's knobs (GGML_VK_*) do
+    skip += ["n_ctx"] + [f.name for f in declared(EngineSettings)
+                         if f.metadata["only_for"] and "llama.cpp" not in f.metadata["only_for"]]
     groups = add_setting_flags(p, matrix=True, skip=skip)
     add_engine_choice(p, groups.get("engine"))
     return g

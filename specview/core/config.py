@@ -31,6 +31,9 @@ DRAFT_FILE_TYPES = ("draft-simple", "draft-eagle3", "draft-dflash", "draft-dspar
 FLASH_ATTN_VALUES = ("auto", "on", "off")
 KV_TYPES = ("f16", "f32", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
+#: the engines that run llama.cpp and so read the GGML_VK_* knobs (in-process and the server)
+VULKAN_ENGINES = ("llama.cpp", "llama-server")
+
 #: the demo the CLI and the app open with (the names resolve in the llama.cpp backend)
 DEMO_TARGET = "demo:Q4_K_M"  # K-quant weights: batched (>= 4 rows) and single-token passes take different kernels
 DEMO_DRAFT = "demo:Q4_0"
@@ -51,6 +54,7 @@ def setting(
     only_for: Sequence[str] = (),
     default_factory: Any = MISSING,
     metavar: str | None = None,
+    env: str = "",
     cli_default: Any = MISSING,
     off_flags: Sequence[str] = (),
 ) -> Any:
@@ -77,6 +81,9 @@ def setting(
         "only_for": tuple(only_for),
         "metavar": metavar,
         "cli_default": cli_default,
+        # the environment variable llama.cpp reads this setting from (ggml's start-up knobs): set in the
+        # engine's process before llama.cpp loads, and a command line's environment prefix in reports
+        "env": env,
         "off_flags": tuple(off_flags),
     }
     if default_factory is not MISSING:
@@ -104,6 +111,32 @@ class EngineSettings:
                            "the logits, so traces record it)")
     kv_type: str = setting("f16", flags=("--kv-type", "--cache-type"), choices=KV_TYPES, group="engine",
                            label="KV cache type", help="KV cache type for K and V")
+    # Vulkan's own numerics knobs: ggml-vulkan reads them from the environment once, when it starts, so
+    # they reach llama.cpp as environment variables (the engine process's, a server's, a report command's
+    # prefix), never as flags; a build without Vulkan ignores them
+    vk_disable_mmvq: bool = setting(False, flags=("--vk-disable-mmvq",), env="GGML_VK_DISABLE_MMVQ", axis=True,
+                                    group="vulkan", label="No MMVQ", only_for=VULKAN_ENGINES,
+                                    help="Vulkan builds: GGML_VK_DISABLE_MMVQ=1, no integer-dot mat-vec kernels "
+                                    "(Q8_1 activations) on quantized weights, so widths 1-8 all take the float "
+                                    "mat-vec path (the N=1 vs N=2..8 mismatch of llama.cpp #28489)")
+    vk_force_mmvq: bool = setting(False, flags=("--vk-force-mmvq",), env="GGML_VK_FORCE_MMVQ", axis=True,
+                                  group="vulkan", label="Force MMVQ", only_for=VULKAN_ENGINES,
+                                  help="Vulkan builds: GGML_VK_FORCE_MMVQ=1, integer-dot mat-vec kernels wherever "
+                                  "the device has integer dot product, also where ggml-vulkan would pick float")
+    vk_disable_f16: bool = setting(False, flags=("--vk-disable-f16",), env="GGML_VK_DISABLE_F16", axis=True,
+                                   group="vulkan", label="No fp16", only_for=VULKAN_ENGINES,
+                                   help="Vulkan builds: GGML_VK_DISABLE_F16=1, no fp16 arithmetic in the shaders "
+                                   "even where the device has it")
+    vk_disable_coopmat: bool = setting(False, flags=("--vk-disable-coopmat",), env="GGML_VK_DISABLE_COOPMAT",
+                                       axis=True, group="vulkan", label="No coopmat", only_for=VULKAN_ENGINES,
+                                       help="Vulkan builds: GGML_VK_DISABLE_COOPMAT=1, no cooperative-matrix "
+                                       "(matrix core) mat-mat kernels")
+    vk_visible_devices: str = setting("", flags=("--vk-visible-devices",), env="GGML_VK_VISIBLE_DEVICES",
+                                      group="vulkan", label="Vulkan devices", only_for=VULKAN_ENGINES,
+                                      metavar="IDS",
+                                      help="Vulkan builds: GGML_VK_VISIBLE_DEVICES, the Vulkan devices ggml uses, "
+                                      "by index ('0', '0,1'); empty: every GPU, and a CPU-type device (Mesa's "
+                                      "lavapipe) only when named here")
     no_repack: bool = setting(False, flags=("-nr", "--no-repack"), off_flags=("--repack",), axis=True,
                               group="engine", label="No repack (-nr)", cli_default=None,
                               help="llama.cpp engines: keep the weights in the plain CPU buffer (llama.cpp's "
@@ -137,6 +170,10 @@ class EngineSettings:
     def repack_note(self) -> str:
         """The one line that says why weights are not repacked when the machine chose it ("" otherwise)."""
         return self.no_repack_reason if self.no_repack else ""
+
+    def environment(self) -> dict[str, str]:
+        """The environment variables these settings ask llama.cpp for (``GGML_VK_*``), only those set."""
+        return settings_environment(self.to_dict())
 
     @classmethod
     def from_dict(cls, d: Any) -> "EngineSettings":
@@ -257,6 +294,29 @@ class RunConfig:
     def spec_cache_key(self) -> tuple:
         return (self.spec_type, self.draft if self.uses_draft_model else None, self.n_max, self.n_min,
                 self.p_min, self.ngram_size_n, self.ngram_size_m, self.serial_verify)
+
+
+# -- settings read from the environment ---------------------------------------------------
+def environment_settings() -> dict[str, str]:
+    """{field name: environment variable} of the EngineSettings llama.cpp reads from its environment."""
+    return {f.name: f.metadata["env"] for f in declared(EngineSettings) if f.metadata.get("env")}
+
+
+def settings_environment(engine: Any) -> dict[str, str]:
+    """The environment an engine block (a dict, as in a trace's ``config.engine``) asks for.
+
+    A true/false knob is ``1`` when true and absent when false (ggml tests only
+    that the variable exists); a text knob is its text when not empty.
+    """
+    engine = engine or {}
+    out: dict[str, str] = {}
+    for name, var in environment_settings().items():
+        v = engine.get(name)
+        if v is True:
+            out[var] = "1"
+        elif isinstance(v, str) and v.strip():
+            out[var] = v.strip()
+    return out
 
 
 # -- derived checks ------------------------------------------------------------------

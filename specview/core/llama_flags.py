@@ -15,7 +15,7 @@ import json
 import shlex
 from typing import Any, Mapping, Sequence
 
-from .config import DRAFT_FILE_TYPES
+from .config import DRAFT_FILE_TYPES, settings_environment
 from .errors import ConfigError
 
 #: spec types that read ``--spec-draft-n-max`` / ``-n-min`` / ``-p-min`` (the draft-model family, MTP included)
@@ -87,6 +87,16 @@ def engine_flags(config: Mapping[str, Any]) -> list[str]:
     if int(threads) > 0:
         flags += ["-t", str(int(threads))]
     return flags
+
+
+def engine_environment(config: Mapping[str, Any]) -> dict[str, str]:
+    """The environment llama.cpp needs for this run (ggml's start-up knobs, ``GGML_VK_*``): a server is started
+    with it, and a command line shows it as a prefix (``GGML_VK_DISABLE_MMVQ=1 llama-server ...``)."""
+    return settings_environment(config.get("engine") or {})
+
+
+def env_prefix(config: Mapping[str, Any]) -> list[str]:
+    return [f"{k}={v}" for k, v in engine_environment(config).items()]
 
 
 def sampling_flags(config: Mapping[str, Any], *, eos: bool = True) -> list[str]:
@@ -223,8 +233,9 @@ def llama_commands(config: Mapping[str, Any], models: Mapping[str, Any], prompt:
         spec_argv = server_argv(bare, target=target, draft=draft, speculative=True)
 
     cmds: dict[str, str] = {}
-    cmds["server_vanilla"] = _line(["llama-server", *vanilla_argv, "--port", "8080"])
-    cmds["server_speculative"] = _line(["llama-server", *spec_argv, "--port", "8081"])
+    env = env_prefix(config)
+    cmds["server_vanilla"] = _line([*env, "llama-server", *vanilla_argv, "--port", "8080"])
+    cmds["server_speculative"] = _line([*env, "llama-server", *spec_argv, "--port", "8081"])
     body = {
         "prompt": [int(t) for t in prompt.get("tokens", [])],
         "n_predict": n,
@@ -246,7 +257,7 @@ def llama_commands(config: Mapping[str, Any], models: Mapping[str, Any], prompt:
     # llama-cli applies the chat template itself; a prompt without it (or raw ids) is only reproducible
     # through the server request above (llama-completion, which skips the template, has no --spec-* flags)
     if text is not None and not prompt.get("raw_tokens") and prompt.get("chat", True):
-        base = ["llama-cli", "-m", target, "-p", text, "-st", "-n", str(n), *engine_flags(config),
+        base = [*env, "llama-cli", "-m", target, "-p", text, "-st", "-n", str(n), *engine_flags(config),
                 *sampling_flags(config)]
         cmds["cli_vanilla"] = _line(base)
         cmds["cli_speculative"] = _line(base + spec_flags(config, draft))

@@ -16,6 +16,7 @@ goes through :meth:`RunConfig.from_dict`, :meth:`RunControls.set_config` through
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
 import re
 from dataclasses import Field
@@ -54,6 +55,21 @@ from .settings import default_run
 #: group boxes in panel order, with their titles (a group not listed here gets its name as its title)
 GROUPS = {"models": "Models", "speculation": "Speculation (llama.cpp names)", "prompt": "Prompt",
           "engine": "Engine (llama.cpp names)"}
+#: settings llama.cpp reads from the environment with this prefix, and the ggml backend they belong to
+BUILD_KNOBS = {"GGML_VK_": "vulkan"}
+
+
+@functools.lru_cache(maxsize=None)
+def engine_builds(engine: str, api: str) -> bool:
+    """Whether ``engine``'s llama.cpp build has the ggml backend ``api`` (True where the engine cannot tell, e.g. a
+    server binary, so its knobs stay offered)."""
+    try:
+        builds = getattr(get_backend(engine), "builds_backend", None)
+        return True if builds is None else bool(builds(api))
+    except Exception:
+        return True
+
+
 #: how the drafter list describes a spec type (any other type is shown by its name)
 SPEC_TYPE_WORDS = {"draft-simple": "draft model (draft-simple)", "ngram-simple": "n-gram (ngram-simple)",
                    "none": "none (verify one token per round)"}
@@ -226,7 +242,11 @@ class SettingControl:
 
     def applies_to(self, engine: str) -> bool:
         only = self.field.metadata.get("only_for") or ()
-        return not only or engine in only
+        if only and engine not in only:
+            return False
+        env = str(self.field.metadata.get("env") or "")
+        api = next((a for prefix, a in BUILD_KNOBS.items() if env.startswith(prefix)), None)
+        return api is None or engine_builds(engine, api)  # Vulkan's knobs only for a Vulkan build
 
 
 class RunControls(QWidget):
@@ -249,6 +269,8 @@ class RunControls(QWidget):
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         forms: dict[str, QFormLayout] = {}
+        #: boxes that hold only generated settings: hidden when none of their settings applies
+        self._setting_boxes: dict[str, QGroupBox] = {}
         for group, title in GROUPS.items():
             box = QGroupBox(title)
             box.setObjectName(f"group_{group}")
@@ -267,6 +289,7 @@ class RunControls(QWidget):
                     box = QGroupBox(group.capitalize())
                     forms[group] = QFormLayout(box)
                     lay.addWidget(box)
+                    self._setting_boxes[group] = box
                 ctl = SettingControl(cls, f, lambda *_a, n=f.name: self._changed(n))
                 self.settings[f.name] = ctl
                 forms[group].addRow(ctl.label, ctl.widget)
@@ -425,6 +448,9 @@ class RunControls(QWidget):
             label = form.labelForField(w)
             if label is not None:
                 label.setVisible(on)
+        for group, box in self._setting_boxes.items():
+            box.setVisible(any(self.settings[n].applies_to(name) for n in self.settings
+                               if (self.settings[n].field.metadata.get("group") or "engine") == group))
         self.engine_problem, types = probe_engine(name, self.engine_settings())
         if not types:  # an unusable engine still shows what the run would have used
             types = [keep] if isinstance(keep, str) and keep else []

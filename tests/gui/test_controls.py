@@ -63,10 +63,16 @@ def test_settings_for_one_engine_show_only_for_it(make_window):
     w = make_window()
     only = {f.name: f.metadata["only_for"] for _c, f in gui_settings() if f.metadata.get("only_for")}
     assert only, "some setting is declared for one engine only"
+    from specview.backends.llama_cpp.lib import builds_backend
+
+    vulkan = builds_backend("vulkan")  # Vulkan's knobs: only where the in-process build has Vulkan
+    knobs = {f.name for _c, f in gui_settings() if str(f.metadata.get("env") or "").startswith("GGML_VK_")}
+    assert knobs and knobs <= set(only)
     for name in backend_names():
         w.engine.setCurrentIndex(w.engine.findData(name))
         for setting, engines in only.items():
-            assert w.controls[setting].isHidden() == (name not in engines), (name, setting)
+            shown = name in engines and (setting not in knobs or name != "llama.cpp" or vulkan)
+            assert w.controls[setting].isHidden() == (not shown), (name, setting)
     assert [w.engine.itemData(i) for i in range(w.engine.count())] == backend_names()
 
 

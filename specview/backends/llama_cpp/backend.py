@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ...core.config import EngineSettings
+from ...core.config import ConfigError, EngineSettings, environment_settings
 from ...core.doctor import gpu_build_advice
 from ...core.engine import WrappedModel
 from ...core.errors import SpecviewError
@@ -13,7 +13,7 @@ from ...core.facts import Fact
 from ...core.inprocess import InProcessBackend
 from . import demo
 from .engine import LlamaEngine
-from .lib import _lib, llama_environment
+from .lib import LIB_PATH_VARIABLE, _lib, apply_environment, builds_backend, llama_environment
 from .model import LlamaModel
 from .probe import setup_facts as probe_facts
 
@@ -49,10 +49,25 @@ class LlamaBackend(InProcessBackend):
         return (str(Path(name).expanduser().resolve()), settings.gpu_layers, settings.no_repack)
 
     def load(self, name: str, settings: EngineSettings) -> LlamaLoaded:
+        late = apply_environment(self.worker_env(settings))
+        if late:
+            raise ConfigError(
+                f"{', '.join(late)}: llama.cpp is already loaded in this process with another value, and ggml reads "
+                "it only when it starts; run with it in a new process (set it in the environment, or start again)",
+                setting=next(k for k, v in environment_settings().items() if v == late[0]))
         return LlamaLoaded(LlamaModel(name, gpu_layers=settings.gpu_layers, no_repack=settings.no_repack))
 
     def environment(self) -> dict[str, Any]:
         return llama_environment()
+
+    def builds_backend(self, api: str) -> bool:
+        """Whether this llama.cpp build has the ggml backend ``api`` ("vulkan", "cuda" ...), from its files."""
+        return builds_backend(api)
+
+    def worker_env(self, settings: EngineSettings) -> dict[str, str]:
+        """ggml's start-up knobs these settings ask for (``GGML_VK_*``): the engine's process must have them in its
+        environment before llama.cpp loads, since ggml-vulkan reads them once, when it starts."""
+        return settings.environment()
 
     def setup_facts(self, settings: EngineSettings, *, deep: bool = True) -> list[Fact]:
         return setup_facts(settings, deep=deep)
@@ -68,29 +83,74 @@ def cpu_features(system_info: str | None) -> list[str]:
     return out
 
 
+#: ggml backends that compute on the CPU (every other one is a GPU API: Vulkan, CUDA, ROCm, Metal, SYCL ...)
+HOST_BACKENDS = ("CPU", "BLAS", "RPC")
+
+
+def gpu_backends(backends: list[str]) -> list[str]:
+    return [b for b in backends if b.upper() not in HOST_BACKENDS]
+
+
+def device_text(d: dict[str, Any]) -> str:
+    """One device as doctor names it: ``Vulkan0 (llvmpipe (LLVM 19.1.7, 256 bits), 24105 MiB, fp16, no int dot)``."""
+    bits = [d.get("description") or d.get("type") or "?"]
+    if d.get("memory_mib"):
+        bits.append(f"{d['memory_mib']} MiB")
+    if "vk_fp16" in d:
+        bits.append("fp16" if d["vk_fp16"] else "no fp16")
+    if "vk_int_dot" in d:  # decides whether quantized mat-vec takes MMVQ (integer dot) or the float path
+        bits.append("int dot" if d["vk_int_dot"] else "no int dot")
+    if "vk_matrix_cores" in d:
+        bits.append(f"matrix cores: {d['vk_matrix_cores']}")
+    return f"{d['name']} ({', '.join(str(b) for b in bits)})"
+
+
 def setup_facts(settings: EngineSettings, *, deep: bool = True, devices: list[dict[str, str]] | None = None,
-                placement: dict[str, int] | None = None) -> list[Fact]:
-    """What ``specview doctor`` says of llama.cpp here.  ``devices``/``placement`` replace what the build
-    reports (the tests fake a GPU machine with them)."""
+                placement: dict[str, int] | None = None, backends: list[str] | None = None) -> list[Fact]:
+    """What ``specview doctor`` says of llama.cpp here.  ``devices``/``placement``/``backends`` replace what the
+    build reports (the tests fake a GPU machine with them; faked devices imply their backends)."""
     env = llama_environment()
+    if backends is None:
+        backends = list(env.get("ggml_backends") or []) if devices is None else \
+            sorted({str(d["name"]).rstrip("0123456789") for d in devices})
     devices = env["ggml_devices"] if devices is None else devices
     gpus = [d for d in devices if d.get("type", "CPU" if d.get("name") == "CPU" else "GPU") != "CPU"]
     name = "llama.cpp"
+    lib = env.get("llama_lib_dir")
+    where = f" (libllama from ${LIB_PATH_VARIABLE}={lib})" if lib and env.get("ggml_env", {}).get(LIB_PATH_VARIABLE) \
+        else ""
     facts = [
         Fact(name, "version", env.get("llama_cpp_python"), f"llama-cpp-python {env.get('llama_cpp_python')}", "ok"),
-        Fact(name, "backends", env.get("ggml_backends"),
-             "built with the ggml backends: " + (", ".join(env.get("ggml_backends") or []) or "unknown"), "info"),
+        Fact(name, "backends", backends,
+             "built with the ggml backends: " + (", ".join(backends) or "unknown") + where, "info"),
         Fact(name, "devices", [d["name"] for d in devices],
-             "sees the devices: " + (", ".join(f"{d['name']} ({d.get('description') or d.get('type')})"
-                                               for d in devices) or "none reported"), "info"),
+             "sees the devices: " + (", ".join(device_text(d) for d in devices) or "none reported"), "info"),
     ]
+    for d in gpus:
+        if d.get("software"):
+            facts.append(Fact(name, "software_device", d["name"],
+                              f"{d['name']} is a CPU rasteriser ({d.get('description')}), not a GPU: the Vulkan path "
+                              "is real (llama.cpp's shaders, its kernel choice by width, the offload), the numerics "
+                              "and the speed are not a GPU's", "info"))
+    knobs = {k: v for k, v in (env.get("ggml_env") or {}).items() if k.startswith("GGML_VK_")}
+    if knobs:
+        facts.append(Fact(name, "ggml_env", knobs, "ggml's start-up knobs in effect: "
+                          + " ".join(f"{k}={v}" for k, v in knobs.items()), "info"))
     feats = cpu_features(env.get("llama_cpp_system_info"))
     facts.append(Fact(name, "cpu_features", feats,
                       "CPU features its kernels use: " + (", ".join(feats) or "none reported")
                       + " (they pick which kernel computes a batch, so they move the numerics)", "info"))
     facts.extend(probe_facts(env.get("llama_cpp_system_info"), deep=deep))  # AMX, and the crash probe
     asked = settings.gpu_layers
-    if not gpus:
+    built = gpu_backends(backends)
+    if built and not gpus:
+        hint = ("check the driver (`vulkaninfo --summary`); ggml-vulkan skips a CPU-type device (Mesa's lavapipe) "
+                "unless GGML_VK_VISIBLE_DEVICES names it (--vk-visible-devices 0)") if "Vulkan" in built else \
+            "check the driver (`rocminfo`, `nvidia-smi`)"
+        facts.append(Fact(name, "gpu", False,
+                          f"built with {', '.join(built)}, but it sees no {'/'.join(built)} device: every layer runs "
+                          "on the CPU", "problem" if asked > 0 else "warn" if asked < 0 else "info", advice=hint))
+    elif not gpus:
         if asked > 0:
             facts.append(Fact(name, "gpu", False,
                               f"-ngl {asked} asks for a GPU, but this llama-cpp-python was built without a GPU backend: "
@@ -102,7 +162,8 @@ def setup_facts(settings: EngineSettings, *, deep: bool = True, devices: list[di
                               advice=None if asked == 0 else "for a GPU build:\n" + gpu_build_advice()))
     else:
         facts.append(Fact(name, "gpu", [d["name"] for d in gpus],
-                          "GPU backend present: " + ", ".join(d["name"] for d in gpus), "ok"))
+                          "GPU backend present: " + ", ".join(d["name"] for d in gpus)
+                          + (f" ({', '.join(built)})" if built else ""), "ok"))
     if deep:
         facts.append(_offload_fact(settings, gpus, placement))
     return facts

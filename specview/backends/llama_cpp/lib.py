@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import importlib.util
+import os
+import re
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -72,10 +76,74 @@ def log_lines() -> list[str]:
 DEVICE_TYPES = {0: "CPU", 1: "GPU", 2: "IGPU", 3: "ACCEL"}
 
 
+#: llama-cpp-python's switch to load another build's libllama (and so its libggml) from a folder
+LIB_PATH_VARIABLE = "LLAMA_CPP_LIB_PATH"
+
+
+def lib_dir() -> Path:
+    """The folder of the libllama this process runs: the one llama-cpp-python loaded
+    (``$LLAMA_CPP_LIB_PATH`` when set, else its own ``llama_cpp/lib``).
+
+    Its libggml is the one that holds the backends and devices of that build;
+    the copy inside the package may be another build (a CPU one).
+    """
+    ll = _lib()
+    loaded = getattr(getattr(getattr(ll, "llama_cpp", None), "_lib", None), "_name", None)
+    if loaded and os.path.isabs(loaded) and os.path.exists(loaded):
+        return Path(loaded).resolve().parent
+    return Path(ll.__file__).parent / "lib"
+
+
+def _package_lib_dir() -> Path | None:
+    """``llama_cpp/lib`` of the installed package, found without importing it."""
+    try:
+        spec = importlib.util.find_spec("llama_cpp")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin:
+        return None
+    return Path(spec.origin).parent / "lib"
+
+
+def builds_backend(name: str) -> bool:
+    """Whether the llama.cpp build this process would load has the ggml backend ``name`` ("vulkan", "cuda" ...),
+    from its files alone (nothing is imported or loaded, so it is cheap for the app's controls)."""
+    if "llama_cpp" in sys.modules and _ENV is not None:
+        return name.lower() in {b.lower() for b in _ENV.get("ggml_backends") or []}
+    override = os.environ.get(LIB_PATH_VARIABLE)
+    folder = Path(override) if override else _package_lib_dir()
+    if folder is None or not folder.is_dir():
+        return False
+    return any(folder.glob(f"*ggml-{name.lower()}*"))
+
+
+def apply_environment(env: dict[str, str]) -> list[str]:
+    """Put ``env`` (ggml's start-up knobs, ``GGML_VK_*``) into this process's environment before llama.cpp loads.
+
+    Returns the variables that could not take effect: llama.cpp is already loaded
+    here with another value (ggml reads them once); the engine's own process
+    (the worker) applies them before loading instead.
+    """
+    late = []
+    for k, v in env.items():
+        if os.environ.get(k) == v:
+            continue
+        if _initialised:
+            late.append(k)
+        else:
+            os.environ[k] = v
+    return late
+
+
+def ggml_environment() -> dict[str, str]:
+    """The ``GGML_*`` variables in this process's environment (ggml reads them at start-up; traces record them)."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("GGML_VK_") or k == LIB_PATH_VARIABLE}
+
+
 def _ggml() -> Any:
-    """libggml of this llama-cpp-python, with the device registry's signatures set; None if not found."""
-    ll = _init()
-    libdir = Path(ll.__file__).parent / "lib"
+    """libggml of the llama.cpp build this process runs, with the device registry's signatures set; None if not found."""
+    _init()
+    libdir = lib_dir()
     # the device registry lives in libggml; dlsym on it also finds libggml-base's functions
     names = ["libggml.so", "libggml.dylib", "ggml.dll", "libggml-base.so", "libggml-base.dylib"]
     lib = None
@@ -98,6 +166,9 @@ def _ggml() -> Any:
     lib.ggml_backend_dev_description.argtypes = [ctypes.c_void_p]
     lib.ggml_backend_dev_type.restype = ctypes.c_int
     lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_memory.restype = None
+    lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
+                                            ctypes.POINTER(ctypes.c_size_t)]
     lib.ggml_backend_reg_count.restype = ctypes.c_size_t
     lib.ggml_backend_reg_get.restype = ctypes.c_void_p
     lib.ggml_backend_reg_get.argtypes = [ctypes.c_size_t]
@@ -112,13 +183,56 @@ def ggml_devices() -> list[dict[str, str]]:
     if lib is None:
         return []
     out = []
+    vk = vulkan_device_lines()
     for i in range(lib.ggml_backend_dev_count()):
         d = lib.ggml_backend_dev_get(i)
-        out.append({
+        dev: dict[str, Any] = {
             "name": (lib.ggml_backend_dev_name(d) or b"").decode("utf-8", "replace"),
             "description": (lib.ggml_backend_dev_description(d) or b"").decode("utf-8", "replace"),
             "type": DEVICE_TYPES.get(int(lib.ggml_backend_dev_type(d)), "other"),
-        })
+        }
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        try:
+            lib.ggml_backend_dev_memory(d, ctypes.byref(free), ctypes.byref(total))
+            if total.value:
+                dev["memory_mib"] = int(total.value // (1 << 20))
+        except Exception:
+            pass
+        m = re.fullmatch(r"Vulkan(\d+)", dev["name"])
+        if m and int(m.group(1)) in vk:
+            dev.update(vk[int(m.group(1))])
+        if software_rasteriser(dev["description"]):
+            dev["software"] = True
+        out.append(dev)
+    return out
+
+
+#: names of Vulkan drivers that run on the CPU (Mesa's lavapipe reports itself as llvmpipe)
+SOFTWARE_DEVICES = ("llvmpipe", "lavapipe", "softpipe", "swiftshader")
+
+
+def software_rasteriser(description: str) -> bool:
+    """Whether a device is a CPU rasteriser posing as a GPU (Mesa's lavapipe, SwiftShader)."""
+    d = (description or "").lower()
+    return any(s in d for s in SOFTWARE_DEVICES)
+
+
+def vulkan_device_lines() -> dict[int, dict[str, Any]]:
+    """What ggml-vulkan printed of each device when it started (``ggml_vulkan: 0 = llvmpipe ... | fp16: 1 |
+    int dot: 0 | matrix cores: none``): the features that decide its kernels, as {index: facts}."""
+    out: dict[int, dict[str, Any]] = {}
+    for line in "".join(_log_lines).splitlines():
+        m = re.match(r"ggml_vulkan: (\d+) = (.*)$", line.strip())
+        if not m:
+            continue
+        parts = [p.strip() for p in m.group(2).split("|")]
+        facts: dict[str, Any] = {"vulkan_line": m.group(2).strip()}
+        for p in parts[1:]:
+            k, _, v = p.partition(":")
+            k, v = k.strip().replace(" ", "_"), v.strip()
+            if k:
+                facts[f"vk_{k}"] = int(v) if v.isdigit() else v
+        out[int(m.group(1))] = facts
     return out
 
 
@@ -151,5 +265,7 @@ def llama_environment() -> dict[str, Any]:
             "llama_cpp_system_info": sysinfo,
             "ggml_devices": devices,
             "gpu_offload": bool(ll.llama_supports_gpu_offload()),
+            "llama_lib_dir": str(lib_dir()),
+            "ggml_env": ggml_environment(),
         }
     return dict(_ENV)

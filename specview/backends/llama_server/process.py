@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, Mapping, Sequence
 
-from ...core.llama_flags import server_argv
+from ...core.llama_flags import engine_environment, server_argv
 from ..local_server.process import HOST, LocalServer, ProgressFn
 
 
@@ -34,4 +35,5 @@ class LlamaServer(LocalServer):
         if "--cache-ram" in known_flags:
             # no prompt state restored from RAM behind specview's back: a request evaluates what it says
             args += ["--cache-ram", "0"]
-        return cls(binary, args, label=label, progress=progress)
+        knobs = engine_environment(config)  # ggml's start-up knobs (GGML_VK_*), as the report's prefix shows them
+        return cls(binary, args, label=label, progress=progress, env={**os.environ, **knobs} if knobs else None)
