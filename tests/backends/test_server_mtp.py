@@ -158,6 +158,10 @@ def test_draft_mtp_runs_through_the_engine_on_a_tiny_mtp_model(mtp_model):
     finally:
         sess.close()
     assert t.vanilla.tokens == local.tokens
-    if not t.comparison.identical:  # random heads are rarely right; a fork, if any, is where the arms differ
+    # F32 weights: a verify batch rounds differently from a single-token pass only in the last bits, so the
+    # speculative arm can leave vanilla only where vanilla's top two logits (nearly) tie, and then for the runner-up;
+    # a stale MTP embedding or a wrong position moves logits by far more
+    if not t.comparison.identical:
         fm = t.comparison.first_mismatch
-        assert s.tokens[:fm.index] == t.vanilla.tokens[:fm.index]
+        st = t.vanilla.steps[fm.index]
+        assert st.margin < 1e-3 and fm.speculative_token == st.top_ids[1], (fm, st.top_ids[:2], st.margin)

@@ -60,8 +60,9 @@ def test_a_model_free_spec_type_runs_and_its_vanilla_is_plain_decoding(setup, sp
     assert sum(r.drafted for r in s.rounds) == s.reported_drafted
     assert sum(r.accepted for r in s.rounds) == s.reported_accepted
     assert 1 + sum(r.accepted + 1 for r in s.rounds[1:]) == len(s.tokens)
-    if t.comparison.identical:
-        assert s.tokens == ref.vanilla.tokens
-    else:  # a fork on a model-free drafter can only be numerics or a bug; either way it is where the arms differ
-        fm = t.comparison.first_mismatch
-        assert s.tokens[:fm.index] == ref.vanilla.tokens[:fm.index]
+    # the accepted drafts are the server's own argmax: every round's tokens are the ones vanilla chose, up to a fork
+    # (which, with nothing wrong, only a near-tie flipped by the verify batch's numerics can cause)
+    if not t.comparison.identical:
+        d = runner.diagnose(t, cfg(spec_type))
+        assert d["verdict"] == "near-tie", d["explanation"]
+        assert d["serial_verify"]["identical_to_vanilla"] in (True, None), d["serial_verify"]
