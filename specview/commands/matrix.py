@@ -344,6 +344,16 @@ def main(args: argparse.Namespace) -> int:
     progress(f"results written to {out}")
     if run.status == "interrupted":
         return EXIT_INTERRUPTED
+    crashed = [r for r in run.records if r.get("crash")]
+    if crashed:  # a dead engine is an error whatever the other cells found
+        print()
+        print(f"{len(crashed)} cell(s) crashed the engine's worker process (each later cell ran on a fresh one):")
+        for r in crashed:
+            c = r["crash"]
+            print(f"  cell {r['index']}: {c.get('signal') or 'exit ' + str(c.get('exitcode'))}"
+                  + (f" during {c['activity']}" if c.get("activity") else "")
+                  + (f"; likely {c['known_cause']['id']}: {c['known_cause']['advice']}" if c.get("known_cause") else ""))
+        return EXIT_ERROR
     ok = [r for r in run.records if r["status"] == "ok"]
     if any(not r["identical"] for r in ok):
         return EXIT_DIVERGED

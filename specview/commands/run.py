@@ -126,7 +126,14 @@ def summary(trace: Trace, *, context: int = 8) -> str:
     if trace.environment.get("demo_pick"):
         lines.append(f"demo     {trace.environment['demo_pick']}")
     lines.append("")
-    if c.identical:
+    crashed = "crashed" in (v.stop_reason, s.stop_reason)
+    if crashed:
+        lines.append(f"CRASHED: the engine died after {len(v.tokens)} vanilla and {len(s.tokens)} speculative tokens; "
+                     + (f"up to there the arms agree on all {c.agree} tokens both have." if c.identical else
+                        "the arms had already forked:"))
+    if crashed and c.identical:
+        pass
+    elif c.identical:
         lines.append(f"IDENTICAL: both arms produced the same {c.agree} tokens.")
     else:
         fm = c.first_mismatch
@@ -160,6 +167,8 @@ def summary(trace: Trace, *, context: int = 8) -> str:
         lines.append(f"drafted {s.n_drafted}, accepted {s.n_accepted} in {max(0, len(s.rounds) - 1)} verify rounds: "
                      f"acceptance {'n/a' if rate is None else f'{rate:.1%}'}, "
                      f"mean tokens per round {'n/a' if mean is None else f'{mean:.2f}'}")
+    if crashed:  # no arm that ran to its end: no speed to compare
+        return "\n".join(lines)
     speed = s.tokens_per_s / v.tokens_per_s if v.tokens_per_s else 0.0
     lines.append(f"speed    vanilla {v.tokens_per_s:.1f} tok/s, speculative {s.tokens_per_s:.1f} tok/s "
                  f"({speed:.2f}x); prompt {v.prompt_ms:.0f} ms")

@@ -43,6 +43,10 @@ TOP_LEVEL_KEYS = (
 )
 
 
+#: the stop reason of an arm whose engine died (specview.core.worker)
+CRASHED = "crashed"
+
+
 class TraceError(SpecviewError):
     """A trace file cannot be read: missing, not JSON, foreign, or malformed."""
 
@@ -114,7 +118,7 @@ class ArmResult:
     prompt_ms: float = 0.0
     gen_ms: float = 0.0
     eval_ms: float | None = 0.0  # time inside forward passes (target and drafter); None if unknown
-    stop_reason: str = ""  # "max_tokens", "eos", "cancelled", "context"
+    stop_reason: str = ""  # "max_tokens", "eos", "cancelled", "context", "crashed"
     drafter: str | None = None
     # Draft totals reported by an engine that gives no per-round data (llama-server's
     # timings.draft_n / draft_n_accepted); None means "sum the rounds".
@@ -242,8 +246,16 @@ class Comparison:
         Arms that stop at different lengths (one hit EOS, one was cancelled) but
         agree on every token they share are *not* identical; the mismatch is at
         the shorter length with ``None`` for the arm that has no token there.
+        An arm cut short because the engine crashed (stop reason ``"crashed"``)
+        has not forked where it stopped: such arms are compared on the tokens
+        both have, and agree if those are equal.
         """
         i = first_difference(vanilla.tokens, speculative.tokens)
+        if i is not None and CRASHED in (vanilla.stop_reason, speculative.stop_reason) \
+                and i >= min(len(vanilla.tokens), len(speculative.tokens)):
+            i = None
+            n = min(len(vanilla.tokens), len(speculative.tokens))
+            return cls(True, n, len(vanilla.tokens), len(speculative.tokens), None)
         if i is None:
             n = len(vanilla.tokens)
             return cls(True, n, n, n, None)

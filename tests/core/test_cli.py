@@ -58,6 +58,7 @@ def test_divergence_exits_1_with_the_fork_in_context(capsys, tiny_dir, tmp_path,
         return t
 
     monkeypatch.setattr(Session, "run", forked)
+    monkeypatch.setenv("SPECVIEW_WORKER", "0")  # the planted Session.run is this process's
     code, out, _ = run(capsys, "run", "--target", str(tiny_dir / "target.gguf"), "--draft", str(tiny_dir / "draft.gguf"),
                        "--prompt", "the cat", "--no-chat", "--max-tokens", "20", "--ignore-eos", "-q", "--no-diagnose")
     assert code == 1

@@ -225,3 +225,68 @@ def test_run_isolated_returns_or_says_how_it_died():
         run_isolated(_probe_crash)
     assert info.value.signal == "SIGSEGV"
     assert live_workers() == []
+
+
+def test_a_matrix_outlives_a_crashing_engine_and_exits_2(planted, tiny_target, tiny_draft, tmp_path, capsys):
+    """Every cell's worker dies in its first verify passes: each cell is an error that keeps its crash and its
+    partial trace, each later cell gets a fresh worker, and the matrix exits 2."""
+    from specview import cli
+    from specview.core.matrix import load_matrix
+    from specview.core.trace import Trace
+
+    planted.setenv("SPECVIEW_PLANT", "segv:4:2")
+    toml = tmp_path / "m.toml"
+    toml.write_text(f'targets = ["{tiny_target}"]\ndrafters = ["{tiny_draft}"]\nn_max = [2, 3]\n'
+                    'max_tokens = 30\nignore_eos = true\nchat = false\nprompts = ["the cat sat on the"]\n',
+                    encoding="utf-8")
+    out = tmp_path / "m.json"
+    rc = cli.main(["matrix", "--config", str(toml), "--engine", NAME, "-o", str(out),
+                   "--traces", str(tmp_path / "traces")])
+    err = capsys.readouterr()
+    assert rc == 2, err.err
+    assert "2 cell(s) crashed" in err.out
+    doc = load_matrix(out)
+    assert [c["status"] for c in doc["cells"]] == ["error", "error"]
+    for c in doc["cells"]:
+        assert c["crash"]["signal"] == "SIGSEGV" and "SIGSEGV" in c["error"]
+        t = Trace.load(out.parent / c["trace"])
+        assert t.speculative.stop_reason == "crashed" and t.vanilla.stop_reason == "max_tokens"
+    assert live_workers() == []
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            return [int(x) for x in fh.read().split()]
+    except OSError:
+        return []
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="reads a process's children from /proc")
+def test_specview_run_whose_worker_gets_sigsegv_exits_2_and_keeps_the_trace(tiny_target, tiny_draft, tmp_path):
+    out = tmp_path / "crash.json"
+    cmd = [sys.executable, "-m", "specview.cli", "run", "-m", str(tiny_target), "--draft", str(tiny_draft),
+           "-p", PROMPT, "--no-chat", "-n", "3000", "--ignore-eos", "--json", str(out)]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in p.stderr:  # the arms run once the draft has loaded
+            if "loading" in line and "draft.gguf" in line:
+                break
+        deadline = time.monotonic() + 30
+        kids: list[int] = []
+        while not kids and time.monotonic() < deadline:
+            kids = _children(p.pid)
+            time.sleep(0.05)
+        assert kids, "specview run started no worker process"
+        time.sleep(0.5)
+        os.kill(kids[0], signal.SIGSEGV)
+        stdout, rest = p.communicate(timeout=120)
+    finally:
+        p.kill()
+    assert p.returncode == 2, rest
+    assert "SIGSEGV" in rest and "segmentation fault" in rest
+    assert "it was doing:" in rest
+    t = __import__("specview.core.trace", fromlist=["Trace"]).Trace.load(out)
+    assert t.extra["crash"]["signal"] == "SIGSEGV"
+    assert "crashed" in (t.vanilla.stop_reason, t.speculative.stop_reason)
+    assert all(gone(k) for k in kids)

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from ... import __version__
 from ..config import RunConfig
-from ..errors import SpecviewError
+from ..errors import EngineCrashed, SpecviewError
 from ..kernel_evidence import environment_differences
 from ..registry import Runner, get_backend
 from ..trace import Trace, json_safe, write_atomic
@@ -120,6 +120,10 @@ class _StopAfterFork:
             self.stopped = True
             return True
         return False
+
+
+#: what a matrix cell keeps of an engine crash (the whole account is in the cell's trace)
+CRASH_KEYS = ("signal", "exitcode", "hung", "activity", "native_function", "known_cause", "log")
 
 
 def run_cell(runner: Runner, cfg: RunConfig, *, cancel: Callable[[], bool] | None = None) -> Trace:
@@ -322,6 +326,10 @@ def _run_cells(spec: MatrixSpec, runner: Runner, run: MatrixRun, cells: list[Cel
                     break
                 rec = error_record(i, params, str(exc), time.perf_counter() - t0,
                                    cfg.to_dict() if cfg is not None else None, category)
+                if isinstance(exc, EngineCrashed):  # the engine died in this cell: the next cell gets a fresh one
+                    rec["crash"] = {k: exc.crash.get(k) for k in CRASH_KEYS}
+                    if tdir is not None and exc.trace is not None:
+                        rec["trace"] = _relative(exc.trace.save(tdir / f"cell-{i:03d}.json"), run.out)
             run.records.append(rec)
             run.records.sort(key=lambda r: r["index"])
             run.counters = counters()

@@ -20,7 +20,24 @@ def _index(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
+def crash_of(trace: Any) -> dict[str, Any]:
+    """The trace's ``crash`` block (the engine's worker died during the run), or {}."""
+    return obj(obj(getattr(trace, "extra", None)).get("crash"))
+
+
+def crash_warning(trace: Any) -> list[str] | None:
+    """The account of the engine's death, a line each (the report says it first), or None."""
+    crash = crash_of(trace)
+    if not crash:
+        return None
+    from ..worker.death import message
+
+    return message(crash).splitlines()
+
+
 def verdict_of(trace: Any) -> str:
+    if crash_of(trace) and trace.comparison.identical:
+        return "crashed"
     if trace.comparison.identical:
         return "identical"
     return text(obj(trace.diagnosis).get("verdict")) or "diverged"
@@ -29,6 +46,9 @@ def verdict_of(trace: Any) -> str:
 def headline(trace: Any) -> str:
     c = trace.comparison
     v = verdict_of(trace)
+    if v == "crashed":
+        return (f"The engine crashed after {len(trace.vanilla.tokens)} vanilla and {len(trace.speculative.tokens)} "
+                f"speculative tokens; up to there the arms agree on all {text(c.agree)} tokens both have.")
     if c.identical:
         return f"Identical: both arms produced the same {text(c.agree)} tokens."
     fm = c.first_mismatch

@@ -11,7 +11,7 @@ from ..matrix.rates import pct, positions_text, rate_text
 from .escape import esc, visible
 from .kernels import (LEGEND, WIDTH_HEADERS, heat_cell, map_intro, map_title, matrix_citation, matrix_kernel_rows,
                       target_facts, width_rows)
-from .facts import (PLOT_CAPTIONS, commands, obj, acceptance_facts, backend_warning, cell_colour, cell_detail, config_facts, earliest_fork,
+from .facts import (PLOT_CAPTIONS, commands, obj, acceptance_facts, backend_warning, cell_colour, crash_warning, cell_detail, config_facts, earliest_fork,
                     environment_facts, fmt, fork_context, headline, model_facts, prompt_block, quoted, spec_rows,
                     trace_title, verdict_facts, verdict_of)
 
@@ -114,6 +114,10 @@ def trace_html(trace: Any, plots: Mapping[str, bytes], kernel: Any = None) -> st
              f"<div class=verdict style='background:{COLOURS.get(v, '#fff')}'><b>{esc(v.upper())}</b> — "
              f"{esc(headline(trace))}</div>"]
     d = obj(trace.diagnosis)
+    crash = crash_warning(trace)
+    if crash:
+        parts.append(f"<div class=verdict style='background:{COLOURS.get('state', '#fcc')}'><b>⚠ {esc(crash[0])}</b>"
+                     + "".join(f"<br>{esc(ln.strip())}" for ln in crash[1:]) + "</div>")
     broken = backend_warning(trace)
     if broken:
         parts.append(f"<div class=verdict style='background:{COLOURS.get('state', '#fcc')}'><b>⚠ {esc(broken)}</b></div>")

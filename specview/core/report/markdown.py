@@ -10,7 +10,7 @@ from ..verdicts import category, cell_text
 from .escape import md_code, md_fence, md_text, text, visible
 from .kernels import (LEGEND, WIDTH_HEADERS, heat_cell, map_intro, map_title, matrix_citation, matrix_kernel_rows,
                       target_facts, width_rows)
-from .facts import (PLOT_CAPTIONS, commands, obj, acceptance_facts, backend_warning, config_facts, earliest_fork,
+from .facts import (PLOT_CAPTIONS, commands, obj, acceptance_facts, backend_warning, config_facts, crash_warning, earliest_fork,
                     environment_facts, fmt, fork_context, headline, model_facts, prompt_block, quoted, spec_rows,
                     trace_title, verdict_facts, verdict_of)
 
@@ -62,6 +62,9 @@ def trace_markdown(trace: Any, plot_files: Mapping[str, str], card: str | None =
     out.append(f"**{md_text(headline(trace))}**\n")
     d = obj(trace.diagnosis)
     env = obj(trace.environment)
+    crash = crash_warning(trace)
+    if crash:
+        out.append("> **⚠ " + md_text(crash[0]) + "**\n" + "".join(f">\n> {md_text(ln.strip())}\n" for ln in crash[1:]))
     broken = backend_warning(trace)
     if broken:
         out.append(f"> **⚠ {md_text(broken)}**\n")

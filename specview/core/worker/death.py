@@ -19,6 +19,7 @@ from .native import MARK
 
 #: the runtime's own frames, skipped when naming the native function that crashed
 _RUNTIME = ("libffi", "_ctypes", "libpython", "/python3", "libc.so", "ld-linux", "libpthread", "libgcc_s")
+_ENTRY = ("_start", "main", "__libc_start_main", "Py_BytesMain", "Py_RunMain")
 _FRAME = re.compile(r"^(?P<lib>[^()\s]+)\((?P<sym>[^)+]*)(?:\+0x[0-9a-f]+)?\)\s*\[0x[0-9a-f]+\]\s*$")
 _GGML_ASSERT = re.compile(r"(GGML_ASSERT\(.*|.*\berror: .*|.*\bfatal\b.*)", re.I)
 
@@ -59,10 +60,10 @@ def native_function(frames: list[str]) -> str | None:
         if not m:
             continue
         lib, sym = m.group("lib"), m.group("sym")
-        if any(r in lib for r in _RUNTIME):
+        base = lib.rsplit("/", 1)[-1]
+        if any(r in lib for r in _RUNTIME) or base.startswith("python") or sym in _ENTRY:
             continue
-        short = lib.rsplit("/", 1)[-1]
-        return f"{sym} in {short}" if sym else short
+        return f"{sym} in {base}" if sym else base
     return None
 
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import EngineCrashed, SpecviewError
+from ..trace import CRASHED
 from ..registry import Runner
 from . import child as child_mod
 from .death import account, message
@@ -38,7 +39,6 @@ from .wire import split_callbacks
 DEFAULT_TIMEOUT_S = 600.0
 START_TIMEOUT_S = 120.0
 POLL_S = 0.05
-CRASHED = "crashed"
 
 _LIVE: "weakref.WeakSet[_Worker]" = weakref.WeakSet()
 
@@ -430,10 +430,11 @@ class _Partial:
             return a
 
         v, s = arm("vanilla"), arm("speculative")
+        comparison = compare_arms(v, s)  # on the tokens both arms have (an arm the crash cut short has not forked)
         if self.head is not None:
             t = self.head
             t.vanilla, t.speculative = v, s
-            t.comparison = compare_arms(v, s)
+            t.comparison = comparison
         else:
             from ..session import host_environment, prompt_record
             from ... import __version__
@@ -443,6 +444,7 @@ class _Partial:
                       models={"target": {"file": os.path.basename(str(self.cfg.target)), "path": str(self.cfg.target)},
                               "draft": None},
                       prompt=prompt_record(self.cfg, list(self.cfg.prompt_tokens or [])),
-                      vanilla=v, speculative=s, comparison=compare_arms(v, s))
+                      vanilla=v, speculative=s, comparison=comparison)
         t.extra["crash"] = {k: v for k, v in crash.items() if k != "log_tail"} | {"log_tail": crash.get("log_tail")}
         return t
+
