@@ -25,7 +25,7 @@ from PySide6.QtWidgets import QGridLayout, QLabel, QVBoxLayout, QWidget
 
 from ..core.diagnose import serial_line
 from ..core.report.escape import visible
-from ..core.report.facts import obj, trace_title, verdict_of
+from ..core.report.facts import cpu_features_text, repack_text, obj, trace_title, verdict_of
 from ..core.verdicts import STRONG, WORDS
 from .app import application
 from .export import png_bytes
@@ -110,8 +110,10 @@ def settings_rows(trace: Any) -> list[tuple[str, str]]:
             ("flash attn / KV / GPU layers", f"{eng.get('flash_attn', 'n/a')} / {eng.get('kv_type', 'n/a')} / "
                                              f"{eng.get('gpu_layers', 'n/a')}"),
             ("max tokens / chat template", f"{cfg.get('max_tokens')} / {'yes' if cfg.get('chat') else 'no'}")]
+    rows.append(("weight repack", repack_text(eng)))
     if env.get("cpu"):
-        rows.append(("CPU", str(env["cpu"])))
+        feats = cpu_features_text(env)
+        rows.append(("CPU", f"{env['cpu']} ({feats})" if feats else str(env["cpu"])))
     return rows
 
 

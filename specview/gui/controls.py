@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
     QFrame,
     QGroupBox,
     QHBoxLayout,
+    QLabel,
     QLineEdit,
     QPlainTextEdit,
     QPushButton,
@@ -294,6 +295,12 @@ class RunControls(QWidget):
                 self.settings[f.name] = ctl
                 forms[group].addRow(ctl.label, ctl.widget)
                 self._rows[f.name] = (forms[group], ctl.widget)
+        # why the weights are not repacked, when this machine chose it (a crashed probe): one line, never silent
+        self.repack_note = QLabel("")
+        self.repack_note.setObjectName("repack_note")
+        self.repack_note.setWordWrap(True)
+        self.repack_note.setVisible(False)
+        forms["engine"].addRow(self.repack_note)
 
     # -- the widgets with a layout of their own -------------------------------------------
     def _build_models(self, form: QFormLayout) -> None:
@@ -422,6 +429,7 @@ class RunControls(QWidget):
             self._refresh_engine(keep=base.get("spec_type"), stick=True)
         finally:
             self._quiet = False
+        self._show_repack_note()
 
     # -- the engine ---------------------------------------------------------------------------
     def engine_settings(self) -> EngineSettings | None:
@@ -466,7 +474,22 @@ class RunControls(QWidget):
         self.sigEngineChecked.emit(name, self.engine_problem)
 
     # -- changes ------------------------------------------------------------------------------
+    def repack_reason(self) -> str:
+        """The machine's reason for no repack shown under the engine settings ("" when the user chose, or none)."""
+        eng = self._base.get("engine") if isinstance(self._base.get("engine"), dict) else {}
+        reason = eng.get("no_repack_reason")
+        on = "no_repack" in self.settings and self.settings["no_repack"].value() is True
+        return reason if on and isinstance(reason, str) else ""
+
+    def _show_repack_note(self) -> None:
+        reason = self.repack_reason()
+        self.repack_note.setText(reason)
+        self.repack_note.setVisible(bool(reason))
+
     def _changed(self, name: str) -> None:
+        if name == "no_repack" and not self._quiet:  # the user's own choice: no machine reason any more
+            self._base.setdefault("engine", {})["no_repack_reason"] = ""
+        self._show_repack_note()
         if self._quiet:
             return
         ctl = self.settings.get(name)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +33,24 @@ RECENT_MAX = 12
 
 
 def default_run() -> dict[str, Any]:
-    """The run the app opens with: the demo target and draft on the demo prompt."""
-    return RunConfig(prompt=DEMO_PROMPT).to_dict()
+    """The run the app opens with: the demo target and draft on the demo prompt, with this machine's defaults.
+
+    Where a multi-token decode with repacked weights crashed this llama.cpp
+    build (the AMX probe, run once and cached), no repack is on, with its
+    reason; where the demo pick was made on this build (``specview run``
+    makes it), the demo quantization that can fork here is the target.
+    """
+    cfg = RunConfig(prompt=DEMO_PROMPT)
+    try:
+        from ..backends.llama_cpp.demo_pick import cached_pick
+        from ..backends.llama_cpp.probe import apply_repack_default
+
+        eng = apply_repack_default(cfg.engine, given=False, backend=cfg.backend)
+        pick = cached_pick(eng, cfg.target)
+        cfg = replace(cfg, engine=eng, target=pick.target if pick is not None else cfg.target)
+    except Exception:  # noqa: BLE001 - a probe that cannot run leaves llama.cpp's own defaults
+        pass
+    return cfg.to_dict()
 
 
 def default_settings_path() -> Path:

@@ -105,7 +105,9 @@ def describe(params: CellParams) -> str:
         v = getattr(params, name)
         if v is not None:
             d += f" {name}={v:g}" if isinstance(v, float) else f" {name}={v}"
-    eng = " · ".join(f"{axis_short(a)}={getattr(params, a)}" for a in engine_axes())
+    # a true/false axis is named only where it is on ("nr"), so the common case keeps its label short
+    eng = " · ".join(axis_short(a) if getattr(params, a) is True else f"{axis_short(a)}={getattr(params, a)}"
+                     for a in engine_axes() if getattr(params, a) is not False)
     return " · ".join(x for x in (model_label(params.target), d, eng, params.prompt) if x != "")
 
 

@@ -162,12 +162,33 @@ def config_facts(trace: Any) -> list[tuple[str, str]]:
         ("KV cache type", g(eng, "kv_type")),
         ("GPU layers", ngl_text(eng.get("gpu_layers")) if _small_int(eng.get("gpu_layers")) else "n/a"),
         ("threads", text(eng.get("threads")) or "all cores"),
+        ("weight repack", repack_text(eng)),
     ]
+    feats = cpu_features_text(obj(trace.environment))
+    if feats:
+        rows.append(("CPU features", feats))
     if cfg.get("spec_type") == "ngram-simple":
         rows.insert(2, ("ngram size n / m", f"{g(cfg, 'ngram_size_n')} / {g(cfg, 'ngram_size_m')}"))
     if cfg.get("stop_after_fork") is not None:
         rows.append(("stop after fork", f"{g(cfg, 'stop_after_fork')} tokens (the speculative arm)"))
     return rows
+
+
+def repack_text(eng: dict[str, Any]) -> str:
+    """How the run held its weights: repacked (llama.cpp's default) or not (``--no-repack``), and why."""
+    if eng.get("no_repack") is not True:
+        return "on (llama.cpp's default)"
+    why = eng.get("no_repack_reason")
+    return f"off (--no-repack): {text(why)}" if isinstance(why, str) and why else "off (--no-repack, as asked)"
+
+
+def cpu_features_text(env: dict[str, Any]) -> str:
+    """The CPU features that pick kernels, as the run's setup recorded them ("AVX2, AVX-512, AMX"); "" if none."""
+    setup = obj(env.get("setup"))
+    feats = setup.get("machine.cpu_features")
+    if not isinstance(feats, list) or not feats:
+        return ""
+    return ", ".join(text(f) for f in feats[:16])
 
 
 def _small_int(x: Any) -> bool:

@@ -1,0 +1,53 @@
+"""The app's settings panel says in one line why weights are not repacked when the machine chose it."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from specview.backends.llama_cpp import probe
+from specview.core.config import EngineSettings, RunConfig
+from specview.gui import settings as gui_settings
+
+
+def _machine_that_crashed(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECVIEW_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(probe, "probe_needed", lambda flags=None: True)
+    probe._write_cache(probe.identity_key(probe.build_identity()),
+                       {"crashed": True, "signal": "SIGSEGV", "exitcode": -11, "n_tokens": 4})
+
+
+def test_the_app_opens_with_no_repack_and_says_why_where_the_probe_crashed(make_window, monkeypatch, tmp_path):
+    _machine_that_crashed(monkeypatch, tmp_path)
+    run = gui_settings.default_run()
+    assert run["engine"]["no_repack"] is True and "SIGSEGV" in run["engine"]["no_repack_reason"]
+    w = make_window()
+    c = w.controls
+    c.set_state(run)
+    assert c["no_repack"].isChecked()
+    assert not c.repack_note.isHidden() and "SIGSEGV" in c.repack_note.text()
+    assert "SIGSEGV" in c.config().engine.no_repack_reason  # the run (and its trace) keep the reason
+    c["no_repack"].setChecked(False)  # the user's own choice wins, and no machine reason is left behind
+    assert c.repack_note.isHidden()
+    assert c.config().engine.no_repack is False
+    c["no_repack"].setChecked(True)
+    assert c.repack_note.isHidden() and c.config().engine.no_repack_reason == ""
+
+
+def test_elsewhere_the_app_opens_with_llama_cpps_default(make_window, monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECVIEW_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(probe, "probe_needed", lambda flags=None: False)
+    assert gui_settings.default_run()["engine"]["no_repack"] is False
+    w = make_window()
+    w.controls.set_state(gui_settings.default_run())
+    assert w.controls.repack_note.isHidden()
+
+
+def test_the_fork_card_names_repack_and_the_cpu_features():
+    from specview.gui.card import settings_rows
+
+    cfg = RunConfig(prompt="x", engine=EngineSettings(no_repack=True, no_repack_reason="it crashed")).to_dict()
+    trace = SimpleNamespace(config=cfg, models={}, environment={"cpu": "Xeon",
+                                                                 "setup": {"machine.cpu_features": ["AVX-512", "AMX"]}})
+    rows = dict(settings_rows(trace))
+    assert rows["weight repack"] == "off (--no-repack): it crashed"
+    assert rows["CPU"] == "Xeon (AVX-512, AMX)"
