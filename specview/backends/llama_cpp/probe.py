@@ -224,9 +224,11 @@ def apply_repack_default(settings: EngineSettings, *, given: bool, backend: str 
 # -- what doctor says ---------------------------------------------------------------------------
 def build_uses_amx(system_info: str | None) -> bool:
     """Whether llama.cpp's system info reports AMX kernels (``AMX_INT8 = 1``)."""
-    from .backend import cpu_features
-
-    return any(f.startswith("AMX") for f in cpu_features(system_info))
+    for part in (system_info or "").replace("CPU :", "|").split("|"):
+        name, _, val = part.partition("=")
+        if name.strip().startswith("AMX") and val.strip() == "1":
+            return True
+    return False
 
 
 def setup_facts(system_info: str | None, *, deep: bool = True) -> list[Fact]:
