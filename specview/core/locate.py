@@ -156,6 +156,20 @@ class Located:
 
         return text(self)
 
+    def summary(self) -> dict[str, Any]:
+        """The few facts a verdict, a report or a kernel map carries (the whole locate is :meth:`to_json`)."""
+        d = self.first
+        w = d.weight if d is not None else None
+        return json_safe({
+            "where": self.where(), "width": self.width, "row": self.row, "position": self.position,
+            "identical": self.identical, "observer_exact": self.observer_exact, "selection": self.selection,
+            "node": None if d is None else d.name, "op": None if d is None else d.op,
+            "part": None if d is None else d.part, "max_abs": None if d is None else d.max_abs,
+            "weight_type": None if w is None else w.type, "weight_buffer": None if w is None else w.buffer,
+            "computed_in": None if d is None else d.buffer, "logits_differ": self.logits.n_diff,
+            "n_vocab": self.logits.n_vocab,
+        })
+
     # -- JSON ---------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         first = self.first
@@ -348,6 +362,19 @@ def _pair(plain: Any, obs: Any, n: int, start: int, position: int, batch: list[i
             "single_nodes": one.nodes, "observed_s": observed_s, "plain_s": plain_s}
 
 
+def departure(session: Any, trace: Any, *, progress: ProgressFn | None = None,
+              cancel: CancelFn | None = None) -> dict[str, Any]:
+    """Where the trace's fork pass first departs from the single-token pass: :meth:`Located.summary`, or
+    ``{"skipped": why}`` when it cannot be located (an engine that cannot be observed, a fork no verify pass
+    chose)."""
+    try:
+        return locate(session, progress=progress, cancel=cancel, **fork_of(trace)).summary()
+    except Cancelled:
+        raise
+    except SpecviewError as exc:
+        return {"skipped": str(exc)}
+
+
 def fork_of(trace: Any) -> dict[str, Any]:
     """What a trace's first fork asks :func:`locate` for: target, settings, prompt, position, width, row, teacher.
 
@@ -379,7 +406,7 @@ def fork_of(trace: Any) -> dict[str, Any]:
             "teacher": teacher, "source": "trace"}
 
 
-__all__ = ["SCHEMA", "SELECTIONS", "GraphEngine", "GraphNode", "Located", "LocateError", "LogitsDiff", "MicroBatch",
+__all__ = ["SCHEMA", "SELECTIONS", "departure", "GraphEngine", "GraphNode", "Located", "LocateError", "LogitsDiff", "MicroBatch",
            "NodeDiff",
            "NodeSource", "NotObservable", "compare_graphs", "compare_values", "fork_of", "layer_of", "locate",
            "token_axis"]

@@ -380,3 +380,10 @@ def test_a_trace_locates_its_own_fork(session):
     assert not any("replay's greedy token" in n for n in loc.notes)  # the walk reproduced the trace's vanilla arm
     if loc.width > 1 and not loc.identical:
         assert loc.first.op and loc.first.sources
+    # a near-tie diagnosis of the same fork says where its verify pass first departs, in its words too
+    d = session.diagnose(trace, fork.cfg)
+    if d["verdict"] == "near-tie":
+        dep = d["departure"]
+        assert (dep["width"], dep["row"], dep["position"]) == (loc.width, loc.row, loc.position)
+        assert dep["node"] == (loc.first.name if loc.first else None) and dep["where"] == loc.where()
+        assert "Located on the same single-token prefix" in d["explanation"]

@@ -207,6 +207,11 @@ def diagnose(
         vanilla_repeat_identical=rep["identical"] if rep else None,
     )
     result["verdict"], result["rule"] = verdict, rule
+    if verdict == "near-tie":  # name the op where the fork's verify pass first departs (specview locate)
+        from ..locate import departure
+
+        say("locating where the fork's verify pass first departs from the single-token pass")
+        result["departure"] = departure(session, trace, cancel=cancel)
     result["explanation"] = explain(result, trace)
     result["seconds"] = round(time.perf_counter() - t_start, 3)
     trace.diagnosis = result

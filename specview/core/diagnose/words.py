@@ -113,6 +113,17 @@ def identical_words(trace: Trace) -> str:
             "nothing of widths it never ran.")
 
 
+def departure_sentence(dep: dict[str, Any] | None) -> str:
+    """ " Its verify pass first departs from the single-token pass at blk.0 Qcur-0: MUL_MAT on f16 weights ..." """
+    if not dep or dep.get("skipped"):
+        return ""
+    if dep.get("node") is None:
+        return (f" Located on the same single-token prefix, row {dep['row']} of the width-{dep['width']} pass "
+                "equals the single-token pass at every observed node.")
+    return (f" Located on the same single-token prefix, row {dep['row']} of the width-{dep['width']} verify pass "
+            f"{dep['where']}.")
+
+
 def explain(d: dict[str, Any], trace: Trace) -> str:
     verdict, rule = d["verdict"], d["rule"]
     ctrl = _controls_sentence(d.get("controls"))
@@ -140,7 +151,8 @@ def explain(d: dict[str, Any], trace: Trace) -> str:
         return (f"{pre}The serial-verify control, {serial_form_words(sv.get('form'))}, reproduces vanilla token "
                 f"for token, so drafting, acceptance, rollback and the KV cache are right. That proves the fork at "
                 f"token {d['fork']} ({a} against {b}) comes from the verify pass computing several rows at once, "
-                f"whose rounding differs from one row at a time: the argmax flipped on a near-tie.{numbers} This "
+                f"whose rounding differs from one row at a time: the argmax flipped on a near-tie.{numbers}"
+                f"{departure_sentence(d.get('departure'))} This "
                 f"is expected on quantized targets and is not a bug in the speculative loop.{ctrl}")
     if rule == "serial-verify-differs":
         return (f"{pre}The serial-verify control, {serial_form_words(sv.get('form'))}, computes every KV entry and "
@@ -163,7 +175,8 @@ def explain(d: dict[str, Any], trace: Trace) -> str:
                 f"pass picks {a} by {d['gap']:.4f} logits over {b}; the speculative arm's own {sp['shape']} "
                 f"picks {b} by {sp['gap']:.4f}. Between the two shapes this target's logits move by up to "
                 f"{env['max']:.4f} (p95 {env['p95']:.4f}) over the shared prefix, and the gap is {how}: the "
-                f"argmax flipped on a near-tie through batched-versus-single rounding. This is expected on "
+                f"argmax flipped on a near-tie through batched-versus-single rounding."
+                f"{departure_sentence(d.get('departure'))} This is expected on "
                 f"quantized targets and is not a bug in the speculative loop.{ctrl}")
     if verdict == "state":
         if rule == "speculative-unreproducible":
@@ -215,6 +228,10 @@ def format_verdict(diag: dict[str, Any]) -> str:
         lines.append("  " + sv)
     if ref_line and not ref_line.startswith("BACKEND"):
         lines.append("  " + ref_line)
+    dep = diag.get("departure")
+    if dep:
+        lines.append("  located  " + (f"not run ({dep['skipped']})" if dep.get("skipped") else
+                                      f"row {dep['row']} of the width-{dep['width']} pass: {dep['where']}"))
     rp = diag.get("replays")
     env = diag.get("envelope")
     if diag.get("fork") is not None and rp:
