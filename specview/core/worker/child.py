@@ -27,12 +27,15 @@ import signal
 import struct
 import sys
 import threading
+import time
 import traceback
 from typing import Any
 
 from .wire import CANCEL, Callback, portable_error
 
 ACTIVITY_SIZE = 4096
+EVENT_BATCH_S = 0.02  # a streamed token reaches the parent at most this late (a frame is 16 ms)
+EVENT_BATCH_N = 256
 _HEADER = struct.Struct("<QI")  # counter, text length
 
 
@@ -99,6 +102,9 @@ class _Calls:
         self.calls: "queue.Queue[tuple]" = queue.Queue()
         self.cancelled: set[int] = set()
         self.lock = threading.Lock()
+        self._held: list[tuple[str, tuple]] = []
+        self._held_cid = 0
+        self._sent = time.perf_counter()
         threading.Thread(target=self._read, name="specview-worker-reader", daemon=True).start()
 
     def _read(self) -> None:
@@ -118,8 +124,26 @@ class _Calls:
                     return
 
     def send(self, msg: tuple) -> None:
+        """Send ``msg`` after the events still held back, so the parent sees everything in order."""
         with self.lock:
+            self._flush()
             self.conn.send(msg)
+
+    def event(self, cid: int, name: str, args: tuple) -> None:
+        """A callback's arguments, sent in batches (at most EVENT_BATCH_S late): one message per token would
+        cost the parent a wake-up and the pipe a write for every Step."""
+        with self.lock:
+            self._held.append((name, args))
+            self._held_cid = cid
+            now = time.perf_counter()
+            if now - self._sent >= EVENT_BATCH_S or len(self._held) >= EVENT_BATCH_N:
+                self._flush(now)
+
+    def _flush(self, now: float | None = None) -> None:
+        if self._held:
+            self.conn.send(("events", self._held_cid, self._held))
+            self._held = []
+        self._sent = time.perf_counter() if now is None else now
 
 
 FROZEN_ARG = "--specview-engine-worker"  # the frozen app's first argument that makes it a worker
@@ -187,7 +211,7 @@ def _bind(kwargs: dict[str, Any], cid: int, calls: _Calls) -> dict[str, Any]:
             if v.name == CANCEL:
                 out[k] = (lambda: cid in calls.cancelled)
             else:
-                out[k] = (lambda *a, _n=v.name: calls.send(("event", cid, _n, a)))
+                out[k] = (lambda *a, _n=v.name: calls.event(cid, _n, a))
         else:
             out[k] = v
     return out

@@ -291,10 +291,9 @@ class WorkerRunner(Runner):
                 if len(msg) > 1 and msg[1] != cid:
                     continue  # a late message of an earlier request
                 if kind == "event":
-                    name, a = msg[2], msg[3]
-                    fn = self.progress if name == "__progress__" else kept.get(name)
-                    if fn is not None:
-                        fn(*a)
+                    self._deliver(kept, [(msg[2], msg[3])])
+                elif kind == "events":
+                    self._deliver(kept, msg[2])
                 elif kind == "record":
                     if on_record is not None:
                         on_record(msg[2], msg[3])
@@ -317,6 +316,12 @@ class WorkerRunner(Runner):
             elif now - last > limit:
                 w.kill()
                 raise _Died(w.exitcode, hung_s=now - last, killed=True)
+
+    def _deliver(self, kept: dict[str, Callable], events: list[tuple[str, tuple]]) -> None:
+        for name, a in events:
+            fn = self.progress if name == "__progress__" else kept.get(name)
+            if fn is not None:
+                fn(*a)
 
     def _count(self, counters: dict[str, int]) -> None:
         for k, v in counters.items():

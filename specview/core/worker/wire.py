@@ -18,6 +18,7 @@ Child to parent::
 
     ("ready", pid)
     ("event", call_id, callback_name, args)
+    ("events", call_id, [(callback_name, args), ...])   the same, batched (tokens, every ~20 ms)
     ("record", call_id, kind, value)          a run's head (config, models, prompt) and each finished arm
     ("result", call_id, value, counters)
     ("error", call_id, exception, counters)
