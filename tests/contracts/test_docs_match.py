@@ -37,6 +37,19 @@ OPTIONAL_ENV = {
     "ggml_env": "the llama.cpp engine of a build that records its ggml start-up variables",
 }
 
+#: long flags the docs give other programs (llama-server, mlx_lm.server, pip, llama.cpp's tools, vulkaninfo, the
+#: benchmark scripts); any other ``--flag`` in a doc's code must be one of specview's
+FOREIGN = {
+    "llama-server": {"--cache-ram", "--host", "--port", "--spec-", "--list-devices"},
+    "mlx_lm.server / mlx-lm": {"--chat-template-args", "--draft-model", "--kv-", "--kv-bits", "--kv-group-size",
+                               "--num-draft-tokens", "--prefill-step-size", "--prompt-cache-size",
+                               "--quantized-kv-start", "--trust-remote-code"},
+    "pip": {"--force-reinstall", "--no-cache-dir", "--no-binary", "--no-deps"},
+    "llama-perplexity": {"--kl-divergence"},
+    "vulkaninfo": {"--summary"},
+    "the build and bench scripts": {"--force", "--table", "--size"},
+}
+
 FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)")
 
 
@@ -147,3 +160,18 @@ def test_every_top_level_and_environment_key_of_the_format_is_in_a_real_trace(ti
     assert not (env_now - env), "written, not documented: " + ", ".join(sorted(env_now - env))
     # the optional keys are named in the format too (a key listed here but documented nowhere is a typo)
     assert set(OPTIONAL_TOP) <= top and set(OPTIONAL_ENV) <= env
+
+
+def test_every_long_flag_in_the_docs_code_is_specviews_or_a_named_other_programs():
+    """A flag named in prose (`--stop-at-difference`, which prescribe uses) is checked too, against every command."""
+    top = cli.build_parser()
+    known = options(top).union(*(options(p) for p in parsers().values()))
+    foreign = set().union(*FOREIGN.values())
+    assert not foreign & known, "a flag listed as another program's is specview's: " + ", ".join(foreign & known)
+    bad = []
+    for doc in DOCS:
+        for span in re.findall(r"`([^`\n]+)`", doc.read_text(encoding="utf-8")):
+            for f in FLAG.findall(span):
+                if f.startswith("--") and f.split("=")[0] not in known | foreign:
+                    bad.append(f"{doc.name}: {f} (in `{span[:70]}`)")
+    assert not bad, "flags no specview command has:\n" + "\n".join(sorted(set(bad)))
