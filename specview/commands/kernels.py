@@ -40,6 +40,10 @@ def add_map_flags(p: argparse.ArgumentParser, *, widths: str = "1-16", positions
                    help="stop measuring a width at its first row that differs: which widths are bit-identical is "
                    "answered as fully, in less time, but a differing width's figures cover only the rows measured "
                    f"(default {'on' if stop else 'off'})")
+    g.add_argument("--locate", action=argparse.BooleanOptionalAction, default=False,
+                   help="for every width that differs, locate its first differing row (specview locate) and group "
+                   "the widths by the op where they first depart; about one to two seconds per differing width "
+                   "on the demo at one thread (default off)")
     g.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     skip = [f.name for f in declared(RunConfig) if f.name not in ("chat", "top_k")]
     # the context is sized to the map; settings declared for one engine only (a server's binary) do not apply
@@ -146,11 +150,23 @@ def map_from_args(args: argparse.Namespace, session, progress: Progress):
     progress(f"mapping {len(targets)} target(s) x {len(settings)} setting(s) over {len(prompts)} prompt(s), "
              f"widths {args.widths}, {args.positions} positions each")
     try:
-        return kernel_map(session, targets, prompts, widths, args.positions, settings,
-                          backend=args.backend or "llama.cpp", top_k=args.top_k or 8, progress=progress,
-                          stop_at_difference=args.stop_at_difference)
+        km = kernel_map(session, targets, prompts, widths, args.positions, settings,
+                        backend=args.backend or "llama.cpp", top_k=args.top_k or 8, progress=progress,
+                        stop_at_difference=args.stop_at_difference)
     except ConfigError as exc:
         raise cli_error(exc) from None
+    return with_causes(km, session, progress) if getattr(args, "locate", False) else km
+
+
+def with_causes(km, session, progress: Progress):
+    """``km`` with each differing width's cause located (``--locate``), on ``session``'s engine."""
+    from ..core.kernel_causes import locate_causes
+
+    job = getattr(session, "job", None)
+    km = job(locate_causes, km, progress=progress) if job is not None else locate_causes(session, km, progress=progress)
+    for t in km.targets:
+        progress(f"{t.label}: the locates of its differing widths took {t.locate_seconds:.1f} s")
+    return km
 
 
 def main(args: argparse.Namespace) -> int:

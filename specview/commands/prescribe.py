@@ -9,7 +9,7 @@ import time
 from ..core.config import DEMO_DRAFT
 from ..core.errors import SpecviewError
 from .common import Progress
-from .kernels import add_map_flags, backend_of, check_output, map_from_args
+from .kernels import add_map_flags, backend_of, check_output, map_from_args, with_causes
 
 DEFAULT_WIDTHS = "1-9"
 DEFAULT_POSITIONS = 256  # as long as a default run: a kernel can change with the KV length
@@ -74,6 +74,8 @@ def main(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     with backend_of(args).runner(progress=progress) as session:
         km = KernelMap.load(args.map_file) if args.map_file else map_from_args(args, session, progress)
+        if args.map_file and args.locate:
+            km = with_causes(km, session, progress)
         draft = args.draft
         if draft is None:
             if not all(is_demo_name(t.target) for t in km.targets):

@@ -111,6 +111,8 @@ class WidthStats:
     first_difference: tuple[str, int, int] | None = None
     #: measuring stopped at the first differing row (the figures cover the rows measured)
     stopped: bool = False
+    #: where its first differing row first departs (a locate's summary, ``specview kernels --locate``), or None
+    cause: dict[str, Any] | None = None
 
     @property
     def bit_identical(self) -> bool:
@@ -128,7 +130,7 @@ class WidthStats:
             "below_shift": self.below_shift, "differing_by_row": list(self.differing_by_row),
             "flip_at": [list(x) for x in self.flip_at],
             "first_difference": list(self.first_difference) if self.first_difference else None,
-            "stopped": self.stopped,
+            "stopped": self.stopped, **({"cause": self.cause} if self.cause is not None else {}),
         }
 
     @classmethod
@@ -143,6 +145,7 @@ class WidthStats:
             flip_at=[(str(p), int(j)) for p, j in d.get("flip_at", [])],
             first_difference=(str(fd[0]), int(fd[1]), int(fd[2])) if fd else None,
             stopped=bool(d.get("stopped", False)),
+            cause=dict(d["cause"]) if isinstance(d.get("cause"), dict) else None,
         )
 
 
@@ -176,6 +179,7 @@ class TargetMap:
     prompts: list[PromptSequence]
     widths: dict[int, WidthStats]
     seconds: float = 0.0
+    locate_seconds: float | None = None  # the locates of its differing widths (--locate), included in seconds
 
     @property
     def label(self) -> str:
@@ -219,6 +223,7 @@ class TargetMap:
             "deterministic": self.deterministic, "safe_widths": self.safe_widths(), "safe_n_max": self.safe_n_max(),
             "prompts": [p.to_json() for p in self.prompts],
             "widths": [self.widths[w].to_json() for w in sorted(self.widths)],
+            **({"locate_seconds": self.locate_seconds} if self.locate_seconds is not None else {}),
         }
 
     @classmethod
@@ -229,6 +234,7 @@ class TargetMap:
             prompts=[PromptSequence.from_json(p) for p in d["prompts"]],
             widths={int(w["width"]): WidthStats.from_json(w) for w in d["widths"]},
             seconds=float(d.get("seconds") or 0.0),
+            locate_seconds=float(d["locate_seconds"]) if d.get("locate_seconds") is not None else None,
         )
 
 
@@ -301,8 +307,10 @@ class KernelMap:
 
     # -- text --------------------------------------------------------------------------------
     def table(self) -> str:
-        """Per target: the per-width table and what it proves."""
-        return table(self)
+        """Per target: the per-width table, what it proves, and its widths grouped by cause where located."""
+        from .kernel_causes import groups_line
+
+        return table(self, groups_line)
 
     def heatmap(self) -> str:
         """Target x width, ASCII."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .config import EngineSettings
 from .errors import ConfigError
@@ -137,7 +137,8 @@ def verdict_line(t: TargetMap) -> str:
     return s
 
 
-def target_table(t: TargetMap) -> str:
+def target_table(t: TargetMap, by_cause: Callable[[TargetMap], str] | None = None) -> str:
+    """One row's table; ``by_cause`` gives its widths grouped by cause (:func:`~.kernel_causes.groups_line`)."""
     q = t.model.get("quantization") or "?"
     threads = f"threads {t.threads_used}; " if t.threads_used else ""
     head = (f"{t.label}  ({q}; {threads}{len(t.prompts)} prompt(s) x "
@@ -153,9 +154,12 @@ def target_table(t: TargetMap) -> str:
         lines.append(f"  {w:>5} {st.rows:>6} {share:>16} {_num(st.max_delta):>9} {_num(st.p95_delta):>9} "
                      f"{st.flips:>6} {st.below_shift:>14}{mark}")
     lines.append("  " + verdict_line(t))
+    grouped = by_cause(t) if by_cause is not None else ""
+    if grouped:
+        lines.append("  widths by cause: " + grouped)
     return "\n".join(lines)
 
 
-def table(km: KernelMap) -> str:
-    parts = [target_table(t) for t in km.targets]
+def table(km: KernelMap, by_cause: Callable[[TargetMap], str] | None = None) -> str:
+    parts = [target_table(t, by_cause) for t in km.targets]
     return "\n\n".join(parts)

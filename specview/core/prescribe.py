@@ -117,13 +117,15 @@ class Prescription:
     max_tokens: int
     draft: str
     environment: dict[str, Any] = field(default_factory=dict)
+    #: per map row, the widths grouped by the op they first differ at and the settings that remove each cause
+    causes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": "specview.prescription/1", "lossless": [c.to_json() for c in self.lossless],
                 "fastest_lossy": self.fastest_lossy.to_json() if self.fastest_lossy else None,
                 "fastest_lossy_divergence": self.lossy_rate, "nothing_lossless": list(self.nothing),
                 "prompts": [p.to_json() for p in self.prompts], "max_tokens": self.max_tokens, "draft": self.draft,
-                "environment": self.environment}
+                "environment": self.environment, "causes": list(self.causes)}
 
     def text(self) -> str:
         env = self.environment
@@ -154,6 +156,10 @@ class Prescription:
         if measured and max(measured) < 1.0:
             lines.append("  Plain decoding is faster than every speculative setting measured here: the draft "
                          "costs more than the verify passes save (a smaller or faster draft model changes that).")
+        if self.causes:
+            lines.append("")
+            lines.append("Why the other widths differ (a locate at each one's first differing row):")
+            lines += [f"  {c}" for c in self.causes]
         if self.fastest_lossy is not None:
             m = self.fastest_lossy
             speed = f"{m.speedup:.2f}x vanilla" if m.speedup else "speed not measured"
@@ -395,8 +401,12 @@ def prescribe(
                     f"{100 * lo:.0f}-{100 * hi:.0f}%)")
             if suite_results:
                 rate += f"; the suite results {suite_results} have no entry for this setting"
+    from .kernel_causes import prescription_lines
+
+    causes = [line for t in kmap.targets for line in prescription_lines(t)]
     return Prescription(lossless=lossless, fastest_lossy=fastest_lossy, lossy_rate=rate, nothing=nothing,
-                        prompts=prompts, max_tokens=max_tokens, draft=draft, environment=dict(kmap.environment))
+                        prompts=prompts, max_tokens=max_tokens, draft=draft, environment=dict(kmap.environment),
+                        causes=causes)
 
 
 __all__ = ["DEFAULT_CANDIDATES", "Claim", "Measurement", "Prescription", "measure", "prescribe", "setting_flags",

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from ..kernel_evidence import (DIFFER, NOT_COVERED, NOT_DETERMINISTIC, PROVEN, STATUS_WORDS, KernelPrediction,
                                citation_text, contradiction_text, predict_trace)
+from ..kernel_causes import cause_words, groups_line
 from ..kernels_text import LEGEND, LEVELS, ranges, settings_label, verdict_line, width_note
 from ..verdicts import WORDS
 from .escape import text
@@ -42,6 +43,10 @@ def width_rows(t: Any) -> list[list[str]]:
     for w in sorted(t.widths):
         st = t.widths[w]
         note = width_note(w, st)
+        c = getattr(st, "cause", None)
+        if c and not st.bit_identical:
+            note += (" " if note else "") + (f"first differs at {c['where'].removeprefix('first differs at ')}"
+                                            if c.get("where") and c.get("node") else cause_words(c))
         share = f"{st.identical} ({100.0 * st.identical_share:.1f}%)"
         out.append([text(w), text(st.rows), share, _num(st.max_delta), _num(st.p95_delta), text(st.flips),
                     text(st.below_shift), note])
@@ -77,7 +82,7 @@ def target_facts(t: Any) -> list[tuple[str, str]]:
         ("bit-identical widths", ranges(t.safe_widths()) or "none"),
         ("proven lossless", f"n_max ≤ {n}" if n is not None else "no n_max"),
         ("in words", verdict_line(t)),
-    ]
+    ] + ([("widths by cause", by_cause)] if (by_cause := groups_line(t)) else [])
 
 
 # -- a trace's section ----------------------------------------------------------------------
