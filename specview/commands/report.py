@@ -35,16 +35,17 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def plot_renderer():
-    """The app's plot renderer, imported when a trace report first needs it; without Qt, no plots and a note."""
+    """The app's plot renderer, imported when a trace or locate report first needs it; without Qt, no plots and a
+    note."""
 
     def render(trace: Any) -> dict[str, bytes]:
         try:
-            from ..gui.export import trace_plots
+            from ..gui.export import report_plots
         except ImportError as exc:
             print(f"specview: the report has no plots: the app's plotting (PySide6, pyqtgraph) cannot be imported "
                   f"({exc})", file=sys.stderr)
             return {}
-        return trace_plots(trace)
+        return report_plots(trace)
 
     return render
 
@@ -72,7 +73,7 @@ def main(args: argparse.Namespace) -> int:
     written = write_report(args.input, args.out, name=args.name, plots=plot_renderer(), card=card,
                            card_path=card_path, kernel_map=args.kernel_map)
     if args.card is not None and "card" not in written:
-        print("specview: no fork card: a matrix report has none (report one of its saved traces)", file=sys.stderr)
+        print("specview: no fork card: only a trace's report has one (report a saved trace)", file=sys.stderr)
     for key, path in written.items():
         print(f"{key:<10} {path}")
     return 0

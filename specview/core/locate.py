@@ -364,11 +364,14 @@ def _pair(plain: Any, obs: Any, n: int, start: int, position: int, batch: list[i
 
 def departure(session: Any, trace: Any, *, progress: ProgressFn | None = None,
               cancel: CancelFn | None = None) -> dict[str, Any]:
-    """Where the trace's fork pass first departs from the single-token pass: :meth:`Located.summary`, or
-    ``{"skipped": why}`` when it cannot be located (an engine that cannot be observed, a fork no verify pass
-    chose)."""
+    """Where the trace's fork pass first departs from the single-token pass: :meth:`Located.summary` and its
+    compared nodes' |Δ| (``graph``, :func:`~specview.core.locate_plot.graph_record`), or ``{"skipped": why}``
+    when it cannot be located (an engine that cannot be observed, a fork no verify pass chose)."""
+    from .locate_plot import graph_record
+
     try:
-        return locate(session, progress=progress, cancel=cancel, **fork_of(trace)).summary()
+        loc = locate(session, progress=progress, cancel=cancel, **fork_of(trace))
+        return {**loc.summary(), "graph": graph_record(loc)}
     except Cancelled:
         raise
     except SpecviewError as exc:

@@ -22,7 +22,7 @@ from .app import application
 PLOT_SIZE = (1000, 330)
 ZOOM_BEFORE, ZOOM_AFTER = 32, 16
 #: the plots of a trace's report, by the names the report writer files them under
-MARGINS, MARGINS_ZOOM, ACCEPTANCE = "margins", "margins_zoom", "acceptance"
+MARGINS, MARGINS_ZOOM, ACCEPTANCE, LOCATE = "margins", "margins_zoom", "acceptance", "locate"
 
 
 def _png(plot: Any) -> bytes:
@@ -107,8 +107,9 @@ def acceptance_plot(trace: Any) -> Any:
 
 
 def trace_plots(trace: Any) -> dict[str, bytes]:
-    """PNG bytes of a trace's report plots: the margins, the margins around the fork (a long run with a fork)
-    and the acceptance per round (when anything was drafted)."""
+    """PNG bytes of a trace's report plots: the margins, the margins around the fork (a long run with a fork),
+    the acceptance per round (when anything was drafted) and the |Δ| along the graph of its diagnosis' departure
+    (a near-tie located with its nodes)."""
     application(offscreen=True)
     plots = {MARGINS: _png(margin_plot(trace))}
     fm = trace.comparison.first_mismatch
@@ -118,7 +119,38 @@ def trace_plots(trace: Any) -> dict[str, bytes]:
         plots[MARGINS_ZOOM] = _png(margin_plot(trace, (lo, hi), f"the same, tokens {lo} to {hi} around the fork"))
     if trace.speculative.n_drafted > 0 and trace.speculative.rounds:  # a server run reports only totals
         plots[ACCEPTANCE] = _png(acceptance_plot(trace))
+    from .locate import departure_of
+
+    dep = departure_of(trace)  # a near-tie diagnosis' departure, where it kept its nodes
+    png = locate_plot_png(dep) if dep is not None else None
+    if png:
+        plots[LOCATE] = png
     return plots
+
+
+def locate_plot_png(src: Any) -> bytes | None:
+    """PNG bytes of the |Δ|-along-the-graph plot of a Located or a departure record (None without its nodes)."""
+    from ..core.locate_plot import series_of
+    from .locate import LocatePlot
+
+    s = series_of(src)
+    if s is None:
+        return None
+    application(offscreen=True)
+    plot = LocatePlot()
+    plot.apply_palette(_palette())
+    plot.set_series(s)
+    return _png(plot)
+
+
+def report_plots(obj: Any) -> dict[str, bytes]:
+    """The plots of whatever a report is made of: a locate's |Δ| plot, or a trace's plots (:func:`trace_plots`)."""
+    from ..core.locate import Located
+
+    if isinstance(obj, Located):
+        png = locate_plot_png(obj)
+        return {LOCATE: png} if png else {}
+    return trace_plots(obj)
 
 
 def write_trace_report(trace: Any, folder: str | os.PathLike[str], *, kernel_map: Any = None) -> dict[str, Path]:
@@ -134,9 +166,12 @@ def write_trace_report(trace: Any, folder: str | os.PathLike[str], *, kernel_map
 
 # -- File > Export Report: the report of the tab in front -------------------------------------------
 def report_source(w: Any) -> tuple[str, Any] | None:
-    """What the main window ``w`` would report: ("run", trace), ("matrix", doc) or ("kernel map", map) of the
-    tab in front, or None when that tab shows nothing yet."""
+    """What the main window ``w`` would report: ("run", trace), ("matrix", doc), ("kernel map", map) or
+    ("locate", Located) of the tab in front, or None when that tab shows nothing yet (a departure on the Locate tab
+    is the run's: its report is the run's)."""
     tab = w.tabs.currentWidget()
+    if tab is getattr(w, "locate_tab", None) and tab.located is not None:
+        return "locate", tab.located
     if tab is w.matrix_tab:
         return ("matrix", w.matrix_tab.doc) if w.matrix_tab.doc.get("cells") else None
     if tab is w.kernels_tab:
@@ -162,6 +197,8 @@ def export_tab_report(w: Any, folder: str | os.PathLike[str]) -> dict[str, Path]
     try:
         if kind == "run":  # the kernel map in its tab joins the report when it covers this run
             written = write_trace_report(obj, folder, kernel_map=w.kernels_tab.map_for_report(obj))
+        elif kind == "locate":
+            written = write_report(obj, folder, plots=report_plots)
         else:
             written = write_report(obj, folder)
     except (SpecviewError, OSError) as exc:

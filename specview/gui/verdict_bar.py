@@ -106,6 +106,7 @@ def speed_text(trace: Trace) -> str:
 
 
 SAVE_CRASH_LINK = "specview:save-crash"
+LOCATE_LINK = "specview:locate"  # the link to the Locate tab
 
 
 def crash_text(message: str, crash: dict[str, Any], *, kept_tokens: int = 0) -> str:
@@ -312,6 +313,7 @@ class VerdictBar(QLabel):
 
     sigTry = Signal(dict)  # the settings a "try" link sets
     sigSaveCrash = Signal()  # the "save the crashed run" link
+    sigLocate = Signal()  # the "show it along the graph" link of a located departure
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -359,6 +361,9 @@ class VerdictBar(QLabel):
     def _link(self, href: str) -> None:
         if href == SAVE_CRASH_LINK:
             self.sigSaveCrash.emit()
+            return
+        if href == LOCATE_LINK:
+            self.sigLocate.emit()
             return
         settings = parse_try_link(href)
         if settings is not None:  # {}: run again as it is

@@ -122,6 +122,12 @@ def verdict_facts(trace: Any) -> list[tuple[str, str]]:
             rows.append((f"vanilla positions at risk (margin below {fmt(th.get('at_risk'))})", str(len(d["at_risk"]))))
         if d.get("rule"):
             rows.append(("rule", text(d["rule"])))
+        dep = obj(d.get("departure"))
+        if dep:
+            rows.append(("where the verify pass departs",
+                         f"not located ({text(dep['skipped'])})" if dep.get("skipped") else
+                         f"row {text(dep.get('row'))} of the width-{text(dep.get('width'))} pass: "
+                         f"{text(dep.get('where'))}"))
         ref = obj(d.get("reference"))
         if ref:
             from ..diagnose import reference_line
@@ -254,6 +260,10 @@ PLOT_CAPTIONS = {
                 "batched and single-token shapes move the logits on the shared prefix."),
     "margins_zoom": ("Top-1/top-2 margin around the fork",
                      "The margin plot again, zoomed on the tokens just before and after the fork."),
+    "locate": ("|Δ| along the graph",
+               "Max |Δ| of each compared node between the single-token pass and the batched row, in graph order "
+               "(log scale; bit-identical nodes sit on the bottom line). The red line marks the first node that "
+               "differs; the shaded bands are the layers."),
     "acceptance": ("Acceptance per round",
                    "Tokens drafted (grey) and accepted (green) in each verify round; the red line marks the "
                    "round that produced the fork."),

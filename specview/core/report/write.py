@@ -1,7 +1,7 @@
 """Writing a report to a folder: ``report.html``, ``report.md`` and the PNG plots the Markdown links to.
 
-The input is a trace, a matrix or a kernel map (``specview.kernels/1``); a trace's report can carry the
-kernel map's prediction for its run (``kernel_map=``).
+The input is a trace, a matrix, a kernel map (``specview.kernels/1``) or a locate (``specview.locate/1``);
+a trace's report can carry the kernel map's prediction for its run (``kernel_map=``).
 
 Qt-free: the plots come from a renderer passed in, a callable ``trace ->
 {name: PNG bytes}`` (the app's own plot widgets draw them, in
@@ -20,6 +20,7 @@ from ..trace import SCHEMA as TRACE_SCHEMA, Trace, write_atomic
 from .facts import PLOT_CAPTIONS, earliest_fork
 from .html import kernels_html, matrix_html, trace_html
 from .kernels import cite_in_matrix, trace_kernel_section
+from .locate import locate_html, locate_markdown
 from .markdown import kernels_markdown, matrix_markdown, trace_markdown
 
 PlotRenderer = Callable[[Trace], Mapping[str, bytes]]
@@ -29,7 +30,8 @@ CARD_FILE = "fork-card.png"
 
 
 def read_input(path: str | os.PathLike[str]) -> tuple[str, Any]:
-    """("trace", Trace), ("matrix", dict) or ("kernels", KernelMap) from a JSON file, refusing anything else."""
+    """("trace", Trace), ("matrix", dict), ("kernels", KernelMap) or ("locate", Located) from a JSON file,
+    refusing anything else."""
     from ..kernel_evidence import kernel_map_from_json
     from ..matrix import validate_matrix
     from ..trace import read_json
@@ -44,9 +46,13 @@ def read_input(path: str | os.PathLike[str]) -> tuple[str, Any]:
         return "trace", Trace.from_json(d, source=str(p))
     if isinstance(schema, str) and schema.startswith("specview.kernels/"):
         return "kernels", kernel_map_from_json(d, source=str(p))
+    if isinstance(schema, str) and schema.startswith("specview.locate/"):
+        from ..locate import Located
+
+        return "locate", Located.from_json(d, source=str(p))
     shown = repr(schema) if isinstance(schema, str) and len(schema) < 80 else type(schema).__name__
-    raise SpecviewError(f"{p}: neither a specview trace ({TRACE_SCHEMA}), a matrix (specview.matrix/1) nor a "
-                        f"kernel map (specview.kernels/1); schema is {shown}")
+    raise SpecviewError(f"{p}: neither a specview trace ({TRACE_SCHEMA}), a matrix (specview.matrix/1), a "
+                        f"kernel map (specview.kernels/1) nor a locate (specview.locate/1); schema is {shown}")
 
 
 def earliest_fork_trace(doc: dict, source: Path | None) -> Trace | None:
@@ -80,12 +86,15 @@ def write_report(src: str | os.PathLike[str] | Trace | dict | Any, out_dir: str 
     ("html", "markdown", "card", and one entry per plot).
     """
     from ..kernels import KernelMap
+    from ..locate import Located
     from ..matrix import validate_matrix
 
     if isinstance(src, Trace):
         kind, obj = "trace", src
     elif isinstance(src, KernelMap):
         kind, obj = "kernels", src
+    elif isinstance(src, Located):
+        kind, obj = "locate", src
     elif isinstance(src, dict):
         validate_matrix(src)
         kind, obj = "matrix", src
@@ -95,8 +104,9 @@ def write_report(src: str | os.PathLike[str] | Trace | dict | Any, out_dir: str 
         raise SpecviewError(f"--name {name!r}: give a plain file name, without a folder")
     kmap, map_file = None, None
     if kernel_map is not None:
-        if kind == "kernels":
-            raise SpecviewError("--kernel-map: the input is a kernel map already; its report needs no other")
+        if kind in ("kernels", "locate"):
+            raise SpecviewError(f"--kernel-map: the input is a {'kernel map already' if kind == 'kernels' else 'locate'}"
+                                "; its report takes no kernel map")
         from ..kernel_evidence import load_kernel_map
 
         if isinstance(kernel_map, KernelMap):
@@ -109,8 +119,9 @@ def write_report(src: str | os.PathLike[str] | Trace | dict | Any, out_dir: str 
     except OSError as exc:
         raise SpecviewError(f"-o {out}: cannot create the folder ({exc})") from None
     written: dict[str, Path] = {}
-    if kind == "trace":
-        pngs = {k: v for k, v in (plots(obj) if plots is not None else {}).items() if k in PLOT_CAPTIONS}
+    if kind in ("trace", "locate"):
+        wanted = ("locate",) if kind == "locate" else PLOT_CAPTIONS
+        pngs = {k: v for k, v in (plots(obj) if plots is not None else {}).items() if k in wanted}
         files = {}
         for key, png in pngs.items():
             fname = f"{name}-{key}.png"
@@ -121,7 +132,7 @@ def write_report(src: str | os.PathLike[str] | Trace | dict | Any, out_dir: str 
             written[key] = out / fname
             files[key] = fname
         card_ref = None
-        if card is not None:
+        if card is not None and kind == "trace":
             cp = Path(card_path) if card_path is not None else out / CARD_FILE
             png = card(obj)
             if png:
@@ -131,9 +142,13 @@ def write_report(src: str | os.PathLike[str] | Trace | dict | Any, out_dir: str 
                     raise SpecviewError(f"--card {cp}: cannot write the fork card ({exc})") from None
                 written["card"] = cp
                 card_ref = Path(os.path.relpath(cp.resolve(), out.resolve())).as_posix()
-        section = trace_kernel_section(obj, kmap, map_file) if kmap is not None else None
-        html_text = trace_html(obj, pngs, kernel=section)
-        md_text = trace_markdown(obj, files, card=card_ref, kernel=section)
+        if kind == "locate":
+            file = None if isinstance(src, Located) else str(src)
+            html_text, md_text = locate_html(obj, file, pngs), locate_markdown(obj, file, files)
+        else:
+            section = trace_kernel_section(obj, kmap, map_file) if kmap is not None else None
+            html_text = trace_html(obj, pngs, kernel=section)
+            md_text = trace_markdown(obj, files, card=card_ref, kernel=section)
     elif kind == "kernels":
         file = None if isinstance(src, KernelMap) else str(src)
         html_text = kernels_html(obj, file)
