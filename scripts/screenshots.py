@@ -4,11 +4,13 @@
     xvfb-run -s '-screen 0 1600x1000x24' python scripts/screenshots.py main docs/screenshots/main-dark.png --theme dark
     xvfb-run -s '-screen 0 1600x1000x24' python scripts/screenshots.py matrix suite.json docs/screenshots/matrix-rates.png
     xvfb-run -s '-screen 0 1600x1000x24' python scripts/screenshots.py kernels kmap.json docs/screenshots/kernels.png
+    xvfb-run -s '-screen 0 1600x1000x24' python scripts/screenshots.py locate loc.json docs/screenshots/locate.png
 
 ``main`` runs the demo (its default target, draft, prompt and length, one thread, diagnosed) and
 grabs the window once the verdict is in, the fork in view; ``matrix`` and ``kernels`` open a file
 made by ``specview matrix --suite`` or ``specview kernels`` and select its first forked setting or
-its Q4_K_M row.  Nothing is staged: what the window shows is what the app computed or read.  The
+its Q4_K_M row; ``locate`` opens a file made by ``specview locate --json`` and hovers its first
+differing node.  Nothing is staged: what the window shows is what the app computed or read.  The
 app's settings go to a temporary file, so the user's own are untouched.
 """
 
@@ -22,7 +24,7 @@ from pathlib import Path
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["main", "matrix", "kernels"])
+    ap.add_argument("what", choices=["main", "matrix", "kernels", "locate"])
     ap.add_argument("args", nargs="+", help="[FILE] OUT.png")
     ap.add_argument("--theme", default="light", choices=["light", "dark"])
     ap.add_argument("--size", default="1600x1000")
@@ -75,6 +77,9 @@ def main() -> int:
             names = [t.target for t in kt.kmap.targets]
             row = names.index("demo:Q4_K_M") if "demo:Q4_K_M" in names else 0
             kt.view.selectTarget(row, 4 if len(kt.kmap.widths) >= 4 else 0)
+        if a.what == "locate":
+            plot = w.locate_tab.plot
+            plot.hover(plot.series.first if plot.series is not None else None)
         QTimer.singleShot(800, grab)
 
     QTimer.singleShot(300, start)

@@ -26,6 +26,7 @@ from . import models as gmodels
 from .controls import ControlsPanel, engine_problem, run_of_trace
 from .export import export_tab_report, report_source
 from .kernels import TAB_TIP as KERNELS_TIP, KernelTab, is_kernel_map_file
+from .locate import LocateTab, is_locate_file, locate_link
 from .live import Live, LiveView
 from .matrix import MatrixDialog, MatrixTab, is_matrix_file
 from .matrix.tab import TAB_TIP
@@ -125,6 +126,7 @@ class MainWindow(QMainWindow):
         self.kernels_tab = kt = KernelTab(self.host, self.build_config)
         self.tabs.addTab(kt, "Kernel map")
         self.tabs.setTabToolTip(2, KERNELS_TIP)
+        self.locate_tab = LocateTab.attach(self)
         self.tabs.currentChanged.connect(self._tab_changed)
         lay.addWidget(self.tabs, 1)
         self.setCentralWidget(central)
@@ -562,6 +564,7 @@ class MainWindow(QMainWindow):
         self._update_export()
         self.live.live.pending = {"vanilla": [], "speculative": []}
         note = self.side.show_trace(trace)
+        self.locate_tab.show_departure(trace)
         self._trace_verdict = dict(cancelled=cancelled, diagnosis_error=diagnosis_error, diag_note=note)
         self.show_trace_verdict()
         self.speed.setText(speed_text(trace))
@@ -575,7 +578,7 @@ class MainWindow(QMainWindow):
         others = [c.path for c in self.target.choices if c.exists]
         text, kind = trace_verdict(trace, n_diffs=len(self.side.diffs), other_quants=others,
                                    kernel=self.kernels_tab.prediction_for(trace), **self._trace_verdict)
-        self.verdict.show_text(text, kind)
+        self.verdict.show_text(text + locate_link(trace), kind)
         self.verdict.setToolTip(diagnosis_tooltip(trace.diagnosis if isinstance(trace.diagnosis, dict) else None))
 
     def _tab_changed(self, _index: int) -> None:
@@ -620,6 +623,9 @@ class MainWindow(QMainWindow):
             return None
         if is_kernel_map_file(path):
             self.open_kernel_map(path)
+            return None
+        if is_locate_file(path):
+            self.locate_tab.open(path)
             return None
         try:
             trace = Trace.load(path)
@@ -677,6 +683,7 @@ class MainWindow(QMainWindow):
         pal = self.palette() if app is None else app.palette()
         self.acceptance.apply_palette(pal)
         self.margin_plot.apply_palette(pal)
+        self.locate_tab.apply_palette(pal)
         self.verdict.repaint_theme()
 
     # ------------------------------------------------------------ lifecycle
