@@ -111,6 +111,11 @@ class EngineSettings:
                            "the logits, so traces record it)")
     kv_type: str = setting("f16", flags=("--kv-type", "--cache-type"), choices=KV_TYPES, group="engine",
                            label="KV cache type", help="KV cache type for K and V")
+    no_op_offload: bool = setting(False, flags=("--no-op-offload",), axis=True, group="engine",
+                                  label="No op offload",
+                                  help="llama.cpp's --no-op-offload: ops on weights kept in host memory stay on the "
+                                  "CPU; by default a GPU build computes batches of 32 tokens or more on the GPU even "
+                                  "at -ngl 0 (the backend check's CPU reference sets it, so its reference is the CPU)")
     # Vulkan's own numerics knobs: ggml-vulkan reads them from the environment once, when it starts, so
     # they reach llama.cpp as environment variables (the engine process's, a server's, a report command's
     # prefix), never as flags; a build without Vulkan ignores them

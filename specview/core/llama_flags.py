@@ -83,6 +83,8 @@ def engine_flags(config: Mapping[str, Any]) -> list[str]:
     flags += ["-ctk", kv, "-ctv", kv]
     if eng.get("no_repack") is True:  # weights in the plain CPU buffer (use_extra_bufts = false)
         flags.append("--no-repack")
+    if eng.get("no_op_offload") is True:  # batches of weights in host memory stay on the CPU
+        flags.append("--no-op-offload")
     threads = config.get("threads_used") or eng.get("threads") or 0
     if int(threads) > 0:
         flags += ["-t", str(int(threads))]

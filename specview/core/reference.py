@@ -288,6 +288,8 @@ def run_check(
         base["prompts"].append({"name": name, **_round(fig)})
         if len(prompts) > 1 and (line := eta.done(name, len(toks) + continuation, what=f"{name} done")):
             say(line)
+        if len(prompts) > 1 and (line := eta.done(name, len(toks) + continuation, what=f"{name} done")):
+            say(line)
     joined = [sum((list(r[i]) for r in raws), []) for i in range(6)]
     totals = summarize(*joined)
     base["totals"] = _round(totals)

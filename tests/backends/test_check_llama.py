@@ -110,7 +110,7 @@ def test_a_gpu_build_checks_the_backend_before_every_gpu_diagnosis(tiny_target, 
     d = _diagnosed(tiny_target, tiny_draft, gpu_layers=-1)
     r = d["reference"]
     assert r is not None and r["kind"] == "gpu-vs-cpu", r
-    assert (r["reference_label"], r["test_label"]) == ("CPU (-ngl 0)", "GPU (-ngl all)")
+    assert (r["reference_label"], r["test_label"]) == ("CPU (-ngl 0 --no-op-offload)", "GPU (-ngl all)")
     assert r["ok"] is True and r["totals"]["positions"] > 0  # on this CPU build both sides are the CPU
     # -ngl 0 keeps the target on the CPU: nothing to check first
     assert _diagnosed(tiny_target, tiny_draft, gpu_layers=0)["reference"] is None

@@ -62,7 +62,9 @@ def test_non_finite_logits_are_counted_and_flagged():
 def test_the_pair_follows_the_build():
     gpu = ref.choose_pair("broken", EngineSettings(gpu_layers=20))
     assert gpu.kind == "gpu-vs-cpu" and gpu.reference.gpu_layers == 0 and gpu.test.gpu_layers == 20
-    assert gpu.test_label == "GPU (-ngl 20)" and gpu.reference_label == "CPU (-ngl 0)"
+    # the reference is the CPU for every op: without --no-op-offload a GPU build batches >= 32 tokens on the GPU
+    assert gpu.reference.no_op_offload is True and gpu.test.no_op_offload is False
+    assert gpu.test_label == "GPU (-ngl 20)" and gpu.reference_label == "CPU (-ngl 0 --no-op-offload)"
     cpu = ref.choose_pair("broken", EngineSettings(gpu_layers=0), cpu_count=8)  # the GPU not asked for
     assert cpu.kind == "threads" and (cpu.reference.threads, cpu.test.threads) == (1, 8)
     assert ref.choose_pair("fake", EngineSettings(threads=4), cpu_count=2).test.threads == 4  # the user's -t
@@ -156,7 +158,7 @@ def test_specview_check_prints_a_table_and_exits_by_the_result(capsys):
     rc = main(["check", "--engine", "broken", "-m", "3", "-p", "one prompt", "-p", "another", "-n", "5", "-q"])
     out = capsys.readouterr().out
     assert rc == 1
-    assert "GPU (-ngl all) against CPU (-ngl 0)" in out and "RESULT  BROKEN" in out
+    assert "GPU (-ngl all) against CPU (-ngl 0 --no-op-offload)" in out and "RESULT  BROKEN" in out
     assert "prompt 1" in out and "prompt 2" in out
     rc = main(["check", "--engine", "broken", "-m", "3", "-p", "one prompt", "-n", "5", "-ngl", "0", "-t", "2",
                "--json"])

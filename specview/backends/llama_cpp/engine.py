@@ -67,6 +67,7 @@ class LlamaEngine(ModelEngine):
         cp.type_k = kv
         cp.type_v = kv
         cp.no_perf = True
+        cp.op_offload = not settings.no_op_offload  # False: a -ngl 0 context computes every op on the CPU
         self._context_params(cp)
         clear_log()
         ctx = ll.llama_init_from_model(model.ptr, cp)
