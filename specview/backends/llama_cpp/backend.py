@@ -169,6 +169,15 @@ def setup_facts(settings: EngineSettings, *, deep: bool = True, devices: list[di
     return facts
 
 
+def layer_placement_of(path: str, gpu_layers: int) -> dict[str, int]:
+    """Load ``path`` with ``gpu_layers`` and return how many layers llama.cpp put on each device."""
+    model = LlamaModel(path, gpu_layers=gpu_layers)
+    try:
+        return dict(model.layer_devices)
+    finally:
+        model.close()
+
+
 def _offload_fact(settings: EngineSettings, gpus: list[dict[str, str]], placement: dict[str, int] | None) -> Fact:
     """Load the demo's shipped GGUF with the asked -ngl and read back where its layers went."""
     name = "llama.cpp"
@@ -180,11 +189,15 @@ def _offload_fact(settings: EngineSettings, gpus: list[dict[str, str]], placemen
             path = shipped_path()
         except SpecviewError as exc:
             return Fact(name, "offload", None, f"offload not checked: {exc}", "info")
-        model = LlamaModel(path, gpu_layers=ngl)
-        try:
-            placement = dict(model.layer_devices)
-        finally:
-            model.close()
+        from ...core.errors import EngineCrashed
+        from ...core.worker import run_isolated
+
+        try:  # a GPU driver that crashes on load costs the worker, not doctor
+            placement = run_isolated(layer_placement_of, str(path), ngl, env=settings.environment(), timeout=600)
+        except EngineCrashed as exc:
+            return Fact(name, "offload", None, f"offload check (demo model, -ngl {'all' if ngl < 0 else ngl}): "
+                        f"the engine crashed loading it: {str(exc).splitlines()[0]}", "problem",
+                        advice="\n".join(str(exc).splitlines()[1:]) or None)
     total = sum(placement.values())
     on_gpu = sum(n for dev, n in placement.items() if not dev.upper().startswith("CPU"))
     where = ", ".join(f"{n} on {dev}" for dev, n in placement.items()) or "no placement reported"
