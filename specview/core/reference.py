@@ -82,8 +82,9 @@ def choose_pair(backend: str, settings: EngineSettings, *, cpu_count: int | None
     """The pair to compare for these settings, or the reason there is none."""
     if settings.gpu_layers != 0 and gpu_build(backend):
         ngl = "all" if settings.gpu_layers < 0 else str(settings.gpu_layers)
-        return Pair("gpu-vs-cpu", reference=replace(settings, gpu_layers=0), test=settings,
-                    reference_label="CPU (-ngl 0)", test_label=f"GPU (-ngl {ngl})")
+        # -ngl 0 alone is not the CPU: a GPU build still computes batches of >= 32 tokens on the GPU (op offload)
+        return Pair("gpu-vs-cpu", reference=replace(settings, gpu_layers=0, no_op_offload=True), test=settings,
+                    reference_label="CPU (-ngl 0 --no-op-offload)", test_label=f"GPU (-ngl {ngl})")
     n = settings.threads if settings.threads > 1 else (cpu_count or os.cpu_count() or 1)
     if n <= 1:
         return ("this is a CPU-only build on one core: there is no GPU to compare with the CPU and no second "
@@ -286,8 +287,6 @@ def run_check(
         fig = teacher_force(e_ref, e_test, seq, n_prompt=len(toks), cancel=cancel)
         raws.append(fig["_raw"])
         base["prompts"].append({"name": name, **_round(fig)})
-        if len(prompts) > 1 and (line := eta.done(name, len(toks) + continuation, what=f"{name} done")):
-            say(line)
         if len(prompts) > 1 and (line := eta.done(name, len(toks) + continuation, what=f"{name} done")):
             say(line)
     joined = [sum((list(r[i]) for r in raws), []) for i in range(6)]
