@@ -290,3 +290,19 @@ def test_specview_run_whose_worker_gets_sigsegv_exits_2_and_keeps_the_trace(tiny
     assert t.extra["crash"]["signal"] == "SIGSEGV"
     assert "crashed" in (t.vanilla.stop_reason, t.speculative.stop_reason)
     assert all(gone(k) for k in kids)
+
+
+def test_a_cancel_reaches_the_worker_while_tokens_stream(tiny_target, tiny_draft):
+    """The cancel flag set at vanilla token 20 stops the arm soon after, not at its 2,000th token: the parent
+    checks it between streamed messages, not only when the pipe is quiet."""
+    flag = []
+    cfg = cfg_for(tiny_target, tiny_draft, max_tokens=2000)
+
+    def on_event(arm, ev):
+        if arm == "vanilla" and getattr(ev, "index", -1) == 20:
+            flag.append(True)
+
+    with get_backend("llama.cpp").runner() as r:
+        t = r.run(cfg, on_event=on_event, cancel=lambda: bool(flag))
+    assert t.vanilla.stop_reason == "cancelled"
+    assert 21 <= len(t.vanilla.tokens) < 1000, len(t.vanilla.tokens)

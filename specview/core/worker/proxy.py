@@ -280,6 +280,9 @@ class WorkerRunner(Runner):
         last_count = w.activity.read()[0]
         cancel_sent = False
         while True:
+            if cancel is not None and not cancel_sent and cancel():  # checked between messages too: a run
+                cancel_sent = True                                  # streams them without a pause
+                w.conn.send(("cancel", cid))
             if multiprocessing.connection.wait([w.conn], timeout=POLL_S):
                 try:
                     msg = w.conn.recv()
@@ -306,9 +309,6 @@ class WorkerRunner(Runner):
                 continue
             if not w.alive():  # gone, and nothing left in the pipe (a message would have been read above)
                 raise _Died(w.exitcode)
-            if cancel is not None and not cancel_sent and cancel():
-                cancel_sent = True
-                w.conn.send(("cancel", cid))
             count = w.activity.read()[0]
             now = time.monotonic()
             if count != last_count:
