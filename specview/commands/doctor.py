@@ -23,6 +23,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="the GPU layers you intend to use; > 0 on a build without a GPU backend is a problem "
                    "(default: all layers, as specview run)")
     p.add_argument("--server-bin", dest="server_bin", default=None, help="the llama-server binary to check")
+    from ..core.config import EngineSettings, declared
+
+    for f in declared(EngineSettings):  # ggml's start-up knobs: doctor sees the devices a run with them would see
+        if f.metadata.get("env"):
+            kind = {"action": "store_true"} if isinstance(f.default, bool) else {"metavar": f.metadata["metavar"]}
+            p.add_argument(*f.metadata["flags"], dest=f.name, default=None, help=f.metadata["help"], **kind)
     p.add_argument("--engine", dest="engines", action="append", default=None,
                    help="check only this engine (repeatable; default every engine)")
     p.add_argument("--quick", action="store_true", help="skip checks that load a model")

@@ -144,3 +144,31 @@ def test_llama_server_on_vulkan_with_draft_simple(env, vk_lib, tmp_path: Path):
     assert len(trace["vanilla"]["tokens"]) == 12 and len(spec["tokens"]) == 12
     assert cmp["identical"] == (cmp["first_mismatch"] is None)
     assert spec["n_drafted"] > 0, "the speculative server drafted nothing"
+
+
+def test_vulkan_knobs_reach_ggml_in_the_engine_process_and_the_report(vk_lib, tmp_path: Path):
+    """ggml-vulkan reads GGML_VK_* once, when it starts: the settings must be in the worker's environment before
+    llama.cpp loads. Here nothing in the environment shows lavapipe: only the setting can."""
+    env = vk_env(vk_lib, visible=False)
+    args = ["run", "-m", TARGET, "-p", "Hi", "-n", "2", "-ngl", "0", "--spec-type", "none", "--no-diagnose", "-q"]
+    specview(env, *args, "--json", str(tmp_path / "plain.json"), ok=(0, 1))
+    plain = json.loads((tmp_path / "plain.json").read_text())
+    assert [d["name"] for d in plain["environment"]["ggml_devices"]] == ["CPU"]
+
+    specview(env, *args, "--vk-visible-devices", "0", "--vk-disable-f16", "--json", str(tmp_path / "knobs.json"),
+             ok=(0, 1))
+    trace = json.loads((tmp_path / "knobs.json").read_text())
+    (vk,) = [d for d in trace["environment"]["ggml_devices"] if d["name"] == "Vulkan0"]
+    assert vk["vk_fp16"] == 0  # lavapipe has fp16; GGML_VK_DISABLE_F16 took it away, as ggml-vulkan says
+    assert trace["environment"]["ggml_env"]["GGML_VK_VISIBLE_DEVICES"] == "0"
+    eng = trace["config"]["engine"]
+    assert eng["vk_disable_f16"] is True and eng["vk_visible_devices"] == "0"
+    assert trace["models"]["target"]["layers_on"] == {"CPU": sum(trace["models"]["target"]["layers_on"].values())}
+
+    specview(env, "report", str(tmp_path / "knobs.json"), "-o", str(tmp_path / "report"))
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "GGML_VK_DISABLE_F16=1 GGML_VK_VISIBLE_DEVICES=0 llama-server" in md
+
+    doc = facts_of(json.loads(specview(env, "doctor", "--engine", "llama.cpp", "--quick", "--json",
+                                       "--vk-visible-devices", "0", "--vk-disable-f16", ok=(0, 1)).stdout))
+    assert "Vulkan0" in doc[("llama.cpp", "devices")]["value"] and "no fp16" in doc[("llama.cpp", "devices")]["text"]

@@ -109,6 +109,7 @@ def setup_facts(settings: EngineSettings, *, deep: bool = True, devices: list[di
                 placement: dict[str, int] | None = None, backends: list[str] | None = None) -> list[Fact]:
     """What ``specview doctor`` says of llama.cpp here.  ``devices``/``placement``/``backends`` replace what the
     build reports (the tests fake a GPU machine with them; faked devices imply their backends)."""
+    late = apply_environment(settings.environment())  # the knobs ggml reads at start-up, before it starts here
     env = llama_environment()
     if backends is None:
         backends = list(env.get("ggml_backends") or []) if devices is None else \
@@ -133,9 +134,11 @@ def setup_facts(settings: EngineSettings, *, deep: bool = True, devices: list[di
                               "is real (llama.cpp's shaders, its kernel choice by width, the offload), the numerics "
                               "and the speed are not a GPU's", "info"))
     knobs = {k: v for k, v in (env.get("ggml_env") or {}).items() if k.startswith("GGML_VK_")}
-    if knobs:
+    if knobs or late:
         facts.append(Fact(name, "ggml_env", knobs, "ggml's start-up knobs in effect: "
-                          + " ".join(f"{k}={v}" for k, v in knobs.items()), "info"))
+                          + (" ".join(f"{k}={v}" for k, v in knobs.items()) or "none"), "warn" if late else "info",
+                          advice=f"{', '.join(late)} came too late: llama.cpp had started in this process" if late
+                          else None))
     feats = cpu_features(env.get("llama_cpp_system_info"))
     facts.append(Fact(name, "cpu_features", feats,
                       "CPU features its kernels use: " + (", ".join(feats) or "none reported")

@@ -23,6 +23,7 @@ _lock = threading.Lock()
 _initialised = False
 _log_lines: collections.deque[str] = collections.deque(maxlen=2000)  # a model load logs a line per layer
 _log_cb = None  # keep the ctypes callback alive
+_vk_lines: list[str] = []  # what ggml-vulkan said of its devices when it started (printed once per process)
 _ENV: dict[str, Any] | None = None
 
 
@@ -47,7 +48,10 @@ def _init() -> Any:
             @ll.llama_log_callback
             def _cb(level, text, user_data):  # pragma: no cover - called from C
                 try:
-                    _log_lines.append(text.decode("utf-8", "replace"))
+                    line = text.decode("utf-8", "replace")
+                    _log_lines.append(line)
+                    if line.startswith("ggml_vulkan: "):  # the device lines, kept past clear_log()
+                        _vk_lines.append(line)
                 except Exception:
                     pass
 
@@ -221,7 +225,7 @@ def vulkan_device_lines() -> dict[int, dict[str, Any]]:
     """What ggml-vulkan printed of each device when it started (``ggml_vulkan: 0 = llvmpipe ... | fp16: 1 |
     int dot: 0 | matrix cores: none``): the features that decide its kernels, as {index: facts}."""
     out: dict[int, dict[str, Any]] = {}
-    for line in "".join(_log_lines).splitlines():
+    for line in "".join(_vk_lines).splitlines():
         m = re.match(r"ggml_vulkan: (\d+) = (.*)$", line.strip())
         if not m:
             continue
