@@ -60,7 +60,9 @@ def parse_widths(text: str) -> tuple[int, ...]:
 def settings_label(settings: EngineSettings) -> str:
     """The settings that differ from the defaults, short: ``fa on, ub 1`` ('' for the defaults)."""
     short = {"flash_attn": "fa", "n_ubatch": "ub", "n_batch": "b", "threads": "t", "kv_type": "kv",
-             "gpu_layers": "ngl", "no_repack": "nr"}
+             "gpu_layers": "ngl", "no_repack": "nr", "no_op_offload": "nopo", "vk_disable_mmvq": "vk-no-mmvq",
+             "vk_force_mmvq": "vk-mmvq", "vk_disable_f16": "vk-no-f16", "vk_disable_coopmat": "vk-no-coopmat",
+             "vk_visible_devices": "vk-devices"}
     base = EngineSettings()
     parts = []
     for name, abbr in short.items():

@@ -51,3 +51,11 @@ def test_the_llama_cpp_engine_asks_its_process_for_them():
     st = EngineSettings(vk_force_mmvq=True)
     assert LlamaBackend().worker_env(st) == {"GGML_VK_FORCE_MMVQ": "1"}
     assert LlamaBackend().worker_env(EngineSettings()) == {}
+
+
+def test_a_kernel_map_row_names_its_knobs():
+    from specview.core.kernels_text import settings_label
+
+    labels = {settings_label(EngineSettings(**{k: True})) for k in KNOBS if k != "vk_visible_devices"}
+    assert len(labels) == 4 and "" not in labels  # rows of a map over the knobs stay apart
+    assert settings_label(EngineSettings(vk_visible_devices="0")) == "vk-devices 0"
