@@ -71,7 +71,9 @@ def server_pids(trace: Trace) -> list[int]:
 
 
 # -- a fork planted in the verify passes: diagnosed as a near-tie, proven by the serial control ------------
-def test_planted_batched_near_tie_is_diagnosed_through_mlx_lm_in_process(models, tmp_path):
+def test_planted_batched_near_tie_is_diagnosed_through_mlx_lm_in_process(models, tmp_path, monkeypatch):
+    # the diagnosis replays in MLX in this process, where the plant below is (its worker process would not have it)
+    monkeypatch.setenv("SPECVIEW_WORKER", "0")
     launcher = mlx_plants.launcher(tmp_path, "near-tie")
     cfg = cfg_for(models, engine=EngineSettings(server_bin=str(launcher)))
     events = []
