@@ -59,3 +59,24 @@ def test_a_kernel_map_row_names_its_knobs():
     labels = {settings_label(EngineSettings(**{k: True})) for k in KNOBS if k != "vk_visible_devices"}
     assert len(labels) == 4 and "" not in labels  # rows of a map over the knobs stay apart
     assert settings_label(EngineSettings(vk_visible_devices="0")) == "vk-devices 0"
+
+
+def test_the_app_can_tell_a_vulkan_build_from_its_files(tmp_path):
+    """The app shows Vulkan's knobs for a Vulkan build only; it tells by the library folder llama-cpp-python would
+    load ($LLAMA_CPP_LIB_PATH, else its own), without loading llama.cpp."""
+    import os
+    import subprocess
+    import sys
+
+    probe = ("import sys; from specview.backends.llama_cpp.lib import builds_backend; "
+             "print(builds_backend('vulkan'), builds_backend('cuda'), 'llama_cpp' in sys.modules)")
+    vk = tmp_path / "vk"
+    vk.mkdir()
+    (vk / "libggml-vulkan.so").write_bytes(b"")
+    cpu = tmp_path / "cpu"
+    cpu.mkdir()
+    (cpu / "libggml-cpu.so").write_bytes(b"")
+    for folder, want in ((vk, "True False False"), (cpu, "False False False")):
+        env = dict(os.environ, LLAMA_CPP_LIB_PATH=str(folder))
+        out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+        assert out.stdout.split() == want.split(), out
