@@ -498,7 +498,8 @@ def test_every_declared_setting_is_a_toml_key_checked_as_declared(tmp_path: Path
     eng_keys = cell_settings(EngineSettings)
     assert {f.name for f in run_keys} >= {"max_tokens", "n_min", "top_k", "ignore_eos", "serial_verify"}
     assert {f.name for f in eng_keys} >= {"n_batch", "n_ubatch", "kv_type", "threads"}
-    assert set(axes()) - {a for a in axes() if a.startswith("vk_")} == {"n_max", "p_min", "flash_attn", "no_repack"}
+    assert set(axes()) - {a for a in axes() if a.startswith("vk_")} == {"n_max", "p_min", "flash_attn", "no_repack",
+                                                                         "no_op_offload"}
     lines, eng = [], []
     for f in run_keys:
         v = matrix_default(f)

@@ -42,7 +42,7 @@ from ...core.config import EngineSettings
 from ...core.errors import EvalError, SpecviewError
 from ...core.locate import SELECTIONS, GraphEngine, GraphNode, MicroBatch, NodeSource
 from .engine import LlamaEngine
-from .lib import _init
+from .lib import _init, lib_dir
 
 GGML_MAX_DIMS = 4
 GGML_MAX_SRC = 10
@@ -83,12 +83,13 @@ _GGML: Any = None
 
 
 def ggml_base() -> Any:
-    """libggml-base of this llama-cpp-python, with the signatures the observer uses."""
+    """libggml-base of the libllama this process runs (``$LLAMA_CPP_LIB_PATH``'s build when set: the package's own
+    copy may be another build), with the signatures the observer uses."""
     global _GGML
     if _GGML is not None:
         return _GGML
-    ll = _init()
-    libdir = Path(ll.__file__).parent / "lib"
+    _init()
+    libdir = lib_dir()
     lib = None
     for name in ("libggml-base.so", "libggml-base.dylib", "ggml-base.dll", "libggml.so", "libggml.dylib"):
         p = libdir / name
