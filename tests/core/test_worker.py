@@ -306,3 +306,18 @@ def test_a_cancel_reaches_the_worker_while_tokens_stream(tiny_target, tiny_draft
         t = r.run(cfg, on_event=on_event, cancel=lambda: bool(flag))
     assert t.vanilla.stop_reason == "cancelled"
     assert 21 <= len(t.vanilla.tokens) < 1000, len(t.vanilla.tokens)
+
+
+def test_a_model_load_reports_progress_to_the_deadline(tiny_target):
+    """llama.cpp's load progress reaches the activity record, so a long load is not taken for a hang."""
+    from specview.backends.llama_cpp.model import LlamaModel
+    from specview.core import activity
+
+    seen: list[str] = []
+    activity.set_sink(seen.append)
+    try:
+        LlamaModel(tiny_target).close()
+    finally:
+        activity.set_sink(None)
+    loads = [s for s in seen if s.startswith(f"loading {tiny_target.name} (")]
+    assert loads and loads[-1].endswith("(100%)")

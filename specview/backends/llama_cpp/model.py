@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from ...core import activity
 from ...core.engine import VocabInfo
 from ...core.errors import ModelFileError, SpecviewError
 from .lib import _init, clear_log, log_lines, recent_log
@@ -102,6 +103,15 @@ class LlamaModel:
         mp.vocab_only = vocab_only
         mp.use_extra_bufts = not self.no_repack
         mp.n_gpu_layers = 0 if vocab_only else (gpu_layers if gpu_layers >= 0 else 999)
+        if activity.active:  # a long load is progress too: the worker's deadline must not read it as a hang
+            name = self.path.name
+
+            def loading(progress: float, _ud: Any) -> bool:
+                activity.doing(f"loading {name} ({progress:.0%})")
+                return True
+
+            self._progress_cb = ll.llama_progress_callback(loading)
+            mp.progress_callback = self._progress_cb
         clear_log()
         t0 = time.perf_counter()
         model = ll.llama_model_load_from_file(str(self.path).encode("utf-8"), mp)
