@@ -25,14 +25,15 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "with the single-token node in graph order. Prints the first node that differs (its op, input types "
         "and shapes, the weight's type and buffer: CPU, CPU_REPACK, AMX, Vulkan0 ...), how the difference "
         "grows layer by layer, and how many logits differ. Both observed passes are checked against an "
-        "unobserved context, bit for bit.",
+        "unobserved context, bit for bit. With --engine mlx (an MLX model folder) the passes are compared per "
+        "layer, not per op: the embedding, each transformer block's output, the final norm and the logits.",
         epilog="Examples: specview locate -m demo:F16 --width 4 --position 20; specview locate --trace "
         "trace.json (the trace's fork, with its own target and settings). Exit status: 0 no difference, "
         "1 a node differs, 2 error, 130 interrupted.",
     )
     g = p.add_argument_group("locate")
     g.add_argument("-m", "--target", "--model", dest="target", default=None, metavar="MODEL",
-                   help=f"target GGUF file or demo name (default {DEMO_TARGET}, or the trace's)")
+                   help=f"target GGUF file, MLX folder (--engine mlx) or demo name (default {DEMO_TARGET}, or the trace's)")
     g.add_argument("--width", type=int, default=None, metavar="T",
                    help="width of the verify pass (1 + drafted tokens); the trace's fork pass with --trace")
     g.add_argument("--row", type=int, default=None, metavar="J", help="row of the pass to compare (default 0)")

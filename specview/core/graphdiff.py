@@ -87,6 +87,10 @@ class GraphEngine(ABC):
 
     #: which nodes it observes: "all", or "layers" (each layer's output, the final norm and the logits)
     selection: str = "all"
+    #: what its nodes are: "op" (a graph node per op, llama.cpp) or "layer" (a model's layer outputs, MLX)
+    granularity: str = "op"
+    #: a line a locate on this engine carries (how finely it looked), or None
+    note: str | None = None
 
     @abstractmethod
     def observe(self, tokens: Sequence[int], rows: Sequence[int]) -> tuple[np.ndarray, list[MicroBatch]]:
@@ -145,7 +149,7 @@ class NodeDiff:
         return cls(**kw)
 
 
-_LAYER = (re.compile(r"-(\d+)(?:\s|$)"), re.compile(r"_l(\d+)(?:\s|$)"), re.compile(r"^blk\.(\d+)\."))
+_LAYER = (re.compile(r"-(\d+)(?:\s|$)"), re.compile(r"_l(\d+)(?:\s|$)"), re.compile(r"^blk\.(\d+)(?:\.|$)"))
 
 
 def layer_of(name: str) -> int | None:
@@ -213,7 +217,7 @@ def compare_graphs(single: Sequence[GraphNode], batched: Sequence[GraphNode], wi
         got = layer_of(a.name)
         if got is not None:
             layer, part = got, f"blk.{got}"
-        elif a.name == "norm" or a.name.startswith("result"):
+        elif a.name in ("norm", "logits") or a.name.startswith("result"):
             layer, part = None, "output"  # the final norm and the logits
         d = NodeDiff(index=a.index, name=a.name, op=a.op, type=a.type, shape=trim(a.ne), batched_shape=trim(b.ne),
                      layer=layer, part=part, status="skipped", buffer=a.buffer, sources=list(a.sources))

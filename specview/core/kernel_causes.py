@@ -39,7 +39,7 @@ REPACKED = ("REPACK", "AMX")
 
 def stem(node: str) -> str:
     """``ffn_out-3`` -> ``ffn_out``: the node's name without its layer."""
-    return re.sub(r"-\d+$", "", node.split(" (")[0])
+    return re.sub(r"^blk\.\d+$", "layer", re.sub(r"-\d+$", "", node.split(" (")[0]))
 
 
 def is_attention(c: dict[str, Any]) -> bool:

@@ -111,6 +111,7 @@ class Located:
     source: str = "position"  # "position" or "trace"
     threads_used: int | None = None
     seconds: dict[str, float] = field(default_factory=dict)
+    granularity: str = "op"  # "op": a node per graph op (llama.cpp); "layer": per layer output (MLX)
 
     @property
     def first(self) -> NodeDiff | None:
@@ -163,6 +164,7 @@ class Located:
         return json_safe({
             "where": self.where(), "width": self.width, "row": self.row, "position": self.position,
             "identical": self.identical, "observer_exact": self.observer_exact, "selection": self.selection,
+            "granularity": self.granularity,
             "node": None if d is None else d.name, "op": None if d is None else d.op,
             "part": None if d is None else d.part, "max_abs": None if d is None else d.max_abs,
             "weight_type": None if w is None else w.type, "weight_buffer": None if w is None else w.buffer,
@@ -178,7 +180,7 @@ class Located:
             "model": self.model, "source": self.source, "position": self.position, "width": self.width,
             "row": self.row, "n_prompt": self.n_prompt, "single_tokens": self.single_tokens,
             "batch_tokens": self.batch_tokens, "selection": self.selection, "observer_exact": self.observer_exact,
-            "threads_used": self.threads_used, "identical": self.identical,
+            "threads_used": self.threads_used, "granularity": self.granularity, "identical": self.identical,
             "first": None if first is None else first.index, "where": self.where(),
             "logits": asdict(self.logits), "notes": list(self.notes), "seconds": self.seconds,
             "nodes": [d.to_json() for d in self.nodes],
@@ -202,7 +204,7 @@ class Located:
                 selection=str(d["selection"]), observer_exact=bool(d["observer_exact"]),
                 nodes=[NodeDiff.from_json(n) for n in d["nodes"]], logits=LogitsDiff(**lg),
                 notes=[str(x) for x in d.get("notes", [])], source=str(d.get("source", "position")),
-                threads_used=d.get("threads_used"), seconds={str(k): float(v) for k, v in (d.get("seconds") or {}).items()},
+                threads_used=d.get("threads_used"), granularity=str(d.get("granularity", "op")), seconds={str(k): float(v) for k, v in (d.get("seconds") or {}).items()},
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise LocateError(f"{source}: malformed locate ({type(exc).__name__}: {exc})") from None
@@ -222,7 +224,7 @@ def _observed(model: Any, settings: EngineSettings, n_ctx: int, selection: str, 
     opener = getattr(model, "observed_engine", None)
     if opener is None:
         raise NotObservable(f"the {backend} engine cannot show the nodes of its forward passes; locate runs on "
-                            "llama.cpp in-process (the same GGUF file with --engine llama.cpp)")
+                            "llama.cpp in-process (per op) and on MLX in-process (per layer)")
     return opener(settings, n_ctx, selection)
 
 
@@ -286,19 +288,28 @@ def locate(session: Any, target: str, *, width: int, row: int = 0, position: int
     single = [seq[position - 1]]
     t_walk = time.perf_counter()
     tried: list[str] = []
+    granularity = "op"
     for sel in SELECTIONS:
         obs = _observed(model, settings, n_ctx, sel, backend)
+        got = getattr(obs, "selection", sel)  # an engine with no finer nodes observes fewer than asked
+        granularity = getattr(obs, "granularity", "op")
+        if getattr(obs, "note", None) and obs.note not in notes:
+            notes.append(obs.note)
         try:
             res = _pair(plain, obs, n, start, position, batch, single, seq, width, row)
         finally:
             obs.close()
-        tried.append(sel)
+        tried.append(got)
         if res["exact"]:
             break
-        notes.append(f"observing {'every node' if sel == 'all' else 'the layer outputs'} changed the logits "
-                     "(the scheduler splits the graph at every observed node, and fused kernels do not fuse)"
-                     + ("; observing fewer nodes" if sel != SELECTIONS[-1] else "; the nodes below may not be the "
+        last = got == SELECTIONS[-1]
+        notes.append(f"observing {'every node' if got == 'all' else 'the layer outputs'} changed the logits "
+                     + ("(the scheduler splits the graph at every observed node, and fused kernels do not fuse)"
+                        if granularity == "op" else "")
+                     + ("; observing fewer nodes" if not last else "; the nodes below may not be the "
                         "ones an unobserved pass computes"))
+        if last:
+            break
     mb: MicroBatch = res["micro"]
     nodes, cmp_notes = compare_graphs(res["single_nodes"], mb.nodes, mb.width, row - mb.first_row)
     notes += cmp_notes
@@ -325,7 +336,7 @@ def locate(session: Any, target: str, *, width: int, row: int = 0, position: int
         target=target, backend=backend, settings=settings, model=model.facts(), position=position, width=width,
         row=row, n_prompt=n, single_tokens=single, batch_tokens=[int(t) for t in batch], selection=tried[-1],
         observer_exact=bool(res["exact"]), nodes=nodes, logits=logits, notes=notes, source=source,
-        threads_used=getattr(plain, "threads", None),
+        threads_used=getattr(plain, "threads", None), granularity=granularity,
         seconds={"total": round(t1 - t0, 3), "load": round(t_load - t0, 3), "walk": round(t_walk - t_load, 3), "observed": round(res["observed_s"], 3),
                  "plain": round(res["plain_s"], 3), "compare": round(t1 - t_walk - res["observed_s"] - res["plain_s"], 3)},
     )

@@ -31,9 +31,14 @@ def where(loc: "Located") -> str:
             return (f"no observed node differs, but {loc.logits.n_diff} logits do (observed: {loc.selection} "
                     "nodes)")
         return f"row {loc.row} of the width-{loc.width} pass is bit-identical to the single-token pass at every node"
-    blk = f"blk.{d.layer} " if d.layer is not None else "output "
     w = d.weight
     on = f" on {w.type} weights in {w.buffer}" if w is not None else ""
+    if getattr(loc, "granularity", "op") == "layer":  # a layer's output: no op inside it can be named
+        what = {"embd": "the token embedding", "norm": "the final norm", "logits": "the logits"}.get(
+            d.name, f"{d.name} (layer {d.layer} output)")
+        return (f"first differs at {what}{on}, {d.n_diff} of {d.n_elems} elements, max |Δ| {_g(d.max_abs)} "
+                "(located per layer, not per op)")
+    blk = f"blk.{d.layer} " if d.layer is not None else ("input " if d.part == "input" else "output ")
     return (f"first differs at {blk}{d.name}: {d.op}{on}, {d.n_diff} of {d.n_elems} elements, "
             f"max |Δ| {_g(d.max_abs)}")
 
@@ -56,6 +61,8 @@ def text(loc: "Located") -> str:
     n = len(loc.nodes)
     lines = [head]
     sel = "every node" if loc.selection == "all" else "each layer's output, the final norm and the logits"
+    if getattr(loc, "granularity", "op") == "layer":
+        sel = "the embedding, each layer's output, the final norm and the logits: per layer, not per op"
     lines.append(f"  observed {n} nodes per pass ({sel}); "
                  + ("observing changed nothing: both passes' logits equal an unobserved context's, bit for bit"
                     if loc.observer_exact else "OBSERVING CHANGED THE LOGITS: the nodes may not be what an "

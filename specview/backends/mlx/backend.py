@@ -21,6 +21,12 @@ class MLXLoaded(WrappedModel):
     def new_engine(self, settings: EngineSettings, n_ctx: int) -> MLXEngine:
         return MLXEngine(self.model, settings, n_ctx=n_ctx)
 
+    def observed_engine(self, settings: EngineSettings, n_ctx: int, selection: str = "all") -> MLXEngine:
+        """An engine whose passes can be observed layer by layer (``specview locate``; MLX has no per-op graph)."""
+        from .layers import observed_engine
+
+        return observed_engine(self.model, settings, n_ctx, selection)
+
 
 class MLXBackend(InProcessBackend):
     """MLX model folders (or Hugging Face ids, online) through mlx-lm."""
