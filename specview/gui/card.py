@@ -23,7 +23,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QFont, QFontDatabase, QImage, QPixmap
 from PySide6.QtWidgets import QGridLayout, QLabel, QVBoxLayout, QWidget
 
-from ..core.diagnose import serial_line
+from ..core.diagnose import departure_line, serial_line
 from ..core.report.escape import visible
 from ..core.report.facts import cpu_features_text, repack_text, obj, trace_title, verdict_of
 from ..core.verdicts import STRONG, WORDS
@@ -118,7 +118,8 @@ def settings_rows(trace: Any) -> list[tuple[str, str]]:
 
 
 def verdict_lines(trace: Any) -> list[str]:
-    """Plain lines: the serial-verify control, the fork's tokens, the gaps, the envelope and thresholds."""
+    """Plain lines: the serial-verify control, the fork's tokens, the gaps, where the verify pass first departs
+    (a near-tie diagnosis' ``departure``), the envelope and thresholds."""
     c, d = trace.comparison, obj(trace.diagnosis)
     lines: list[str] = []
     sv = serial_line(obj(d.get("serial_verify")) or None)
@@ -141,6 +142,9 @@ def verdict_lines(trace: Any) -> list[str]:
         bits.append(f"vanilla top-1/top-2 margin at the fork {_num(trace.vanilla.steps[i].margin)} logits")
     if bits:
         lines.append("; ".join(bits))
+    dep = departure_line(d.get("departure"))
+    if dep:
+        lines.append(dep)
     env, th = obj(d.get("envelope")), obj(d.get("thresholds"))
     if env.get("max") is not None:
         far = f"; state bug above {_num(th['far'])}" if th.get("far") is not None else ""

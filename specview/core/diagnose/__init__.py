@@ -30,9 +30,10 @@ from .classify import (CONTROL_CHUNK, FAR_FACTOR, FAR_FLOOR, LOGIT_TOL, SCHEMA_V
                        DiagnosisCancelled, at_risk_positions, classify, envelope_stats, far_threshold, rank_of)
 from .controls import SERIAL_FORMS, control_matrix, serial_verify_control, vanilla_repeat
 from .fork import diagnose, fork_fields, fork_of, require_complete
-from .words import explain, format_verdict, reference_line, serial_line
+from .words import departure_line, explain, format_verdict, reference_line, serial_line
 
 __all__ = [
+    "departure_line",
     "diagnose",
     "fork_fields",
     "fork_of",

@@ -124,6 +124,21 @@ def departure_sentence(dep: dict[str, Any] | None) -> str:
             f"{dep['where']}.")
 
 
+def departure_line(dep: Any) -> str | None:
+    """One plain line of a diagnosis' ``departure`` record ("located: row 1 of the width-4 verify pass first differs
+    at blk.3 ffn_out-3: MUL_MAT on q4_K weights in CPU_REPACK, ..."), the reason when it was not located, or None."""
+    if not isinstance(dep, dict) or not dep:
+        return None
+    if dep.get("skipped"):
+        return f"located: not run ({dep['skipped']})"
+    where = dep.get("where")
+    if not where:
+        return None
+    if dep.get("node") is None:  # "row J of the width-T pass is bit-identical ..." already says which pass
+        return f"located: {where}"
+    return f"located: row {dep.get('row')} of the width-{dep.get('width')} verify pass {where}"
+
+
 def explain(d: dict[str, Any], trace: Trace) -> str:
     verdict, rule = d["verdict"], d["rule"]
     ctrl = _controls_sentence(d.get("controls"))

@@ -18,6 +18,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import QLabel, QPlainTextEdit, QSplitter, QTabWidget, QVBoxLayout, QWidget
 
+from ...core.diagnose import departure_line
 from ...core.errors import SpecviewError
 from ...core.jsonfile import declares_schema
 from ...core.locate import Located
@@ -42,12 +43,18 @@ def departure_of(trace: Any) -> dict[str, Any] | None:
 
 
 def locate_link(trace: Any) -> str:
-    """The verdict bar's line for a located departure: where it departs, linking to the Locate tab ('' without)."""
+    """The verdict bar's line for a departure: where the verify pass departs, linking to the Locate tab, or why it
+    was not located ('' when the diagnosis has no departure)."""
+    d = trace.diagnosis if isinstance(getattr(trace, "diagnosis", None), dict) else {}
+    raw = d.get("departure")
+    if isinstance(raw, dict) and raw.get("skipped"):
+        return f"<br>Not located: {html.escape(str(raw['skipped']))}"
     dep = departure_of(trace)
     if dep is None:
         return ""
-    return (f"<br>Located: row {html.escape(str(dep.get('row')))} of the width-{html.escape(str(dep.get('width')))} "
-            f"pass {html.escape(str(dep['where']))} · <a href=\"{LOCATE_LINK}\">Show it along the graph</a>")
+    words = departure_line(dep) or ""
+    words = words[len("located: "):] if words.startswith("located: ") else words
+    return (f"<br><b>Located</b>: {html.escape(words)} · <a href=\"{LOCATE_LINK}\">Show it along the graph</a>")
 
 
 class LocateTab(QWidget):
