@@ -14,8 +14,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import replace
 from pathlib import Path
 

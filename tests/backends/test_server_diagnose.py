@@ -20,7 +20,6 @@ from dataclasses import replace
 from forks import CANDIDATES
 
 from specview.backends.llama_server import ServerRunner
-from specview.core.config import EngineSettings
 from specview.core.diagnose import far_threshold, format_verdict
 
 from test_server import find_binary

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from specview.backends.local_server import process as lp
-from specview.backends.local_server.process import Cancelled, LocalServer, ServerError
+from specview.backends.local_server.process import Cancelled, ServerError
 from specview.backends.llama_server.process import LlamaServer
 
 pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")

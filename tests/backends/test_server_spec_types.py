@@ -8,7 +8,6 @@ and the rebuilt rounds add up to the server's own totals.
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 import pytest
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 
 from specview.backends.llama_cpp import demo_pick
 from specview.backends.llama_cpp.demo_pick import DemoPick, choose, pick_demo_target

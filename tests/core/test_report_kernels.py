@@ -11,7 +11,6 @@ import json
 import re
 from pathlib import Path
 
-import pytest
 
 import markdown_it
 from specview import cli

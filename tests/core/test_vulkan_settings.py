@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 
 from specview.core.config import EngineSettings, RunConfig, axes, environment_settings, settings_environment
 from specview.core.llama_flags import llama_commands, server_argv

@@ -33,7 +33,6 @@ from __future__ import annotations
 import ctypes
 import math
 import re
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np

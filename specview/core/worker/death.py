@@ -21,7 +21,6 @@ from .native import MARK
 _RUNTIME = ("libffi", "_ctypes", "libpython", "/python3", "libc.so", "ld-linux", "libpthread", "libgcc_s")
 _ENTRY = ("_start", "main", "__libc_start_main", "Py_BytesMain", "Py_RunMain")
 _FRAME = re.compile(r"^(?P<lib>[^()\s]+)\((?P<sym>[^)+]*)(?:\+0x[0-9a-f]+)?\)\s*\[0x[0-9a-f]+\]\s*$")
-_GGML_ASSERT = re.compile(r"(GGML_ASSERT\(.*|.*\berror: .*|.*\bfatal\b.*)", re.I)
 
 
 def signal_name(exitcode: int | None) -> str | None:
@@ -88,7 +87,7 @@ def python_frames(log: str) -> list[str]:
 def assert_line(log: str) -> str | None:
     """The last line llama.cpp printed before aborting (``GGML_ASSERT(...) failed``), if any."""
     for ln in reversed(log.splitlines()):
-        if "GGML_ASSERT" in ln or "GGML_ABORT" in ln or " failed" in ln and "ggml" in ln:
+        if "GGML_ASSERT" in ln or "GGML_ABORT" in ln or (" failed" in ln and "ggml" in ln):
             return ln.strip()[:300]
     return None
 

@@ -29,7 +29,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..errors import EngineCrashed, SpecviewError
+from ..errors import EngineCrashed
 from ..trace import CRASHED
 from ..registry import Runner
 from . import child as child_mod
