@@ -392,3 +392,23 @@ class KernelToy(LoadedModel):
     def new_engine(self, settings: EngineSettings, n_ctx: int):
         cls = self.noisy_engine if self.kind == "noisy" else self.engine
         return cls(self.toy, n_ctx=n_ctx, n_batch=settings.n_batch)
+
+
+class ToyText:
+    """The text side of the locate and kernel-cause tests' toy engines: a 16-token vocabulary, one token per
+    character, pieces that name their id."""
+
+    TOY_VOCAB = 16
+
+    @property
+    def vocab(self) -> VocabInfo:
+        return VocabInfo(n_vocab=self.TOY_VOCAB, vocab_type="spm", bos=1, eos=2, add_bos=True, add_eos=False)
+
+    def model_facts(self) -> dict[str, Any]:
+        return {"path": "toy"}
+
+    def tokenize(self, text: str, *, chat: bool = False) -> list[int]:
+        return [1] + [3 + (ord(c) % 10) for c in text]
+
+    def piece(self, token: int) -> str:
+        return f"<{token}>"

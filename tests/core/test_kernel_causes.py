@@ -7,7 +7,8 @@ import json
 import numpy as np
 
 from specview.core.config import EngineSettings
-from specview.core.engine import Engine, VocabInfo
+from fakes import ToyText
+from specview.core.engine import Engine
 from specview.core.kernel_causes import (first_differing, groups_line, locate_causes, prescription_lines, remedies,
                                          width_groups)
 from specview.core.kernels import KernelMap, kernel_map
@@ -24,26 +25,13 @@ def vals(token: int, pos: int, size: int) -> np.ndarray:
     return np.cos(np.arange(size, dtype=np.float32) * 0.29 + token * 0.7 + pos * 0.13).astype(np.float32)
 
 
-class TwoCauses(Engine, GraphEngine):
+class TwoCauses(ToyText, Engine, GraphEngine):
     backend = "toy"
 
     def __init__(self):
         super().__init__()
         self._n_ctx, self._n_batch = 256, 64
         self.observed_passes = 0
-
-    @property
-    def vocab(self) -> VocabInfo:
-        return VocabInfo(n_vocab=N_VOCAB, vocab_type="spm", bos=1, eos=2, add_bos=True, add_eos=False)
-
-    def model_facts(self):
-        return {"path": "toy"}
-
-    def tokenize(self, text, *, chat=False):
-        return [1] + [3 + (ord(c) % 10) for c in text]
-
-    def piece(self, token):
-        return f"<{token}>"
 
     def _rows(self, tokens):
         T = len(tokens)

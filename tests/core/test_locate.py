@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from specview.core.engine import Engine, VocabInfo
+from fakes import ToyText
+from specview.core.engine import Engine
 from specview.core.locate import (GraphEngine, GraphNode, Located, LocateError, MicroBatch, NotObservable,
                                   compare_values, layer_of, locate, token_axis)
 
@@ -18,7 +19,7 @@ def row_values(token: int, pos: int, size: int) -> np.ndarray:
     return np.sin(np.arange(size, dtype=np.float32) * 0.37 + token * 1.3 + pos * 0.11).astype(np.float32)
 
 
-class ToyEngine(Engine, GraphEngine):
+class ToyEngine(ToyText, Engine, GraphEngine):
     """Logits and nodes that depend only on (token, position), except where a pass of width >= ``bad_width``
     adds ``delta`` from node ``ffn_out-1`` on; with ``observer_changes`` an observed pass of every node moves the
     logits (as a backend whose fused kernels stop fusing would)."""
@@ -30,19 +31,6 @@ class ToyEngine(Engine, GraphEngine):
         self.bad_width, self.delta, self.selection, self.observer_changes = bad_width, delta, selection, observer_changes
         self._n_ctx, self._n_batch = 256, 64
         self.closed = False
-
-    @property
-    def vocab(self) -> VocabInfo:
-        return VocabInfo(n_vocab=N_VOCAB, vocab_type="spm", bos=1, eos=2, add_bos=True, add_eos=False)
-
-    def model_facts(self):
-        return {"path": "toy"}
-
-    def tokenize(self, text, *, chat=False):
-        return [1] + [3 + (ord(c) % 10) for c in text]
-
-    def piece(self, token):
-        return f"<{token}>"
 
     def _rows(self, tokens, observed: bool):
         T = len(tokens)
