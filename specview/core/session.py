@@ -144,9 +144,11 @@ class Session(Runner):
         opts = GenOptions(max_tokens=cfg.max_tokens, ignore_eos=cfg.ignore_eos, n_batch=cfg.engine.n_batch,
                           top_k=cfg.top_k)
         drafter, dmodel = self.make_drafter(cfg, target, n_ctx)
+        # the trace's config, environment, models and prompt, once: the arms fill in as they end
+        trace = self.build_trace(cfg, target, dmodel, tokens, n_ctx, ArmResult(name="vanilla"),
+                                 ArmResult(name="speculative", drafter=drafter.spec_type))
         if on_record is not None:
-            on_record("head", self.build_trace(cfg, target, dmodel, tokens, n_ctx, ArmResult(name="vanilla"),
-                                               ArmResult(name="speculative", drafter=drafter.spec_type)))
+            on_record("head", trace)
 
         vkey = (cfg.backend, target.path, tuple(tokens), cfg.max_tokens, cfg.ignore_eos, cfg.top_k,
                 cfg.engine)
@@ -177,7 +179,8 @@ class Session(Runner):
                 (lambda ev: on_event("speculative", ev)) if on_event else None,
             )
             self.speculative_runs += 1
-        trace = self.build_trace(cfg, target, dmodel, tokens, n_ctx, vanilla, speculative)
+        trace.vanilla, trace.speculative = vanilla, speculative
+        trace.comparison = compare_arms(vanilla, speculative)
         # the effective thread count: with threads=0 it comes from the machine, and ggml's CPU
         # kernels split work by thread, so the same settings can give different logits elsewhere
         trace.config["threads_used"] = getattr(used, "threads", None)
