@@ -24,18 +24,12 @@ def run_isolated(fn: Callable[..., Any], *args: Any, timeout: float | None = Non
     back, or :class:`~specview.core.errors.EngineCrashed` says how the worker died.
     ``fn`` must be a module-level function; its arguments and result must pickle.
     """
-    runner = WorkerRunner(None, timeout=timeout, env_for=lambda _s: dict(env or {}))
+    env = dict(env or {})
+    runner = WorkerRunner(None, timeout=timeout, env_for=lambda _s: env)
     try:
-        return runner._call("job", ("specview.core.worker", "_call_plain", fn.__module__, fn.__qualname__, *args),
-                            kwargs, during=f"running {fn.__name__}", settings=object())
+        # any settings value makes the runner ask env_for, which gives ``env`` whatever it is handed
+        return runner._call("call", (fn.__module__, fn.__qualname__, *args), kwargs, during=f"running {fn.__name__}",
+                            settings=env)
     finally:
         runner.close()
 
-
-def _call_plain(_session: Any, module: str, qualname: str, *args: Any, **kwargs: Any) -> Any:
-    import importlib
-
-    target: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        target = getattr(target, part)
-    return target(*args, **kwargs)

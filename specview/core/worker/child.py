@@ -31,7 +31,7 @@ import time
 import traceback
 from typing import Any
 
-from .wire import CANCEL, Callback, portable_error
+from .wire import CANCEL, Callback, function_at, portable_error
 
 ACTIVITY_SIZE = 4096
 EVENT_BATCH_S = 0.02  # a streamed token reaches the parent at most this late (a frame is 16 ms)
@@ -229,14 +229,10 @@ def _dispatch(session: Any, method: str, args: tuple, kwargs: dict[str, Any], ci
         (cfg,) = args
         session.preload(cfg)
         return None
-    if method == "job":
+    if method in ("job", "call"):
         module, qualname, *rest = args
-        import importlib
-
-        fn: Any = importlib.import_module(module)
-        for part in qualname.split("."):
-            fn = getattr(fn, part)
-        return fn(session, *rest, **kwargs)
+        fn = function_at(module, qualname)
+        return fn(session, *rest, **kwargs) if method == "job" else fn(*rest, **kwargs)
     raise ValueError(f"unknown worker request {method!r}")
 
 

@@ -10,7 +10,8 @@ once it turns true; the child's stub reads the flag that message sets.
 
 Parent to child::
 
-    ("call", call_id, method, args, kwargs)   method: "run", "diagnose", "job", "preload"
+    ("call", call_id, method, args, kwargs)   method: "run", "diagnose", "preload", "job" (a function of the
+                                              Session), "call" (a plain function: a probe)
     ("cancel", call_id)
     ("close",)
 
@@ -71,3 +72,13 @@ def portable_error(exc: BaseException) -> BaseException:
     if isinstance(exc, SpecviewError):
         return SpecviewError(str(exc))
     return SpecviewError(f"{type(exc).__name__} in the engine's worker process: {exc}")
+
+
+def function_at(module: str, qualname: str) -> Any:
+    """The module-level function a ``job`` or ``call`` request names (it crosses as its module and name)."""
+    import importlib
+
+    fn: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        fn = getattr(fn, part)
+    return fn
