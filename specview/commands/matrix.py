@@ -73,12 +73,23 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--drafters demo:Q4_0,ngram-simple,none --n-max 1,4 --p-min 0,1 -n 64 -o matrix.json",
     )
     p.add_argument("--config", metavar="TOML", default=None, help="read the axes from a TOML file (docs/matrix.md)")
+    from ..core.matrix.preset import preset_names
+
+    p.add_argument("--preset", choices=preset_names(), default=None, metavar="NAME",
+                   help="run a public report's localising matrix (" + ", ".join(preset_names()) + "): its parts, "
+                   "their roles and a summary that says what the cells establish (docs/matrix.md#presets)")
+    p.add_argument("--model", dest="preset_models", action="append", default=None, metavar="ROLE=MODEL",
+                   help="with --preset: put your model in a role of the preset (repeatable; e.g. "
+                   "--model quantized=Qwen3-8B-Q4_K_M.gguf); the roles default to the demo")
     g = p.add_argument_group("axes")
     g.add_argument("-m", "--targets", "--target", dest="targets", action="append", type=_csv, default=None,
                    metavar="LIST", help=f"target GGUF files or demo names (default {','.join(DEFAULT_TARGETS)}; "
                    f"{DEMO_TARGET} with --suite)")
     g.add_argument("-md", "--drafters", "--draft", dest="drafters", action="append", type=_csv, default=None,
-                   metavar="LIST", help="draft models (files or demo names: draft-simple), ngram-simple, none "
+                   metavar="LIST", help="draft models (files or demo names: draft-simple); TYPE:MODEL for another "
+                   "spec type with a draft file (draft-eagle3:eagle.gguf, draft-dspark:demo:dspark); a spec type "
+                   "alone (ngram-simple, none; with --engine llama-server also draft-mtp, ngram-mod, ...); or all: "
+                   "every spec type the engine runs that has a drafter "
                    f"(default {','.join(DEFAULT_DRAFTERS)}; {DEMO_DRAFT} with --suite)")
     g.add_argument("-p", "--prompt", dest="prompts", action="append", default=None, metavar="TEXT",
                    help="a prompt text (repeatable)")
@@ -179,12 +190,18 @@ def _file_sets(path: str, name: str) -> bool:
 
 def spec_from_args(args: argparse.Namespace):
     from ..core.matrix import MatrixSpec, builtin_prompts, load_spec, spec_from_dict
+    from ..core.matrix.preset import is_preset_file
     from ..core.matrix.suite import STOP_AFTER_FORK, SUITE_MAX_TOKENS, suite
 
     suite_cats = None
     if args.suite is not None:
         suite_cats = None if args.suite == "all" else _csv(args.suite)
-    if args.config:
+    if args.preset or (args.config and is_preset_file(args.config)):
+        spec = _preset_spec(args)
+        from_file = True
+    elif args.preset_models:
+        raise SpecviewError("--model ROLE=MODEL puts a model in a preset's role: give --preset NAME too")
+    elif args.config:
         spec = load_spec(args.config)
         from_file = True
     elif args.suite is not None:
@@ -215,7 +232,7 @@ def spec_from_args(args: argparse.Namespace):
             continue  # the prompts' own (above)
         setattr(spec, name, _flat(v) if name in ax else v)
     eng = given_settings(args, EngineSettings)
-    repack_given = "no_repack" in eng or (from_file and _file_sets(args.config, "no_repack"))
+    repack_given = "no_repack" in eng or (bool(args.config) and _file_sets(args.config, "no_repack"))
     for name in [n for n in eng if n in ax]:
         setattr(spec, name, _flat(eng.pop(name)))
     try:
@@ -226,6 +243,8 @@ def spec_from_args(args: argparse.Namespace):
         no_repack, why = repack_default(spec.backend)
         if no_repack:
             spec.no_repack = [True]
+            for part in spec.parts:
+                part["no_repack"] = [True]
             spec.engine = replace(spec.engine, no_repack_reason=why)
             Progress(getattr(args, "quiet", False))(why)
     if args.full_text:
@@ -238,6 +257,10 @@ def spec_from_args(args: argparse.Namespace):
         spec.diagnose = bool(args.diagnose)
     if args.backend is not None:
         spec.backend = args.backend
+    if "all" in spec.drafters:
+        spec.drafters, left_out = every_drafter(spec)
+        if left_out:
+            Progress(getattr(args, "quiet", False))("drafters: all the engine runs except " + "; ".join(left_out))
     if args.kernel_map is not None:
         spec.kernel_map = args.kernel_map
     if spec.source and (given_settings(args, RunConfig) or given_settings(args, EngineSettings) or given
@@ -245,6 +268,92 @@ def spec_from_args(args: argparse.Namespace):
         spec.source = f"{spec.source} with the flags given"
     spec.validate()
     return spec
+
+
+def _preset_spec(args: argparse.Namespace):
+    """The preset's matrix with the user's models in its roles; flags that would break its parts are refused."""
+    from ..core.matrix.preset import load_preset, model_roles_text
+
+    if args.config and args.preset:
+        raise SpecviewError("--preset and --config both define the matrix: give one")
+    name = args.preset or args.config
+    if args.targets or args.drafters:
+        raise SpecviewError(f"with a preset, give your models by role, --model ROLE=MODEL (preset {name}: "
+                            f"{model_roles_text(name)})")
+    own = [n for n in given_settings(args, RunConfig) if n in axes()]
+    own += [n for n in given_settings(args, EngineSettings) if n in axes()]
+    if own:
+        raise SpecviewError(f"preset {name} sets {own[0]} part by part; to change it, copy the preset's "
+                            "TOML file (docs/matrix.md#presets), edit its parts and run it with --config")
+    models: dict[str, str] = {}
+    for item in args.preset_models or []:
+        role, sep, model = item.partition("=")
+        if not sep or not role or not model:
+            raise SpecviewError(f"--model {item!r}: give ROLE=MODEL (preset {name}: {model_roles_text(name)})")
+        models[role.strip()] = model.strip()
+    return load_preset(name, models)
+
+
+def every_drafter(spec) -> tuple[list[str], list[str]]:
+    """``all`` in the drafters, spelled out: every spec type the engine runs that has a drafter for these targets.
+
+    The n-gram types need none; draft-mtp needs an MTP head in every target; a draft-file type needs its
+    drafter, given as TYPE:MODEL alongside ``all``, or the demo's own (``demo:Q4_0``, ``demo:eagle3``, ...)
+    when every target is a demo model.  Returns the drafters and what was left out, with why.
+    """
+    from ..core.config import DEMO_DRAFTERS, DRAFT_FILE_TYPES
+    from ..core.demo import is_demo_name
+    from ..core.matrix.spec import drafter_parts
+    from ..core.registry import get_backend
+
+    given = [d for d in spec.drafters if d != "all"]
+    have = {drafter_parts(d)[0] for d in given}
+    try:
+        offered = get_backend(spec.backend).spec_types(spec.engine)
+    except SpecviewError as exc:
+        raise SpecviewError(f"--drafters all: {exc}") from None
+    demo = all(is_demo_name(t) for t in spec.targets)
+    out, left = list(given), []
+    for st in offered:
+        if st == "none" or st in have:
+            continue
+        if st in DRAFT_FILE_TYPES:
+            if demo:
+                out.append(DEMO_DRAFT if st == "draft-simple" else f"demo:{DEMO_DRAFTERS[st]}")
+            else:
+                left.append(f"{st} (no drafter: give one as {st}:FILE)")
+        elif st == "draft-mtp":
+            no_head = [t for t in spec.targets if not _has_mtp_head(t)]
+            if no_head:
+                left.append(f"draft-mtp ({no_head[0]} has no MTP head)")
+            else:
+                out.append(st)
+        else:
+            out.append(st)
+    if not out:
+        raise SpecviewError(f"--drafters all: the {spec.backend} engine has no spec type with a drafter for these "
+                            "targets (" + "; ".join(left) + ")")
+    return out, left
+
+
+def _has_mtp_head(target: str) -> bool:
+    """Whether a GGUF target carries multi-token-prediction layers (``ARCH.nextn_predict_layers`` > 0)."""
+    from ..core.demo import is_demo_name
+
+    if is_demo_name(target):
+        return False  # SmolLM2 has none
+    try:
+        from ..backends.llama_cpp.model import vocab_model
+
+        m = vocab_model(target)
+        try:
+            arch = m.meta("general.architecture") or ""
+            n = m.meta(f"{arch}.nextn_predict_layers")
+        finally:
+            m.close()
+        return bool(n) and int(n) > 0
+    except (SpecviewError, ValueError):
+        return False
 
 
 def dry_run(spec, cells) -> None:

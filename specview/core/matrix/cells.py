@@ -4,22 +4,28 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import field, make_dataclass
+from dataclasses import field, make_dataclass, replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
-from ..config import RunConfig, axes, with_setting
-from .spec import NON_MODEL_DRAFTERS, MatrixSpec, axis_fields, axis_short, cell_settings, draft_axes, engine_axes
+from ..config import DRAFT_PARAM_TYPES, RunConfig, axes, with_setting
+from .spec import (NON_MODEL_DRAFTERS, MatrixSpec, axis_fields, axis_short, cell_settings, draft_axes, drafter_parts,
+                   engine_axes)
 
 
 def model_label(name: str | None) -> str:
     """A short name for a model: the quantization of a demo name, else the file name."""
     if not name:
         return "-"
+    from ..demo import demo_drafter, is_demo_name
+
     if name in NON_MODEL_DRAFTERS:
         return name
-    from ..demo import is_demo_name
-
+    st, model = drafter_parts(name)
+    if model is not None and model != name:  # TYPE:MODEL
+        return model_label(model) if demo_drafter(model) == st else f"{st}:{model_label(model)}"
+    if demo_drafter(name):
+        return str(demo_drafter(name))  # the demo's tiny drafter of a spec type is named by the type
     if is_demo_name(name):
         return name.split(":", 1)[1].upper() if ":" in name else "Q4_1"
     return Path(name).name
@@ -32,13 +38,20 @@ class _CellMethods:
 
     @property
     def spec_type(self) -> str:
-        return self.drafter if self.drafter in NON_MODEL_DRAFTERS else "draft-simple"
+        return drafter_parts(self.drafter)[0]
+
+    @property
+    def draft(self) -> str | None:
+        """The draft model file or demo name, None for a drafter that is a spec type alone."""
+        return drafter_parts(self.drafter)[1]
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"target": self.target, "drafter": self.drafter, "spec_type": self.spec_type}
         for name in axes():
             d[name] = getattr(self, name)
         d["prompt"] = self.prompt
+        if self.part:
+            d["part"] = self.part
         return d
 
     @classmethod
@@ -47,32 +60,37 @@ class _CellMethods:
         for f in axis_fields():
             if f.name not in kw:
                 kw[f.name] = d.get(f.name, f.default)
-        return CellParams(target=d["target"], drafter=d["drafter"], prompt=d.get("prompt", ""), **kw)
+        part = d.get("part") if isinstance(d.get("part"), str) else ""
+        return CellParams(target=d["target"], drafter=d["drafter"], prompt=d.get("prompt", ""), part=part, **kw)
 
 
 #: The axis values of one cell: ``target``, ``drafter``, one field per axis (None where an axis does not
-#: apply: n_max and p_min in ngram-simple and none cells) and ``prompt`` (its name).
+#: apply: n_max and p_min in ngram-simple and none cells), ``prompt`` (its name) and ``part`` (the name of
+#: the preset part the cell belongs to, "" outside a preset).
 CellParams = make_dataclass(
     "CellParams",
     [("target", str), ("drafter", str),
      *[(f.name, Any, field(default=None)) for f in axis_fields()],
-     ("prompt", str, field(default=""))],
+     ("prompt", str, field(default="")), ("part", str, field(default=""))],
     bases=(_CellMethods,), frozen=True, namespace={"__module__": __name__})
 
 
 def expand(spec: MatrixSpec) -> list[CellParams]:
     """Every cell, ordered so cells sharing a target, prompt and engine settings run together.
 
-    The draft-model axes (n_max, p_min) only mean something for a draft model;
-    ngram-simple and none cells appear once, not once per value.
+    The draft-model axes (n_max, p_min) only mean something for the spec types that read them
+    (draft-simple, draft-mtp, draft-eagle3, draft-dflash, draft-dspark); n-gram and none cells appear once,
+    not once per value.
     """
+    if spec.parts:  # a preset: the union of its parts' cells, in the parts' order, each named by its part
+        return [replace(c, part=p["name"]) for p in spec.parts for c in expand(part_spec(spec, p))]
     cells: list[CellParams] = []
     seen: set[CellParams] = set()
     eng = [spec.axis_values(a) for a in engine_axes()]
     drf = [spec.axis_values(a) for a in draft_axes()]
     for target, prompt, *eng_values, drafter in itertools.product(spec.targets, spec.prompts, *eng, spec.drafters):
-        combos: Iterable[tuple] = ([tuple(None for _ in drf)] if drafter in NON_MODEL_DRAFTERS
-                                   else itertools.product(*drf))
+        combos: Iterable[tuple] = (itertools.product(*drf) if drafter_parts(drafter)[0] in DRAFT_PARAM_TYPES
+                                   else [tuple(None for _ in drf)])
         for dvals in combos:
             kw = dict(zip(engine_axes(), eng_values))
             kw.update(zip(draft_axes(), dvals))
@@ -83,12 +101,21 @@ def expand(spec: MatrixSpec) -> list[CellParams]:
     return cells
 
 
+def part_spec(spec: MatrixSpec, part: Mapping[str, Any]) -> MatrixSpec:
+    """One part as a plain matrix: the preset's shared settings and prompts with the part's own axes."""
+    kw: dict[str, Any] = {"targets": list(part["targets"]), "drafters": list(part["drafters"]), "parts": [],
+                          "prompts": list(spec.prompts[:1] if part.get("prompts", "first") == "first" else spec.prompts)}
+    for f in axis_fields():  # a preset part carries every axis (load_preset fills in the shared values)
+        kw[f.name] = list(part.get(f.name, getattr(spec, f.name)))
+    return replace(spec, **kw)
+
+
 def cell_config(spec: MatrixSpec, params: CellParams) -> RunConfig:
     """The :class:`RunConfig` of one cell: the shared settings, then each axis value that applies."""
     prompt = spec.prompt_named(params.prompt)
     st = params.spec_type
     shared = {f.name: getattr(spec, f.name) for f in cell_settings(RunConfig)}
-    cfg = RunConfig(target=params.target, draft=params.drafter if st == "draft-simple" else None, spec_type=st,
+    cfg = RunConfig(target=params.target, draft=params.draft, spec_type=st,
                     prompt=prompt.text if prompt.tokens is None else None, prompt_tokens=prompt.tokens,
                     chat=prompt.chat and prompt.tokens is None, backend=spec.backend, engine=spec.engine, **shared)
     for name in axes():
@@ -108,7 +135,8 @@ def describe(params: CellParams) -> str:
     # a true/false axis is named only where it is on ("nr"), so the common case keeps its label short
     eng = " · ".join(axis_short(a) if getattr(params, a) is True else f"{axis_short(a)}={getattr(params, a)}"
                      for a in engine_axes() if getattr(params, a) is not False)
-    return " · ".join(x for x in (model_label(params.target), d, eng, params.prompt) if x != "")
+    line = " · ".join(x for x in (model_label(params.target), d, eng, params.prompt) if x != "")
+    return f"{params.part}: {line}" if params.part else line
 
 
 def _r(x: float | None, nd: int = 5) -> float | None:

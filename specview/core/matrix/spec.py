@@ -17,14 +17,35 @@ from dataclasses import Field, field, make_dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import (DEMO_DRAFT, DEMO_TARGET, SPEC_TYPES_IN_PROCESS, EngineSettings, RunConfig, _kind, axes,
-                      check_value, declared, default_of, field_of, settings_class)
+from ..config import (DEMO_DRAFT, DEMO_TARGET, DRAFT_FILE_TYPES, LLAMA_SPEC_TYPES, SPEC_TYPES_IN_PROCESS,
+                      EngineSettings, RunConfig, _kind, axes, check_value, declared, default_of, field_of,
+                      settings_class)
 from ..errors import ConfigError, SpecviewError
 from ..prompts import (PromptError, PromptSpec, builtin_prompts, prompt_from_file, read_toml, suite_prompts,
                        user_path)
 
-#: drafters that are a spec type rather than a draft model
-NON_MODEL_DRAFTERS = tuple(t for t in SPEC_TYPES_IN_PROCESS if t != "draft-simple")
+#: drafters that are a spec type alone, with no draft model file: none, draft-mtp (the target's own head) and the
+#: n-gram types
+NON_MODEL_DRAFTERS = tuple(t for t in LLAMA_SPEC_TYPES if t not in DRAFT_FILE_TYPES)
+
+
+def drafter_parts(name: str) -> tuple[str, str | None]:
+    """A drafters-axis value's spec type and draft model.
+
+    ``ngram-mod`` -> (ngram-mod, None); ``draft-eagle3:eagle.gguf`` -> (draft-eagle3, eagle.gguf);
+    ``demo:dspark`` -> (draft-dspark, demo:dspark); any other model (``demo:Q4_0``, ``small.gguf``) ->
+    (draft-simple, the model).
+    """
+    from ..demo import demo_drafter
+
+    if name in NON_MODEL_DRAFTERS:
+        return name, None
+    if demo_drafter(name):  # demo:eagle3, demo:dflash, demo:dspark name their spec type themselves
+        return demo_drafter(name), name
+    for t in DRAFT_FILE_TYPES:
+        if name.startswith(t + ":") and len(name) > len(t) + 1:
+            return t, name[len(t) + 1:]
+    return "draft-simple", name
 #: what a cell gets from the matrix's structure (its target, drafter and prompt) rather than from a setting
 STRUCTURAL = ("target", "draft", "spec_type", "prompt", "prompt_tokens", "chat", "backend")
 #: where a matrix's default differs from a single run's
@@ -34,6 +55,10 @@ DRAFT_GROUP = "speculation"
 #: top-level TOML keys that are not settings
 OWN_KEYS = ("targets", "drafters", "prompts", "builtin_prompts", "suite", "chat", "backend", "engine", "diagnose",
             "kernel_map")
+
+#: what a preset part's cells are evidence of (core/matrix/preset.py says it in words)
+ROLES = ("determinism", "lossless-control", "subject", "toggle", "zero-draft", "reference")
+
 
 class _Short(reprlib.Repr):
     def repr_int(self, x: int, level: int) -> str:  # repr() refuses integers of more than 4300 digits
@@ -158,16 +183,35 @@ class _SpecMethods:
             raise MatrixError(f"{self._where()}{exc}") from None
 
     def _check_models(self, where: str) -> None:
-        from ..demo import demo_quant, is_demo_name
+        from ..demo import check_demo_name, is_demo_name
         from ..registry import get_backend
 
-        kind = get_backend(self.backend).model_kind
+        backend = get_backend(self.backend)
+        kind = backend.model_kind
+        wanted = [drafter_parts(d)[0] for d in self.drafters]
+        if any(st not in SPEC_TYPES_IN_PROCESS for st in wanted):
+            try:
+                offered = backend.spec_types(self.engine)
+            except SpecviewError as exc:
+                raise MatrixError(f"{where}{exc}") from None
+            missing = [st for st in dict.fromkeys(wanted) if st not in offered]
+            if missing:
+                hint = ("; the llama-server engine runs every type its binary lists (--engine llama-server)"
+                        if backend.in_process else "")
+                raise MatrixError(f"{where}drafter {missing[0]}: the {self.backend} engine runs "
+                                  f"{', '.join(offered)}{hint}")
         for role, names_ in (("target", self.targets), ("drafter", self.drafters)):
             for name in names_:
-                if role == "drafter" and name in NON_MODEL_DRAFTERS:
-                    continue
+                st = None
+                if role == "drafter":
+                    st, name = drafter_parts(name)
+                    if name is None:
+                        continue
                 if is_demo_name(name):
-                    demo_quant(name)  # raises on an unknown quantization
+                    try:
+                        check_demo_name(name, drafter_of=st)  # an unknown quantization, a drafter out of place
+                    except SpecviewError as exc:
+                        raise MatrixError(f"{where}{role} {exc}") from None
                 elif kind == "folder":
                     # model folders, or Hugging Face ids (org/name) fetched at load time
                     is_id = not name.startswith(("/", ".", "~")) and name.count("/") == 1
@@ -188,6 +232,9 @@ class _SpecMethods:
         d["diagnose"] = self.diagnose
         if self.kernel_map is not None:
             d["kernel_map"] = self.kernel_map
+        if self.parts:
+            d["parts"] = [dict(p) for p in self.parts]
+            d["preset"] = self.preset
         return d
 
     @classmethod
@@ -221,6 +268,9 @@ class _SpecMethods:
                 raise MatrixError(f"{source}: spec.kernel_map must be a file name or null "
                                   f"(got {show(d['kernel_map'])})")
             kw["kernel_map"] = d["kernel_map"]
+        if d.get("parts"):
+            kw["parts"] = parts_from_json(d["parts"], source)
+            kw["preset"] = d.get("preset") if isinstance(d.get("preset"), dict) else None
         spec = MatrixSpec(**kw, source=source)
         spec.validate(check_files=False)
         spec.source = None
@@ -242,6 +292,9 @@ def _spec_fields() -> list[tuple[str, Any, Any]]:
         ("engine", EngineSettings, field(default_factory=EngineSettings)),
         ("diagnose", bool, field(default=True)),
         ("kernel_map", Any, field(default=None)),
+        # a preset's parts (core/matrix/preset.py): each a small matrix of its own, the cells their union
+        ("parts", list, field(default_factory=list)),
+        ("preset", Any, field(default=None)),
         ("source", Any, field(default=None, compare=False, repr=False)),
     ]
     return out
@@ -346,15 +399,39 @@ def _prompt_entry(i: int, entry: Any, base: Path, chat: bool, source: str) -> Pr
     return PromptSpec(name=name or f"prompt{i + 1}", text=entry["text"], chat=c, category=cat)
 
 
-def _model_path(name: str, base: Path) -> str:
+def _model_path(name: str, base: Path, *, drafter: bool = False) -> str:
     from ..demo import is_demo_name
 
+    if drafter:
+        st, model = drafter_parts(name)
+        if model is None:
+            return name
+        if model != name:  # TYPE:MODEL
+            return f"{st}:{_model_path(model, base)}"
     if name in NON_MODEL_DRAFTERS or is_demo_name(name):
         return name
     p = user_path(name)
     if not p.is_absolute():
         p = base / p
     return str(p)
+
+
+def parts_from_json(parts: Any, source: str) -> list[dict[str, Any]]:
+    """A matrix document's ``spec.parts``, checked."""
+    if not isinstance(parts, list):
+        raise MatrixError(f"{source}: spec.parts must be a list")
+    out = []
+    for i, p in enumerate(parts):
+        ok = (isinstance(p, dict) and all(isinstance(p.get(k), str) for k in ("name", "role", "label", "prompts"))
+              and p.get("role") in ROLES and p.get("prompts") in ("first", "all")
+              and all(isinstance(p.get(k), list) and p[k] and all(isinstance(x, str) for x in p[k])
+                      for k in ("targets", "drafters"))
+              and all(isinstance(p[a], list) and p[a] for a in axes() if a in p))
+        if not ok:
+            raise MatrixError(f"{source}: spec.parts[{i}] is not a preset part (name, role, label, prompts, "
+                              f"targets, drafters and axis lists)")
+        out.append(dict(p))
+    return out
 
 
 def spec_from_dict(d: Any, *, base: Path | None = None, source: str | None = None) -> MatrixSpec:
@@ -402,7 +479,7 @@ def spec_from_dict(d: Any, *, base: Path | None = None, source: str | None = Non
         vals = _as_list(key, d.get(key, [DEMO_TARGET if key == "targets" else DEMO_DRAFT]), source)
         if not all(isinstance(v, str) for v in vals):
             raise MatrixError(f"{source}: '{key}' values must be strings (got {show(vals)})")
-        kw[key] = [_model_path(v, base) for v in vals]
+        kw[key] = [_model_path(v, base, drafter=key == "drafters") for v in vals]
     for f in axis_fields():
         if f.name not in d:
             continue
