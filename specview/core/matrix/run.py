@@ -70,6 +70,10 @@ class MatrixRun:
 
             doc["kernel_map"] = citation(self.kernel_map, self.spec.kernel_map)
         doc["summary"] = summarize(doc)
+        if self.spec.parts:
+            from .preset import findings
+
+            doc["findings"] = findings(doc)
         doc["rates"] = rates(doc)
         return doc
 

@@ -17,9 +17,9 @@ from ..verdicts import cell_label
 from .cells import CellParams, describe, expand, model_label
 from .spec import MatrixSpec, axis_fields, axis_label, axis_short, draft_axes, engine_axes
 
-ROW_AXES = ("target", "prompt", *engine_axes())
+ROW_AXES = ("part", "target", "prompt", *engine_axes())  # "part": a preset's parts (absent elsewhere)
 COL_AXES = ("drafter", *draft_axes())
-AXIS_NAMES = {"target": "target", "drafter": "drafter", "prompt": "prompt",
+AXIS_NAMES = {"part": "part", "target": "target", "drafter": "drafter", "prompt": "prompt",
               **{a: axis_label(a) for a in (*draft_axes(), *engine_axes())}}
 #: every axis a summary sentence may name, in the order it names them
 ALL_AXES = ("target", "drafter", *draft_axes(), *engine_axes(), "prompt")
@@ -144,7 +144,9 @@ def summarize(doc: dict[str, Any], *, kernel_map: bool = True) -> list[str]:
     When the matrix cites a kernel map, the sentences comparing its predictions with the cells follow
     (:func:`~specview.core.matrix.evidence.kernel_lines`; ``kernel_map=False`` leaves them out).
     """
-    lines = _summary(doc)
+    from .preset import findings_lines
+
+    lines = findings_lines(doc) + _summary(doc)
     if kernel_map:
         from .evidence import kernel_lines
 
