@@ -33,7 +33,7 @@ from ...core.compare import compare_arms
 from ...core.config import RunConfig, EngineSettings
 from ...core.errors import Cancelled, ConfigError, ModelFileError, SpecviewError
 from ...core.generate import context_needed
-from ...core.llama_flags import server_argv, split_server_args, uses_draft_file
+from ...core.llama_flags import UB1_REFUSED, server_argv, split_server_args, uses_draft_file
 from ...core.registry import Backend, Runner, get_backend
 from ...core.session import host_environment, prompt_record, round_up
 from ...core.trace import ArmResult, Trace
@@ -117,6 +117,18 @@ class ServerBackend(Backend):
                               f"{', '.join(types)}", setting="spec_type")
         if uses_draft_file(cfg.spec_type) and not cfg.draft:
             raise ConfigError(f"spec_type {cfg.spec_type} needs a draft model file", setting="draft")
+        if cfg.serial_verify and cfg.spec_type in UB1_REFUSED:
+            raise ConfigError(f"--serial-verify: {UB1_REFUSED[cfg.spec_type]}; run without it (a fork's diagnosis "
+                              "then rests on the gap and the replayed shapes)", setting="serial_verify")
+        if cfg.spec_type == "draft-dspark" and cfg.p_min > 0:
+            from ..llama_cpp.tiny_drafters.dflash import dspark_p_min_refusal
+
+            draft = self.resolve(cfg.draft)
+            why = dspark_p_min_refusal(draft, spec_type=cfg.spec_type)
+            if why:  # llama-server would log it and serve with no speculation at all: a run that proves nothing
+                raise ConfigError(f"p_min {cfg.p_min:g} with {Path(draft).name}: llama.cpp refuses it ({why}); "
+                                  "a DSpark drafter without a confidence head cannot stop a draft early",
+                                  setting="p_min")
         split_server_args(cfg.engine.server_args)
 
     def resolve(self, name: str, *, progress: ProgressFn | None = None) -> str:

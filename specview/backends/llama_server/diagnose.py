@@ -30,6 +30,7 @@ from ...core.diagnose import FAR_FACTOR, FAR_FLOOR, LOGIT_TOL, SCHEMA_VERSION, c
 from ...core.diagnose import at_risk_positions, fork_fields, fork_of, require_complete
 from ...core.diagnose.words import identical_words
 from ...core.errors import Cancelled, SpecviewError
+from ...core.llama_flags import UB1_REFUSED
 from ...core.trace import ArmResult, Trace
 from ..local_server.process import LocalServer
 from .protocol import (arm_from_stream, completion_body, held_back_ids, stream_completion, top_from_entry,
@@ -324,6 +325,9 @@ def diagnose_run(runner: ServerRunner, trace: Trace, cfg: Any, *, progress: Prog
               "note": "this run is itself the serial-verify control (both arms with -ub 1)"}
         if s.n_drafted == 0:
             sv.update(identical_to_vanilla=None, skipped="nothing was drafted in this -ub 1 run")
+    elif trace.config.get("spec_type") in UB1_REFUSED:
+        sv = {"form": "ub1-server", "identical_to_vanilla": None, "skipped": UB1_REFUSED[trace.config["spec_type"]]}
+        say(f"serial-verify control: not possible here: {sv['skipped']}")
     else:
         try:
             sv = serial_verify(runner, plan, trace, cancel, say)

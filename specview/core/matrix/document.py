@@ -94,8 +94,9 @@ def _check_params(p: Any, where: str) -> None:
     for k in ("target", "drafter"):
         if not isinstance(p.get(k), str):
             raise MatrixError(f"{where}.params.{k} must be a string")
-    if not isinstance(p.get("prompt", ""), str):
-        raise MatrixError(f"{where}.params.prompt must be a string")
+    for k in ("prompt", "part"):
+        if not isinstance(p.get(k, ""), str):
+            raise MatrixError(f"{where}.params.{k} must be a string")
     for f in axis_fields():
         v = p.get(f.name)
         kind = {int: INT, float: NUM, str: STR, bool: BOOL}.get(_kind(f), STR)
