@@ -318,8 +318,9 @@ def _sentence(p: Mapping[str, Any], cs: Sequence[Mapping[str, Any]], outcome: st
     # reference: the drafter on a full-precision target, over the prompts
     if outcome == "identical":
         tail = (" The subject's fork needs the quantized weights." if subj in ("forks", "mixed") else "")
-        return f"{label}: identical on all {len(ok)} prompt(s), {n} tokens each.{tail}"
-    return f"{label}: forks on {len(forks)} of {len(ok)} prompt(s); first {_fork_words(first)}. Full-precision " \
+        every = "the prompt" if len(ok) == 1 else ("both prompts" if len(ok) == 2 else f"all {len(ok)} prompts")
+        return f"{label}: identical on {every}, {n} tokens each.{tail}"
+    return f"{label}: forks on {len(forks)} of {len(ok)} prompts; first {_fork_words(first)}. Full-precision " \
            "weights do not keep it lossless here, so it is not only a quantization effect."
 
 

@@ -23,6 +23,7 @@ AXIS_NAMES = {"part": "part", "target": "target", "drafter": "drafter", "prompt"
               **{a: axis_label(a) for a in (*draft_axes(), *engine_axes())}}
 #: every axis a summary sentence may name, in the order it names them
 ALL_AXES = ("target", "drafter", *draft_axes(), *engine_axes(), "prompt")
+
 _DEFAULTS = {f.name: default_of(f) for f in axis_fields()}
 #: an axis with more values than this is not spelled out value by value (a prompt suite's prompts)
 MAX_NAMED = 8
@@ -56,6 +57,8 @@ class Grid:
         return " · ".join(axis_part(a, v) for a, v in zip(self.row_axes, row)) or "all"
 
     def col_label(self, col: tuple) -> str:
+        if not self.col_axes:
+            return "outcome"
         return " ".join(axis_part(a, v) for a, v in zip(self.col_axes, col) if v is not None) or "all"
 
 
@@ -79,8 +82,12 @@ def grid(doc: dict[str, Any]) -> Grid:
     except SpecviewError:
         planned = []
     every = planned or cells
-    row_axes = _varying(every, ROW_AXES) or ["target"]
-    col_axes = _varying(every, COL_AXES) or ["drafter"]
+    if spec.get("parts"):  # a preset: one row per cell, named by its part and whatever varies, one outcome column
+        row_axes = ["part", *_varying(every, ALL_AXES)]
+        col_axes: list[str] = []
+    else:
+        row_axes = _varying(every, ROW_AXES) or ["target"]
+        col_axes = _varying(every, COL_AXES) or ["drafter"]
     rows: list[tuple] = []
     cols: list[tuple] = []
     for c in every:
