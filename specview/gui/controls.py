@@ -41,7 +41,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..core.config import EngineSettings, RunConfig, check_value, declared, default_of
+from ..core.config import (DEMO_DRAFT, DEMO_DRAFTERS, DEMO_TARGET, DRAFT_FILE_TYPES, EngineSettings, RunConfig,
+                           check_value, declared, default_of, demo_drafter)
+from ..core.demo import is_demo_name
 from ..core.errors import ConfigError, SpecviewError
 from ..core.registry import (
     BUILTIN_BACKENDS,
@@ -73,7 +75,9 @@ def engine_builds(engine: str, api: str) -> bool:
 
 #: how the drafter list describes a spec type (any other type is shown by its name)
 SPEC_TYPE_WORDS = {"draft-simple": "draft model (draft-simple)", "ngram-simple": "n-gram (ngram-simple)",
-                   "none": "none (verify one token per round)"}
+                   "none": "none (verify one token per round)", "draft-mtp": "the target's MTP head (draft-mtp)",
+                   "draft-eagle3": "EAGLE-3 drafter (draft-eagle3)", "draft-dflash": "DFlash drafter (draft-dflash)",
+                   "draft-dspark": "DSpark drafter (draft-dspark)"}
 TOKEN_IDS = "\x00token-ids"  # the prompt list's entry for raw token ids
 INT_MAX = 1_000_000
 
@@ -470,7 +474,7 @@ class RunControls(QWidget):
             for t in types:
                 self.spec_type.addItem(SPEC_TYPE_WORDS.get(t, t), t)
             self.spec_type.setCurrentIndex(max(0, self.spec_type.findData(keep)))
-        self.draft.setEnabled(self.spec_type.currentData() == "draft-simple")
+        self._draft_for_spec_type()
         self.sigEngineChecked.emit(name, self.engine_problem)
 
     # -- changes ------------------------------------------------------------------------------
@@ -507,8 +511,25 @@ class RunControls(QWidget):
         if self.engine_problem is None:
             self.sigChanged.emit()
 
+    def _draft_for_spec_type(self) -> None:
+        """The draft picker is live for the types that load a draft file; on the demo it follows the type.
+
+        draft-eagle3, draft-dflash and draft-dspark each get the demo's tiny drafter of that type, and
+        draft-simple the demo's Q4_0 copy, so switching the type never leaves a draft of the wrong kind.
+        """
+        st = self.spec_type.currentData()
+        self.draft.setEnabled(st in DRAFT_FILE_TYPES)
+        if st not in DRAFT_FILE_TYPES or not is_demo_name(self.target.value() or DEMO_TARGET):
+            return
+        cur = self.draft.value()
+        if cur and not is_demo_name(cur):
+            return  # the user's own file stays
+        want = DEMO_DRAFT if st == "draft-simple" else f"demo:{DEMO_DRAFTERS[st]}"
+        if cur != want and (demo_drafter(cur) is not None or st != "draft-simple" or not cur):
+            self.draft.set_value(want)
+
     def _spec_type_changed(self) -> None:
-        self.draft.setEnabled(self.spec_type.currentData() == "draft-simple")
+        self._draft_for_spec_type()
         self._changed("spec_type")
 
     def _prompt_chosen(self, i: int) -> None:

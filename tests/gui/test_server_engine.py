@@ -75,3 +75,26 @@ def test_run_matrix_runs_every_cell_on_the_users_llama_server(server_bin, make_w
     assert {c["config"]["backend"] for c in doc["cells"]} == {"llama-server"}
     assert all(c["n_vanilla"] == 16 for c in doc["cells"])
     assert type(w.host.worker.runner).__module__.startswith("specview.backends.llama_server")
+
+
+def test_the_draft_picker_follows_the_spec_type_on_the_demo(server_bin, make_window, tmp_path):
+    """draft-eagle3 / dflash / dspark load a draft file too: the picker stays live and takes the demo's own drafter
+    of that type; back on draft-simple it is the Q4_0 copy again; a file of the user's own is never replaced."""
+    w = make_window(settings_path=None)
+    w.set_controls(backend="llama-server", server_bin=server_bin, target="demo:Q4_K_M", draft="demo:Q4_0",
+                   spec_type="draft-simple", threads=1)
+    c = w.controls
+
+    def choose(spec_type: str) -> str:
+        c.spec_type.setCurrentIndex(c.spec_type.findData(spec_type))
+        return c.draft.value() if c.draft.isEnabled() else "(disabled)"
+
+    assert choose("draft-dspark") == "demo:dspark"
+    assert choose("draft-eagle3") == "demo:eagle3"
+    assert choose("ngram-mod") == "(disabled)" and choose("draft-mtp") == "(disabled)"
+    assert choose("draft-dflash") == "demo:dflash"
+    assert choose("draft-simple") == "demo:Q4_0"
+    assert c.state()["draft"] == "demo:Q4_0" and c.state()["spec_type"] == "draft-simple"
+    own = str(tmp_path / "my-eagle3.gguf")
+    c.draft.set_value(own, emit=True)
+    assert choose("draft-eagle3") == own
