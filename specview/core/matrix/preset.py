@@ -33,8 +33,7 @@ from typing import Any, Mapping, Sequence
 from ..errors import SpecviewError
 from ..prompts import RESOURCES, read_toml
 from .cells import model_label
-from .spec import ROLES, MatrixError, MatrixSpec, axes, axis_fields, axis_short, draft_axes, drafter_parts, show, \
-    spec_from_dict
+from .spec import ROLES, MatrixError, MatrixSpec, axes, axis_fields, drafter_parts, show, spec_from_dict
 
 PRESETS_DIR = RESOURCES / "presets"
 #: what a part may set besides its axes
@@ -229,9 +228,19 @@ def _changed(part: Mapping[str, Any], subject: Mapping[str, Any]) -> list[str]:
         if key in ("targets", "drafters"):
             out.append(f"{key[:-1]} " + ", ".join(model_label(v) for v in a))
         else:
-            flag = key if key in draft_axes() else axis_short(key)
+            flag = _flag(key)
             out.append(", ".join(f"{flag} {v:g}" if isinstance(v, float) else f"{flag} {v}" for v in a))
     return out
+
+
+def _flag(axis: str) -> str:
+    """An axis as llama.cpp's flag names it: ``--spec-draft-n-max``, ``-fa``."""
+    from ..config import field_of, settings_class
+
+    flags = list(field_of(settings_class(axis), axis).metadata.get("flags") or ())
+    spec = [f for f in flags if f.startswith("--spec-")]
+    short = [f for f in flags if not f.startswith("--")]
+    return (spec or short or flags or [axis])[0]
 
 
 def findings(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -248,9 +257,23 @@ def findings(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     for p in parts:
         cs = by_part.get(p["name"], [])
         outcome = _outcome(cs)
+        ok = [c for c in cs if c.get("status") == "ok"]
         out.append({"part": p["name"], "role": p["role"], "outcome": outcome, "cells": [c["index"] for c in cs],
+                    "evidence": _evidence(p["role"], outcome, ok),
+                    "verdicts": sorted({str(c.get("verdict")) for c in ok if not c.get("identical")}),
                     "text": _sentence(p, cs, outcome, subject, subject_cells)})
     return out
+
+
+def _evidence(role: str, outcome: str, ok: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a part's identical cells are the evidence its role needs (a control that drafted nothing is not)."""
+    if outcome != "identical":
+        return False
+    if role == "lossless-control":
+        return sum(int(c.get("n_accepted") or 0) for c in ok) > 0
+    if role == "zero-draft":
+        return sum(int(c.get("n_drafted") or 0) for c in ok) == 0
+    return True
 
 
 def _sentence(p: Mapping[str, Any], cs: Sequence[Mapping[str, Any]], outcome: str,
@@ -311,10 +334,10 @@ def _sentence(p: Mapping[str, Any], cs: Sequence[Mapping[str, Any]], outcome: st
         if same and outcome == "identical":
             return f"{label}: {now}, as the subject is."
         if same:
-            return f"{label}: still {now}. {setting[0].upper() + setting[1:]} does not remove the fork."
+            return f"{label}: still {now}; {setting} does not remove the fork."
         if outcome == "identical":
-            return f"{label}: {now}. {setting[0].upper() + setting[1:]} removes the subject's fork."
-        return f"{label}: {now}, where the subject is identical. {setting[0].upper() + setting[1:]} makes it fork."
+            return f"{label}: {now}; {setting} removes the subject's fork."
+        return f"{label}: {now}, where the subject is identical; {setting} makes it fork."
     # reference: the drafter on a full-precision target, over the prompts
     if outcome == "identical":
         tail = (" The subject's fork needs the quantized weights." if subj in ("forks", "mixed") else "")
@@ -326,28 +349,43 @@ def _sentence(p: Mapping[str, Any], cs: Sequence[Mapping[str, Any]], outcome: st
 
 def conclusion(found: Sequence[Mapping[str, Any]]) -> str | None:
     """The sentence the parts add up to, when they do (the way the reports conclude)."""
-    by_role: dict[str, list[str]] = {}
+    by_role: dict[str, list[Mapping[str, Any]]] = {}
     for f in found:
-        by_role.setdefault(f["role"], []).append(f["outcome"])
-    if any(o in ("not run", "error") for f in found for o in [f["outcome"]]):
+        by_role.setdefault(f["role"], []).append(f)
+    if any(f["outcome"] in ("not run", "error") for f in found):
         return None
     subject = by_role.get("subject", [])
-    if not subject or all(o == "identical" for o in subject):
+    if not subject or all(f["outcome"] == "identical" for f in subject):
         return "Together: the subject does not fork here, so these cells localise nothing on this machine."
-    if any(o != "identical" for o in by_role.get("determinism", [])):
+    if any(f["outcome"] != "identical" for f in by_role.get("determinism", [])):
         return "Together: plain decoding is not deterministic here, which must be fixed before anything else."
-    facts = ["plain decoding is deterministic"] if "determinism" in by_role else []
-    if "lossless-control" in by_role and all(o == "identical" for o in by_role["lossless-control"]):
+
+    def proven(role: str) -> bool:
+        return role in by_role and all(f["evidence"] for f in by_role[role])
+
+    facts = ["plain decoding is deterministic"] if proven("determinism") else []
+    if proven("lossless-control"):
         facts.append("speculation that drafts from the text stays lossless")
-    if "zero-draft" in by_role and all(o == "identical" for o in by_role["zero-draft"]):
+    if proven("zero-draft"):
         facts.append("drafting nothing restores the output")
-    if "reference" in by_role and all(o == "identical" for o in by_role["reference"]):
+    reference = by_role.get("reference", [])
+    if reference and proven("reference"):
         facts.append("full-precision weights stay identical")
+        cause = "the quantized target's batched verify passes"
+    elif reference:
+        facts.append("full-precision weights fork too")
+        cause = "batched verify passes, quantized weights or not"
+    else:
+        cause = "the batched verify passes"
     if not facts:
         return None
-    return ("Together: " + ", ".join(facts[:-1]) + (" and " if len(facts) > 1 else "") + facts[-1]
-            + ", so the fork comes from the quantized target's batched verify passes: the signature of batched "
-            "against single-token numerics. Whether it is a harmless near-tie or a bug is each fork's verdict.")
+    text = ("Together: " + ", ".join(facts[:-1]) + (" and " if len(facts) > 1 else "") + facts[-1]
+            + f", so the fork comes from {cause}: the signature of batched against single-token numerics.")
+    states = [f for f in found if "state" in f["verdicts"]]
+    if states:
+        return text + (" But the diagnosis reads the fork of " + ", ".join(f["part"] for f in states)
+                       + " as a state bug, not numerics: report that one with its trace.")
+    return text + " Whether each fork is a harmless near-tie or a bug is its verdict."
 
 
 def findings_lines(doc: Mapping[str, Any]) -> list[str]:
