@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import reprlib
-from dataclasses import Field, field, make_dataclass
+from dataclasses import Field, field, make_dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -365,19 +365,27 @@ def _prompt_entry(i: int, entry: Any, base: Path, chat: bool, source: str) -> Pr
     if isinstance(entry, str):
         return PromptSpec(name=f"prompt{i + 1}", text=entry, chat=chat)
     if not isinstance(entry, dict):
-        raise MatrixError(f"{where} must be a string or a table with text, file or tokens")
-    known = ("name", "text", "file", "tokens", "chat", "category")
+        raise MatrixError(f"{where} must be a string or a table with text, file, tokens or builtin")
+    known = ("name", "text", "file", "tokens", "builtin", "chat", "category")
     unknown = set(entry) - set(known)
     if unknown:
         raise MatrixError(f"{where} has unknown key(s) {', '.join(sorted(map(str, unknown)))}; known: "
                           f"{', '.join(known)}")
-    kinds = [k for k in ("text", "file", "tokens") if k in entry]
+    kinds = [k for k in ("text", "file", "tokens", "builtin") if k in entry]
     if len(kinds) != 1:
-        raise MatrixError(f"{where} needs exactly one of text, file, tokens (got {kinds or 'none'})")
+        raise MatrixError(f"{where} needs exactly one of text, file, tokens, builtin (got {kinds or 'none'})")
     name, cat, c = entry.get("name"), entry.get("category"), entry.get("chat", chat)
     for key, val, typ in (("name", name, str), ("category", cat, str), ("chat", c, bool)):
         if val is not None and not isinstance(val, typ):
             raise MatrixError(f"{where}.{key} must be {'text' if typ is str else 'true or false'}")
+    if "builtin" in entry:  # one of the built-in prompts by its name, in this place of the list
+        if not isinstance(entry["builtin"], str):
+            raise MatrixError(f"{where}.builtin must be the name of a built-in prompt")
+        try:
+            b = builtin_prompts([entry["builtin"]])[0]
+        except PromptError as exc:
+            raise MatrixError(f"{where}: {exc}") from None
+        return replace(b, name=name or b.name, chat=c, category=cat)
     if "tokens" in entry:
         toks = entry["tokens"]
         if (not isinstance(toks, list) or not toks
