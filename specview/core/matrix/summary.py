@@ -11,7 +11,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..config import default_of
+from ..config import LLAMA_SPEC_TYPES, default_of
 from ..errors import SpecviewError
 from ..verdicts import cell_label
 from .cells import CellParams, describe, expand, model_label
@@ -27,6 +27,8 @@ ALL_AXES = ("target", "drafter", *draft_axes(), *engine_axes(), "prompt")
 _DEFAULTS = {f.name: default_of(f) for f in axis_fields()}
 #: an axis with more values than this is not spelled out value by value (a prompt suite's prompts)
 MAX_NAMED = 8
+#: drafters are named up to one per llama.cpp spec type (a matrix over every type: --drafters all)
+MAX_DRAFTERS_NAMED = len(LLAMA_SPEC_TYPES)
 
 
 def axis_value_label(axis: str, value: Any) -> str:
@@ -238,11 +240,13 @@ def _determinants(ok: Sequence[dict[str, Any]], axes: Sequence[str] = ALL_AXES) 
         fork_vals, same_vals, mixed = _uniform_values(ok, axis)
         if not fork_vals and not same_vals:
             continue
-        if len(fork_vals) + len(same_vals) + len(mixed) > MAX_NAMED:
+        if len(fork_vals) + len(same_vals) + len(mixed) > (MAX_DRAFTERS_NAMED if axis == "drafter" else MAX_NAMED):
             continue  # a long list of values says nothing a reader can take in; the rates count them instead
         phrases = []
         if fork_vals:
             phrase = _value_phrase(axis, fork_vals).removeprefix("the ")
+            if phrase.endswith(" drafters"):
+                phrase = phrase[:-1]  # "all Q4_0 and ngram-mod drafter cells fork"
             phrases.append(f"{'every' if len(fork_vals) == 1 else 'all'} {phrase} "
                            f"cell{'s' if len(fork_vals) > 1 else ''} fork{'s' if len(fork_vals) == 1 else ''}")
         if same_vals:
@@ -309,8 +313,17 @@ def _flips(ok: Sequence[dict[str, Any]]) -> list[str]:
     """For each axis: among pairs of cells differing only in it, how often the outcome flips."""
     axes = ALL_AXES
     res: list[tuple[str, int, int]] = []
+    def comparable(a: dict[str, Any], b: dict[str, Any], axis: str) -> bool:
+        # two drafters compare where each draft axis is equal or read by only one of them (an n-gram cell's
+        # n_max is None): Q4_0 n_max=3 against ngram-simple is a change of the drafter alone
+        if axis != "drafter":
+            return True
+        pa, pb = a["params"], b["params"]
+        return pa.get(axis) != pb.get(axis) and all(
+            pa.get(x) == pb.get(x) or pa.get(x) is None or pb.get(x) is None for x in draft_axes())
+
     for axis in axes:
-        others = [a for a in axes if a != axis]
+        others = [a for a in axes if a != axis and not (axis == "drafter" and a in draft_axes())]
         groups: dict[tuple, list[dict[str, Any]]] = {}
         for c in ok:
             if c["params"].get(axis) is None:
@@ -320,6 +333,8 @@ def _flips(ok: Sequence[dict[str, Any]]) -> list[str]:
         pairs = flips = 0
         for g in groups.values():
             for a, b in itertools.combinations(g, 2):
+                if not comparable(a, b, axis):
+                    continue
                 pairs += 1
                 flips += _outcome(a) != _outcome(b)
         if pairs:
