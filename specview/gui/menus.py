@@ -13,9 +13,41 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import QFileDialog
 
+from ..core.matrix.preset import preset_names
 from .about import show_about_setup
 from .card import export_card_dialog
 from .theme import THEMES
+
+
+def preset_title(name: str) -> str:
+    from ..core.errors import SpecviewError
+    from ..core.matrix.preset import load_preset
+
+    try:
+        return str(load_preset(name).preset["title"])
+    except SpecviewError as exc:
+        return str(exc)
+
+
+def run_preset(w: Any, name: str, *, out_dir: Any = None) -> Any:
+    """Run ▸ preset: a public report's matrix on its default models (the demo), on the Run panel's engine settings
+    (threads, llama-server binary, ...); its cells stream into the Matrix tab with the findings in its summary."""
+    from dataclasses import replace
+
+    from ..core.errors import SpecviewError
+    from ..core.matrix.preset import load_preset
+
+    try:
+        spec = load_preset(name)
+        spec.engine = replace(w.build_config().engine)
+        spec.diagnose = bool(w.diagnose.isChecked())
+        if spec.engine.no_repack:  # the panel's (or this machine's) no-repack reaches every part
+            for part in spec.parts:
+                part["no_repack"] = [True]
+    except SpecviewError as exc:
+        w.show_error(str(exc))
+        return None
+    return w.run_matrix(spec, out_dir=out_dir)
 
 
 def build_menus(w: Any) -> None:
@@ -57,7 +89,16 @@ def build_menus(w: Any) -> None:
                             triggered=lambda _checked=False: w.run_kernels())
     w.act_kernels.setToolTip("map which verify widths this build computes exactly like single-token passes, with "
                              "the Kernel map tab's targets and the current engine settings (Esc cancels)")
-    m_run.addActions([w.act_run, w.act_matrix, w.act_kernels, w.act_cancel])
+    m_run.addActions([w.act_run, w.act_matrix])
+    m_presets = m_run.addMenu("Run a report's &preset matrix")
+    m_presets.setToolTipsVisible(True)
+    w.act_presets = {}
+    for name in preset_names():
+        act = QAction(name, w, triggered=lambda _checked=False, n=name: run_preset(w, n))
+        act.setToolTip(preset_title(name))
+        w.act_presets[name] = act
+        m_presets.addAction(act)
+    m_run.addActions([w.act_kernels, w.act_cancel])
     m_run.addSeparator()
     m_run.addActions([w.act_fork, w.act_next, w.act_prev])
     for a in (w.act_run, w.act_cancel, w.act_next, w.act_prev, w.act_fork, w.act_matrix, w.act_kernels):

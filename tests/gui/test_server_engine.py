@@ -98,3 +98,35 @@ def test_the_draft_picker_follows_the_spec_type_on_the_demo(server_bin, make_win
     own = str(tmp_path / "my-eagle3.gguf")
     c.draft.set_value(own, emit=True)
     assert choose("draft-eagle3") == own
+
+
+def test_run_a_preset_streams_its_parts_and_findings_into_the_matrix_tab(server_bin, make_window, qtbot, tmp_path,
+                                                                         monkeypatch):
+    """Run > Run a report's preset matrix: the preset's cells on llama-server (the preset's engine, whatever the
+    panel's), with the panel's threads and binary, and the findings at the head of the Matrix tab's summary."""
+    import specview.core.matrix.preset as preset
+    from specview.gui import menus
+
+    real = preset.load_preset
+
+    def short(name, models=None):  # the preset as shipped, at 16 tokens a cell
+        s = real(name, models)
+        s.max_tokens = 16
+        return s
+
+    monkeypatch.setattr(preset, "load_preset", short)
+    w = make_window(settings_path=None)
+    w.set_controls(backend="llama.cpp", server_bin=server_bin, threads=1, diagnose=False)
+    assert set(w.act_presets) == {"llama-cpp-dspark", "lfm2-draft"}
+    assert "LFM2 record" in w.act_presets["lfm2-draft"].toolTip()
+    with qtbot.waitSignal(w.sigMatrixFinished, timeout=RUN_TIMEOUT) as blk:
+        assert menus.run_preset(w, "lfm2-draft", out_dir=tmp_path / "m") is not None
+    doc = blk.args[0].doc
+    assert doc["status"] == "complete" and [c["params"]["part"] for c in doc["cells"]] == [
+        "draft", "p-min-1", "n-max-1", "f16", "f16"]
+    assert {c["config"]["backend"] for c in doc["cells"]} == {"llama-server"}
+    assert {c["config"]["engine"]["threads"] for c in doc["cells"]} == {1}
+    shown = w.matrix_tab.summary.text()
+    assert shown.startswith("Preset lfm2-draft: the LFM2 record")
+    assert "The same with --spec-draft-p-min 1: nothing drafted and identical over 16 tokens" in shown
+    assert w.matrix_tab.table.rowCount() == 5 and w.matrix_tab.table.columnCount() == 1
