@@ -138,6 +138,27 @@ MUTATIONS: tuple[Mutation, ...] = (
         "        return None",
         ("tests/core/test_worker.py::test_a_native_death_in_the_speculative_arm_keeps_the_run",),
     ),
+    Mutation(
+        "preset: a zero-draft cell that drafted is read as the control anyway",
+        "specview/core/matrix/preset.py",
+        "    if role == \"zero-draft\":\n        if drafted > 0:",
+        "    if role == \"zero-draft\":\n        if drafted < 0:",
+        ("tests/core/test_matrix_presets.py::test_a_zero_draft_cell_that_drafts_proves_nothing",),
+    ),
+    Mutation(
+        "preset: plain decoding that differs from itself does not void the conclusion",
+        "specview/core/matrix/preset.py",
+        "    if any(o != \"identical\" for o in by_role.get(\"determinism\", [])):",
+        "    if False:",
+        ("tests/core/test_matrix_presets.py::test_plain_decoding_that_differs_from_itself_voids_the_rest",),
+    ),
+    Mutation(
+        "drafters axis: TYPE:MODEL runs as draft-simple",
+        "specview/core/matrix/spec.py",
+        "            return t, name[len(t) + 1:]",
+        "            return \"draft-simple\", name[len(t) + 1:]",
+        ("tests/core/test_matrix_presets.py::test_a_drafter_names_its_spec_type_and_its_file",),
+    ),
 )
 
 
