@@ -21,9 +21,8 @@ from .errors import ConfigError
 #: spec types whose drafter llama-server cannot run with ``-ub 1``, and llama.cpp's reason: the draft context
 #: takes the server's micro-batch size (there is no draft-only one), and a non-causal drafter must see a whole
 #: block in one micro-batch; the server aborts at start, in its 2-token probe of the draft context
-UB1_REFUSED = {t: (f"{t}'s drafter is non-causal and llama-server gives the draft context the same -ub as the target; "
-                   "with -ub 1 llama.cpp aborts at start (llama-context.cpp: GGML_ASSERT \"non-causal attention "
-                   "requires n_ubatch >= n_tokens\"), so the -ub 1 serial-verify control cannot run with it")
+UB1_REFUSED = {t: (f"{t}'s drafter is non-causal and shares the target's -ub, so llama.cpp aborts with -ub 1 "
+                   "(GGML_ASSERT \"non-causal attention requires n_ubatch >= n_tokens\")")
                for t in ("draft-dflash", "draft-dspark")}
 
 #: flags specview sets itself; giving them in ``server_args`` would contradict the run
