@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 
 import pytest
-from test_server import find_binary
+from test_server import find_binary, runner  # noqa: F401  (runner: one ServerRunner for the module)
 
 from specview.backends.llama_cpp.tiny_drafters import common, dflash
 from specview.backends.llama_server import ServerRunner
@@ -103,31 +103,6 @@ def test_the_drafter_is_a_dflash_model_shaped_for_its_target(target, drafters, s
     assert kv == {k: v for k, v in d.items() if k != "tensors" and not isinstance(v, list)}  # arrays skipped
 
 
-def test_a_seed_fixes_the_bytes_and_a_failed_write_leaves_the_old_file(target, facts, drafters, tmp_path,
-                                                                        monkeypatch):
-    import gguf
-
-    ref = drafters["draft-dspark"]
-    again = dflash.write_dflash(target, tmp_path / "again.gguf", seed=0, dspark=True)  # from the path, read anew
-    other = dflash.write_dflash(facts, tmp_path / "other.gguf", seed=1, dspark=True)
-    assert again.read_bytes() == ref.read_bytes()
-    assert other.read_bytes() != ref.read_bytes() and other.stat().st_size == ref.stat().st_size
-
-    # the header and metadata reach the disk, then writing the tensors fails
-    def full_disk(self, *a, **kw):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", full_disk)
-    out = tmp_path / "broken" / "tiny-dflash.gguf"
-    with pytest.raises(OSError, match="No space left"):
-        dflash.write_dflash(facts, out)
-    assert list(out.parent.iterdir()) == []  # neither the model nor a part of it
-    out.write_bytes(b"an older drafter")
-    with pytest.raises(OSError, match="No space left"):
-        dflash.write_dflash(facts, out, dspark=True)
-    assert list(out.parent.iterdir()) == [out] and out.read_bytes() == b"an older drafter"
-
-
 def _engine() -> EngineSettings:
     # one thread unless $SPECVIEW_THREADS says otherwise (threads=0 reads it)
     return EngineSettings(threads=0 if os.environ.get("SPECVIEW_THREADS") else 1, n_ctx=512, server_bin=find_binary())
@@ -137,13 +112,6 @@ def _config(target: Path, draft: Path | None, spec_type: str, n_max: int = 3) ->
     return RunConfig(target=str(target), draft=str(draft) if draft else None, spec_type=spec_type, n_max=n_max,
                      max_tokens=N_TOKENS, prompt=PROMPT, chat=False, ignore_eos=True, engine=_engine(),
                      backend="llama-server")
-
-
-@pytest.fixture(scope="module")
-def runner():
-    r = ServerRunner()
-    yield r
-    r.close()
 
 
 @pytest.fixture(scope="module")

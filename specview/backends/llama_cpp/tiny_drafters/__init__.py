@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .common import TargetFacts
+
 #: the writer of each spec type's drafter: (module, function, keyword arguments)
 WRITERS = {
     "draft-eagle3": ("eagle3", "write_eagle3", {}),
@@ -21,9 +23,10 @@ WRITERS = {
 }
 
 
-def write_drafter(spec_type: str, target: str | os.PathLike[str], out: str | os.PathLike[str], *,
+def write_drafter(spec_type: str, target: str | os.PathLike[str] | TargetFacts, out: str | os.PathLike[str], *,
                   seed: int = 0) -> Path:
-    """Write a tiny random-weight ``spec_type`` drafter shaped for ``target`` to ``out`` (atomically)."""
+    """Write a tiny random-weight ``spec_type`` drafter shaped for ``target`` (a GGUF file, or the facts
+    :func:`~.common.read_target` read from one) to ``out``, atomically."""
     import importlib
 
     if spec_type not in WRITERS:

@@ -47,8 +47,14 @@ class TargetFacts:
     tokenizer: tuple[tuple[str, Any, Any, Any], ...]
 
 
-def read_target(path: str | os.PathLike[str]) -> TargetFacts:
-    """The target's shape and tokenizer; a clear error when the file is not a GGUF a drafter can pair with."""
+def read_target(path: "str | os.PathLike[str] | TargetFacts") -> TargetFacts:
+    """The target's shape and tokenizer; a clear error when the file is not a GGUF a drafter can pair with.
+
+    Facts already read pass through, so a caller writing several drafters reads the target once (reading a
+    49k-token tokenizer takes a second or two).
+    """
+    if isinstance(path, TargetFacts):
+        return path
     gguf = _gguf()
     p = Path(path)
     try:

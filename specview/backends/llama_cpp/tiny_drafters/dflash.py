@@ -95,15 +95,7 @@ from typing import Any
 import numpy as np
 
 from ....core.errors import ModelFileError
-from .common import (
-    TargetFacts,
-    Weights,
-    _gguf,
-    copy_tokenizer,
-    read_target,
-    spread_layers,
-    write_atomically,
-)
+from .common import TargetFacts, Weights, _gguf, copy_tokenizer, read_target, spread_layers, write_atomically
 
 ARCH = "dflash"
 #: DFlash checkpoints are trained on 16-token blocks (z-lab's ``-b16`` drafters); llama.cpp's default too
@@ -145,7 +137,7 @@ def write_dflash(target: str | os.PathLike[str] | TargetFacts, out: str | os.Pat
         raise ValueError("a confidence head is part of a DSpark drafter: pass dspark=True")
     if block_size < 2:
         raise ValueError(f"block_size must be at least 2 (an anchor and one mask), not {block_size}")
-    t = target if isinstance(target, TargetFacts) else read_target(target)
+    t = read_target(target)
     layers = spread_layers(t.n_layer)
     if not all(0 <= i < t.n_layer for i in layers):  # pragma: no cover - spread_layers stays inside
         raise ModelFileError(f"{t.path}: target layers {layers} are outside its {t.n_layer} layers")

@@ -50,15 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from .common import (
-    TargetFacts,
-    Weights,
-    _gguf,
-    copy_tokenizer,
-    read_target,
-    spread_layers,
-    write_atomically,
-)
+from .common import TargetFacts, Weights, _gguf, copy_tokenizer, read_target, spread_layers, write_atomically
 
 ARCH = "eagle3"
 #: the drafter's attention: one head (query, key and value) of this size
@@ -108,7 +100,7 @@ def _fill(w: Any, t: TargetFacts, seed: int) -> None:
     w.add_tensor("blk.0.ffn_down.weight", _f16(rng.mat(n_embd, N_FF)))
 
 
-def write_eagle3(target: str | os.PathLike[str], out: str | os.PathLike[str], *, seed: int = 0) -> Path:
+def write_eagle3(target: str | os.PathLike[str] | TargetFacts, out: str | os.PathLike[str], *, seed: int = 0) -> Path:
     """Write an EAGLE-3 drafter for ``target`` to ``out`` (atomically) and return its path.
 
     It reads the target's low, middle and high layers (``spread_layers``), shares
