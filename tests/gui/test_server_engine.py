@@ -129,4 +129,5 @@ def test_run_a_preset_streams_its_parts_and_findings_into_the_matrix_tab(server_
     shown = w.matrix_tab.summary.text()
     assert shown.startswith("Preset lfm2-draft: the LFM2 record")
     assert "The same with --spec-draft-p-min 1: nothing drafted and identical over 16 tokens" in shown
+    assert "\n\n" in shown and shown.split("\n\n")[1].startswith("5 cells: ")  # the findings, then the summary
     assert w.matrix_tab.table.rowCount() == 5 and w.matrix_tab.table.columnCount() == 1

@@ -52,6 +52,7 @@ from ...core import verdicts
 from ...core.config import RunConfig
 from ...core.errors import SpecviewError
 from ...core.matrix import CellParams, describe, grid, load_matrix, rates, summarize
+from ...core.matrix.preset import findings_lines
 from .rates import RatesPanel
 
 RECORD_ROLE = Qt.ItemDataRole.UserRole + 1
@@ -197,7 +198,13 @@ class MatrixView(QWidget):
         status = doc.get("status", "")
         name = self.source.name if self.source is not None else "matrix"
         self.title.setText(f"{name}: {len(cells)} of {n_total} cells ({status})" if doc else "No matrix")
-        self.summary.setText("\n".join(summarize(doc)) if cells else "No cell has finished yet.")
+        if cells:
+            lines = summarize(doc)
+            head = len(findings_lines(doc))  # a preset's findings first, set apart from the general summary
+            text = "\n".join(lines[:head]) + ("\n\n" if head and lines[head:] else "") + "\n".join(lines[head:])
+        else:
+            text = "No cell has finished yet."
+        self.summary.setText(text)
         g = grid(doc)
         self.table.clear()
         self.table.setRowCount(len(g.rows))
