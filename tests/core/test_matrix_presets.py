@@ -322,3 +322,24 @@ def test_a_matrix_over_every_spec_type_names_which_drafters_fork(engine, tmp_pat
                           "and ngram-cache drafters are identical everywhere.")
     # 4 forking drafters against 5 identical ones: 20 of the 36 pairs that differ in the drafter alone flip
     assert "drafter in 20 of 36 pairs" in summary[2] and not any("never does" in x for x in summary)
+
+
+def test_a_preset_reports_the_command_that_runs_it_again(tmp_path, engine):
+    import shlex
+
+    from specview.cli import build_parser
+    from specview.commands.matrix import spec_from_args
+    from specview.core import report
+
+    target = tmp_path / "mine Q4_K_M.gguf"  # a space: the command must quote it
+    target.write_bytes(b"GGUF" + bytes(60))
+    doc = run_preset("lfm2-draft", tmp_path, engine, quantized=str(target))
+    md = report.matrix_markdown(doc)
+    block = md.split("### Run this preset again\n\n```sh\n", 1)[1].split("\n```", 1)[0]
+    assert block.startswith("specview matrix --preset lfm2-draft \\\n    --model ")
+    argv = shlex.split(block.replace("\\\n", " "))
+    assert argv[:2] == ["specview", "matrix"] and f"quantized={target}" in argv and argv[-2:] == ["-n", "16"]
+    # the command, parsed as the CLI parses it, gives the same cells
+    again = spec_from_args(build_parser().parse_args(argv[1:]))
+    assert expand(again) == expand(MatrixSpec.from_json(doc["spec"]))
+    assert "Run this preset again" in report.matrix_html(doc)

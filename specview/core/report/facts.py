@@ -366,3 +366,22 @@ def spec_rows(spec: Mapping[str, Any]) -> list[tuple[str, str]]:
     if spec.get("stop_after_fork") is not None:
         rows.append(("stop after fork", f"{spec['stop_after_fork']} tokens (the speculative arm)"))
     return rows
+
+
+def preset_command(spec: dict[str, Any]) -> str | None:
+    """The ``specview matrix --preset`` line that reruns a preset matrix with its models and run length."""
+    import shlex
+
+    preset = spec.get("preset") if isinstance(spec.get("preset"), dict) else None
+    if not spec.get("parts") or not preset or not isinstance(preset.get("name"), str):
+        return None
+    flags = [("--model", f"{role}={m['model']}") for role, m in (preset.get("models") or {}).items()
+             if isinstance(m, dict) and isinstance(m.get("model"), str)]
+    if isinstance(spec.get("max_tokens"), int):
+        flags.append(("-n", str(spec["max_tokens"])))
+    threads = (spec.get("engine") or {}).get("threads")
+    if isinstance(threads, int) and threads > 0:
+        flags.append(("-t", str(threads)))
+    lines = [f"specview matrix --preset {shlex.quote(preset['name'])}"]
+    lines += [f"    {flag} {shlex.quote(value)}" for flag, value in flags]
+    return " \\\n".join(lines)

@@ -12,8 +12,8 @@ from .escape import esc, visible
 from .kernels import (LEGEND, WIDTH_HEADERS, heat_cell, map_intro, map_title, matrix_citation, matrix_kernel_rows,
                       target_facts, width_rows)
 from .facts import (PLOT_CAPTIONS, commands, obj, acceptance_facts, backend_warning, cell_colour, crash_warning, cell_detail, config_facts, earliest_fork,
-                    environment_facts, fmt, fork_context, headline, model_facts, prompt_block, quoted, spec_rows,
-                    trace_title, verdict_facts, verdict_of)
+                    environment_facts, fmt, fork_context, headline, model_facts, preset_command, prompt_block, quoted,
+                    spec_rows, trace_title, verdict_facts, verdict_of)
 
 CSS = """
 body{font:15px/1.45 -apple-system,'Segoe UI',Roboto,'DejaVu Sans',sans-serif;margin:0;color:#1d1d1f;background:#fff}
@@ -208,6 +208,9 @@ def matrix_html(doc: dict[str, Any], fork_trace: Any = None) -> str:
                        + "</td>")
         body.append(f"<tr><td class=row>{esc(g.row_label(r))}</td>{''.join(tds)}</tr>")
     parts.append(f"<table class=grid>{head}{''.join(body)}</table>")
+    rerun = preset_command(spec)
+    if rerun:
+        parts.append(f"<h2>Run this preset again</h2><pre>{esc(rerun)}</pre>")
     forks = [c for c in cells if c.get("status") == "ok" and not c.get("identical")]
     if forks:
         parts.append("<h2>Forks</h2><table class=kv><tr><th>cell</th><th>token</th><th>vanilla</th>"

@@ -11,8 +11,8 @@ from .escape import md_code, md_fence, md_text, text, visible
 from .kernels import (LEGEND, WIDTH_HEADERS, heat_cell, map_intro, map_title, matrix_citation, matrix_kernel_rows,
                       target_facts, width_rows)
 from .facts import (PLOT_CAPTIONS, commands, obj, acceptance_facts, backend_warning, config_facts, crash_warning, earliest_fork,
-                    environment_facts, fmt, fork_context, headline, model_facts, prompt_block, quoted, spec_rows,
-                    trace_title, verdict_facts, verdict_of)
+                    environment_facts, fmt, fork_context, headline, model_facts, preset_command, prompt_block, quoted,
+                    spec_rows, trace_title, verdict_facts, verdict_of)
 
 
 def _kv_md(rows: Sequence[tuple[str, str]], head: tuple[str, str] = ("", "")) -> str:
@@ -141,6 +141,10 @@ def matrix_markdown(doc: dict[str, Any], fork_trace: Any = None) -> str:
             vals.append(f"**{txt}**" if cell and cell.get("status") == "ok" and not cell.get("identical") else txt)
         rows.append(f"| {md_text(g.row_label(r))} | " + " | ".join(vals) + " |")
     out.append("\n".join([head, sep, *rows]) + "\n")
+    rerun = preset_command(doc.get("spec") or {})
+    if rerun:
+        out.append("### Run this preset again\n")
+        out.append("```sh\n" + rerun + "\n```\n")
     forks = [c for c in cells if c.get("status") == "ok" and not c.get("identical")]
     if forks:
         out.append("### Forks\n")
