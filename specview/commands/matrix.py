@@ -77,7 +77,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
     p.add_argument("--preset", choices=preset_names(), default=None, metavar="NAME",
                    help="run a public report's localising matrix (" + ", ".join(preset_names()) + "): its parts, "
-                   "their roles and a summary that says what the cells establish (docs/matrix.md#presets)")
+                   "their roles and a summary that says what the cells establish (docs/matrix.md, Presets)")
     p.add_argument("--model", dest="preset_models", action="append", default=None, metavar="ROLE=MODEL",
                    help="with --preset: put your model in a role of the preset (repeatable; e.g. "
                    "--model quantized=Qwen3-8B-Q4_K_M.gguf); the roles default to the demo")
@@ -272,7 +272,7 @@ def spec_from_args(args: argparse.Namespace):
 
 def _preset_spec(args: argparse.Namespace):
     """The preset's matrix with the user's models in its roles; flags that would break its parts are refused."""
-    from ..core.matrix.preset import load_preset, model_roles_text
+    from ..core.matrix.preset import load_preset, model_roles_text, preset_path
 
     if args.config and args.preset:
         raise SpecviewError("--preset and --config both define the matrix: give one")
@@ -283,8 +283,8 @@ def _preset_spec(args: argparse.Namespace):
     own = [n for n in given_settings(args, RunConfig) if n in axes()]
     own += [n for n in given_settings(args, EngineSettings) if n in axes()]
     if own:
-        raise SpecviewError(f"preset {name} sets {own[0]} part by part; to change it, copy the preset's "
-                            "TOML file (docs/matrix.md#presets), edit its parts and run it with --config")
+        raise SpecviewError(f"preset {name} sets {own[0]} part by part; to change it, copy {preset_path(name)}, "
+                            "edit its [[part]] tables and run the copy with --config")
     models: dict[str, str] = {}
     for item in args.preset_models or []:
         role, sep, model = item.partition("=")

@@ -343,3 +343,33 @@ def test_a_preset_reports_the_command_that_runs_it_again(tmp_path, engine):
     again = spec_from_args(build_parser().parse_args(argv[1:]))
     assert expand(again) == expand(MatrixSpec.from_json(doc["spec"]))
     assert "Run this preset again" in report.matrix_html(doc)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--preset", "lfm2-draft", "-m", "demo:Q8_0"], "with a preset, give your models by role, --model ROLE=MODEL "
+                                                    "(preset lfm2-draft: quantized: the quantized target"),
+    (["--preset", "lfm2-draft", "--n-max", "2"], "preset lfm2-draft sets n_max part by part; to change it, copy "),
+    (["--preset", "lfm2-draft", "-fa", "off"], "preset lfm2-draft sets flash_attn part by part"),
+    (["--model", "draft=x.gguf"], "--model ROLE=MODEL puts a model in a preset's role: give --preset NAME too"),
+    (["--preset", "lfm2-draft", "--model", "draft"], "--model 'draft': give ROLE=MODEL"),
+    (["--preset", "lfm2-draft", "--config", "m.toml"], "--preset and --config both define the matrix: give one"),
+])
+def test_the_cli_refuses_what_would_break_a_presets_parts(argv, words, capsys, tmp_path):
+    from specview import cli
+
+    (tmp_path / "m.toml").write_text("targets = ['demo:Q8_0']\n")
+    argv = [a if a != "m.toml" else str(tmp_path / "m.toml") for a in argv]
+    assert cli.main(["matrix", *argv, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
+
+
+def test_an_edited_copy_of_a_preset_runs_with_config(tmp_path, capsys):
+    from specview import cli
+    from specview.core.matrix.preset import PRESETS_DIR
+
+    p = tmp_path / "mine.toml"
+    p.write_text((PRESETS_DIR / "lfm2-draft.toml").read_text().replace("n_max = [1]", "n_max = [2]"))
+    assert cli.main(["matrix", "--config", str(p), "--model", "reference=demo:BF16", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "n-max-1: Q4_K_M · Q4_0 n_max=2 p_min=0" in out and "f16: BF16 · Q4_0" in out and "5 cells" in out

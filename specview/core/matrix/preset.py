@@ -410,10 +410,3 @@ def model_roles_text(name: str) -> str:
     except SpecviewError as exc:
         return str(exc)
     return "; ".join(f"{r}: {v['means']} (default {v['default']})" for r, v in roles.items())
-
-
-def drafter_needs_server(spec: MatrixSpec) -> list[str]:
-    """The spec types among a spec's drafters that only the llama-server engine runs."""
-    from ..config import SPEC_TYPES_IN_PROCESS
-
-    return [st for st in dict.fromkeys(drafter_parts(d)[0] for d in spec.drafters) if st not in SPEC_TYPES_IN_PROCESS]
