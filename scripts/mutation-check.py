@@ -148,7 +148,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "preset: plain decoding that differs from itself does not void the conclusion",
         "specview/core/matrix/preset.py",
-        "    if any(o != \"identical\" for o in by_role.get(\"determinism\", [])):",
+        "    if any(f[\"outcome\"] != \"identical\" for f in by_role.get(\"determinism\", [])):",
         "    if False:",
         ("tests/core/test_matrix_presets.py::test_plain_decoding_that_differs_from_itself_voids_the_rest",),
     ),
