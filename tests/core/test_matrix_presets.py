@@ -139,6 +139,17 @@ def test_a_role_takes_the_users_model_and_the_spec_round_trips(tmp_path):
     assert expand(back) == cells and back.preset["models"]["quantized"]["model"] == str(target)
 
 
+def test_a_relative_model_on_the_command_line_is_taken_from_the_working_folder(tmp_path, monkeypatch):
+    (tmp_path / "mine.gguf").write_bytes(b"GGUF" + bytes(60))
+    (tmp_path / "my-dspark.gguf").write_bytes(b"GGUF" + bytes(60))
+    monkeypatch.chdir(tmp_path)
+    s = load_preset("lfm2-draft", {"quantized": "mine.gguf", "draft": "draft-dspark:my-dspark.gguf"})
+    cells = expand(s)
+    assert cells[0].target == str(tmp_path / "mine.gguf")
+    assert cells[0].drafter == f"draft-dspark:{tmp_path / 'my-dspark.gguf'}"
+    assert {c.target for c in cells if c.part == "f16"} == {"demo:F16"}
+
+
 @pytest.mark.parametrize("models, words", [
     ({"nosuch": "x.gguf"}, "has no model role 'nosuch'; its roles: quantized"),
     ({"quantized": "demo:Q9_9"}, "unknown demo quantization"),

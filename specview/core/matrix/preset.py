@@ -33,7 +33,7 @@ from typing import Any, Mapping, Sequence
 from ..errors import SpecviewError
 from ..prompts import RESOURCES, read_toml
 from .cells import model_label
-from .spec import ROLES, MatrixError, MatrixSpec, axes, axis_fields, drafter_parts, show, spec_from_dict
+from .spec import ROLES, MatrixError, MatrixSpec, _model_path, axes, axis_fields, show, spec_from_dict
 
 PRESETS_DIR = RESOURCES / "presets"
 #: what a part may set besides its axes
@@ -104,7 +104,9 @@ def load_preset(name: str, models: Mapping[str, str] | None = None) -> MatrixSpe
     if unknown:
         raise MatrixError(f"--model {unknown[0]}=...: preset {name} has no model role {unknown[0]!r}; its roles: "
                           + ", ".join(f"{r} ({v['means']}, default {v['default']})" for r, v in roles.items()))
-    chosen = {r: given.get(r, v["default"]) for r, v in roles.items()}
+    # a model given on the command line is relative to the working folder; a default, to the preset's own
+    chosen = {r: _model_path(given[r], Path.cwd(), drafter=True) if r in given else v["default"]
+              for r, v in roles.items()}
 
     def fill(text: str, where: str) -> str:
         def sub(m: re.Match) -> str:
