@@ -44,5 +44,5 @@ def main(args: argparse.Namespace) -> int:
         size = f"{r['size'] / 1e6:6.1f} MB" if r["size"] else "         "
         print(f"  {r['name']:<14} {size}  {r['status']:<22} {r['path'] or ''}")
     print(f"\nexample: specview run --target {demo.DEMO_TARGET} --draft {demo.DEMO_DRAFT}")
-    print(f"         specview run --engine llama-server --spec-type draft-dspark --draft demo:dspark --n-max 7")
+    print("         specview run --engine llama-server --spec-type draft-dspark --draft demo:dspark --n-max 7")
     return 0

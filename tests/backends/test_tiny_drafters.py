@@ -7,8 +7,6 @@ a real llama-server are in ``test_server_eagle3.py`` and ``test_server_dflash.py
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from specview.backends.llama_cpp.tiny_drafters import WRITERS, common, write_drafter
