@@ -28,7 +28,7 @@ def crashed_here(monkeypatch, tmp_path):
     """This machine as an AMX one whose probe crashed: the result planted in a fresh cache."""
     monkeypatch.setenv("SPECVIEW_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(probe, "probe_needed", lambda flags=None: True)
-    probe._write_cache(probe.identity_key(probe.build_identity()), dict(CRASHED))
+    probe.CACHE.put(probe.identity_key(probe.build_identity()), dict(CRASHED))
     return CRASHED
 
 
@@ -108,7 +108,7 @@ def test_an_explicit_choice_wins_over_the_probe(crashed_here, tiny_target, flag,
 def test_no_crash_no_default(monkeypatch, tmp_path, tiny_target):
     monkeypatch.setenv("SPECVIEW_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(probe, "probe_needed", lambda flags=None: True)
-    probe._write_cache(probe.identity_key(probe.build_identity()), {"crashed": False, "ok": True})
+    probe.CACHE.put(probe.identity_key(probe.build_identity()), {"crashed": False, "ok": True})
     cfg = config_from_args(_run_args("-m", str(tiny_target), "--spec-type", "ngram-simple"))
     assert cfg.engine.no_repack is False
 

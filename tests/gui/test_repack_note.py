@@ -12,7 +12,7 @@ from specview.gui import settings as gui_settings
 def _machine_that_crashed(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECVIEW_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(probe, "probe_needed", lambda flags=None: True)
-    probe._write_cache(probe.identity_key(probe.build_identity()),
+    probe.CACHE.put(probe.identity_key(probe.build_identity()),
                        {"crashed": True, "signal": "SIGSEGV", "exitcode": -11, "n_tokens": 4})
 
 

@@ -21,14 +21,12 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 from ...core.config import DEMO_TARGET, EngineSettings, resolve_threads
 from ...core.demo import DEMO_PROMPT, demo_quant
-from ...core.errors import EngineCrashed, SpecviewError
-from ...core.paths import cache_dir
-from .probe import build_identity
+from ...core.errors import EngineCrashed
+from .probe import ProbeCache, build_identity
 
 #: tried in this order after the default; the drafter's own quantization last, F32 not at all (540 MB)
 CANDIDATES = ("Q4_K_M", "BF16", "F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_1", "Q4_0")
@@ -146,36 +144,15 @@ def cache_key(settings: EngineSettings, default: str = DEMO_TARGET) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
-def cache_path() -> Path:
-    return cache_dir() / "probes" / CACHE_NAME
-
-
-def _read() -> dict[str, Any]:
-    try:
-        d = json.loads(cache_path().read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return d if isinstance(d, dict) else {}
+CACHE = ProbeCache(CACHE_NAME)
 
 
 def cached_pick(settings: EngineSettings, default: str = DEMO_TARGET) -> DemoPick | None:
-    d = _read().get(cache_key(settings, default))
+    d = CACHE.get(cache_key(settings, default))
     try:
-        return DemoPick.from_json(d) if isinstance(d, dict) else None
+        return DemoPick.from_json(d) if d is not None else None
     except (KeyError, TypeError, ValueError):
         return None
-
-
-def _write(key: str, pick: DemoPick) -> None:
-    from ...core.trace import write_atomic
-
-    d = _read()
-    d[key] = pick.to_json()
-    try:
-        cache_path().parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(cache_path(), json.dumps(d, indent=1, default=str) + "\n")
-    except (OSError, SpecviewError):
-        pass
 
 
 def pick_demo_target(settings: EngineSettings | None = None, *, default: str = DEMO_TARGET,
@@ -199,5 +176,5 @@ def pick_demo_target(settings: EngineSettings | None = None, *, default: str = D
         return DemoPick(target=default, default=default,
                         reason=f"could not check which demo quantization forks here ({first}); running {default}")
     pick = choose(probes, default=default, no_repack=settings.no_repack)
-    _write(cache_key(settings, default), pick)
+    CACHE.put(cache_key(settings, default), pick.to_json())
     return pick

@@ -131,34 +131,49 @@ def probe_multi_token_decode(path_or_demo: str | os.PathLike[str] | None = None,
 
 
 # -- the cached verdict ---------------------------------------------------------------------------
-def cache_path() -> Path:
-    return cache_dir() / "probes" / CACHE_NAME
+class ProbeCache:
+    """A JSON file of results keyed by what they were measured on, in the cache's ``probes`` folder.
+
+    An unreadable file reads as empty and an unwritable one is skipped: a lost cache costs a probe
+    next time, never the run.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @property
+    def path(self) -> Path:
+        return cache_dir() / "probes" / self.name
+
+    def read(self) -> dict[str, Any]:
+        try:
+            d = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return d if isinstance(d, dict) else {}
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        r = self.read().get(key)
+        return r if isinstance(r, dict) else None
+
+    def put(self, key: str, value: dict[str, Any]) -> None:
+        from ...core.trace import write_atomic
+
+        d = self.read()
+        d[key] = value
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.path, json.dumps(d, indent=1, default=str) + "\n")
+        except (OSError, SpecviewError):
+            pass
 
 
-def _read_cache() -> dict[str, Any]:
-    try:
-        d = json.loads(cache_path().read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return d if isinstance(d, dict) else {}
+CACHE = ProbeCache(CACHE_NAME)
 
 
 def cached_result(identity: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The probe's cached result for this build and CPU, or None when it has not run here."""
-    r = _read_cache().get(identity_key(identity or build_identity()))
-    return r if isinstance(r, dict) else None
-
-
-def _write_cache(key: str, result: dict[str, Any]) -> None:
-    from ...core.trace import write_atomic
-
-    d = _read_cache()
-    d[key] = result
-    try:
-        cache_path().parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(cache_path(), json.dumps(d, indent=1) + "\n")
-    except (OSError, SpecviewError):
-        pass  # an unwritable cache costs a probe next time, never the run
+    return CACHE.get(identity_key(identity or build_identity()))
 
 
 def run_probe(*, timeout: float = PROBE_TIMEOUT, isolate: Callable[..., Any] | None = None) -> dict[str, Any]:
@@ -177,7 +192,7 @@ def run_probe(*, timeout: float = PROBE_TIMEOUT, isolate: Callable[..., Any] | N
         return {"crashed": False, "skipped": str(exc), "identity": identity}
     result.update(identity=identity, n_tokens=result.get("n_tokens", PROBE_TOKENS),
                   probe_seconds=round(time.perf_counter() - t0, 3), when=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-    _write_cache(identity_key(identity), result)
+    CACHE.put(identity_key(identity), result)
     return result
 
 
