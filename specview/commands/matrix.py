@@ -230,11 +230,14 @@ def spec_from_args(args: argparse.Namespace):
     for name, v in given_settings(args, RunConfig).items():
         if name == "chat":
             continue  # the prompts' own (above)
-        setattr(spec, name, _flat(v) if name in ax else v)
+        if name in ax:
+            spec.set_axis(name, _flat(v))  # a preset's parts too (it refused the axes they set)
+        else:
+            setattr(spec, name, v)
     eng = given_settings(args, EngineSettings)
     repack_given = "no_repack" in eng or (bool(args.config) and _file_sets(args.config, "no_repack"))
     for name in [n for n in eng if n in ax]:
-        setattr(spec, name, _flat(eng.pop(name)))
+        spec.set_axis(name, _flat(eng.pop(name)))
     try:
         spec.engine = replace(spec.engine, **eng)
     except ConfigError as exc:
@@ -242,9 +245,7 @@ def spec_from_args(args: argparse.Namespace):
     if not repack_given:  # this machine's default (no repack where the crash probe crashed), said in one line
         no_repack, why = repack_default(spec.backend)
         if no_repack:
-            spec.no_repack = [True]
-            for part in spec.parts:
-                part["no_repack"] = [True]
+            spec.set_axis("no_repack", [True])
             spec.engine = replace(spec.engine, no_repack_reason=why)
             Progress(getattr(args, "quiet", False))(why)
     if args.full_text:
@@ -280,18 +281,19 @@ def _preset_spec(args: argparse.Namespace):
     if args.targets or args.drafters:
         raise SpecviewError(f"with a preset, give your models by role, --model ROLE=MODEL (preset {name}: "
                             f"{model_roles_text(name)})")
-    own = [n for n in given_settings(args, RunConfig) if n in axes()]
-    own += [n for n in given_settings(args, EngineSettings) if n in axes()]
-    if own:
-        raise SpecviewError(f"preset {name} sets {own[0]} part by part; to change it, copy {preset_path(name)}, "
-                            "edit its [[part]] tables and run the copy with --config")
     models: dict[str, str] = {}
     for item in args.preset_models or []:
         role, sep, model = item.partition("=")
         if not sep or not role or not model:
             raise SpecviewError(f"--model {item!r}: give ROLE=MODEL (preset {name}: {model_roles_text(name)})")
         models[role.strip()] = model.strip()
-    return load_preset(name, models)
+    spec = load_preset(name, models)
+    given = [n for cls in (RunConfig, EngineSettings) for n in given_settings(args, cls) if n in axes()]
+    own = [n for n in given if n in spec.preset["axes"]]
+    if own:
+        raise SpecviewError(f"preset {name} sets {own[0]} part by part; to change it, copy {preset_path(name)}, "
+                            "edit its [[part]] tables and run the copy with --config")
+    return spec
 
 
 def every_drafter(spec) -> tuple[list[str], list[str]]:

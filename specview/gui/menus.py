@@ -42,8 +42,7 @@ def run_preset(w: Any, name: str, *, out_dir: Any = None) -> Any:
         spec.engine = replace(w.build_config().engine)
         spec.diagnose = bool(w.diagnose.isChecked())
         if spec.engine.no_repack:  # the panel's (or this machine's) no-repack reaches every part
-            for part in spec.parts:
-                part["no_repack"] = [True]
+            spec.set_axis("no_repack", [True])
     except SpecviewError as exc:
         w.show_error(str(exc))
         return None

@@ -360,7 +360,7 @@ def test_a_preset_reports_the_command_that_runs_it_again(tmp_path, engine):
     (["--preset", "lfm2-draft", "-m", "demo:Q8_0"], "with a preset, give your models by role, --model ROLE=MODEL "
                                                     "(preset lfm2-draft: quantized: the quantized target"),
     (["--preset", "lfm2-draft", "--n-max", "2"], "preset lfm2-draft sets n_max part by part; to change it, copy "),
-    (["--preset", "lfm2-draft", "-fa", "off"], "preset lfm2-draft sets flash_attn part by part"),
+    (["--preset", "llama-cpp-dspark", "-fa", "off"], "preset llama-cpp-dspark sets flash_attn part by part"),
     (["--model", "draft=x.gguf"], "--model ROLE=MODEL puts a model in a preset's role: give --preset NAME too"),
     (["--preset", "lfm2-draft", "--model", "draft"], "--model 'draft': give ROLE=MODEL"),
     (["--preset", "lfm2-draft", "--config", "m.toml"], "--preset and --config both define the matrix: give one"),
@@ -384,3 +384,26 @@ def test_an_edited_copy_of_a_preset_runs_with_config(tmp_path, capsys):
     assert cli.main(["matrix", "--config", str(p), "--model", "reference=demo:BF16", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "n-max-1: Q4_K_M · Q4_0 n_max=2 p_min=0" in out and "f16: BF16 · Q4_0" in out and "5 cells" in out
+
+
+def test_an_axis_no_part_sets_applies_to_every_part(capsys):
+    from specview import cli
+
+    assert cli.main(["matrix", "--preset", "lfm2-draft", "-fa", "off", "-nr", "--dry-run"]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if ": " in x]
+    assert len(lines) == 5 and all("fa=off · nr" in x for x in lines)
+
+
+def test_this_machines_no_repack_default_reaches_every_part(monkeypatch, tmp_path, capsys):
+    """Where llama.cpp's repacked kernels crashed here (the AMX probe), a preset's cells default to no repack."""
+    from specview import cli
+    from specview.backends.llama_cpp import probe
+
+    monkeypatch.setenv("SPECVIEW_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(probe, "probe_needed", lambda flags=None: True)
+    probe.CACHE.put(probe.identity_key(probe.build_identity()), {"crashed": True, "signal": "SIGSEGV"})
+    assert cli.main(["matrix", "--preset", "lfm2-draft", "--dry-run"]) == 0
+    captured = capsys.readouterr()
+    lines = [x for x in captured.out.splitlines() if ": " in x]
+    assert len(lines) == 5 and all(" · nr · " in x for x in lines)
+    assert "no repack" in captured.err

@@ -151,8 +151,9 @@ def load_preset(name: str, models: Mapping[str, str] | None = None) -> MatrixSpe
         raise MatrixError(f"{source}: two parts share a name; give each its own")
     if not any(p["role"] == "subject" for p in parts):
         raise MatrixError(f"{source}: a preset needs a part with role \"subject\"")
+    varied = sorted({a for p in raw_parts for a in axes() if a in p})
     spec = replace(base, parts=parts, preset={"name": path.stem, "title": str(d.get("title", name)),
-                                              "about": str(d.get("about", "")),
+                                              "about": str(d.get("about", "")), "axes": varied,
                                               "models": {r: {"model": chosen[r], "means": v["means"]}
                                                          for r, v in roles.items()}},
                    source=source)

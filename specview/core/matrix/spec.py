@@ -137,6 +137,12 @@ class _SpecMethods:
     def axis_values(self, name: str) -> list[Any]:
         return list(getattr(self, name))
 
+    def set_axis(self, name: str, values: list[Any]) -> None:
+        """Give the axis ``name`` these values, in each of a preset's parts too (a part carries every axis)."""
+        setattr(self, name, list(values))
+        for part in self.parts:
+            part[name] = list(values)
+
     def prompt_named(self, name: str) -> PromptSpec:
         for p in self.prompts:
             if p.name == name:
