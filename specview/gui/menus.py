@@ -93,8 +93,9 @@ def build_menus(w: Any) -> None:
     m_presets.setToolTipsVisible(True)
     w.act_presets = {}
     for name in preset_names():
-        act = QAction(name, w, triggered=lambda _checked=False, n=name: run_preset(w, n))
-        act.setToolTip(preset_title(name))
+        title = preset_title(name)
+        act = QAction(f"{name}: {title}", w, triggered=lambda _checked=False, n=name: run_preset(w, n))
+        act.setToolTip(title)
         w.act_presets[name] = act
         m_presets.addAction(act)
     m_run.addActions([w.act_kernels, w.act_cancel])
