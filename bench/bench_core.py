@@ -32,9 +32,9 @@ def main() -> int:
 
     from specview.backends.llama_cpp import LlamaEngine, LlamaModel, default_threads
     from specview.backends.llama_cpp import demo
-    from specview.core.drafters import ModelDrafter
+    from specview.core.arms.drafters import ModelDrafter
     from specview.core.engine import EngineSettings
-    from specview.core.generate import GenOptions, run_to_end, speculative_greedy, vanilla_greedy
+    from specview.core.arms.generate import GenOptions, run_to_end, speculative_greedy, vanilla_greedy
 
     threads = args.threads or default_threads()
     tpath = demo.resolve(args.target, progress=print)

@@ -54,7 +54,7 @@ def machine() -> str:
 
 def tile_trace(trace, n_tokens: int):
     """Repeat a real trace's steps and rounds until each arm has ``n_tokens`` tokens."""
-    from specview.core.compare import compare_arms
+    from specview.core.arms.compare import compare_arms
     from specview.core.trace import ArmResult, Trace
 
     def tile(arm):

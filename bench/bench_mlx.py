@@ -51,7 +51,7 @@ def reference_run(model, prompt, n):
 
 def specview_run(engine, prompt, n):
     """specview's vanilla arm on the MLX engine: (tokens, prefill s, tokens/s after the first, CPU s per token)."""
-    from specview.core.generate import GenOptions, vanilla_greedy
+    from specview.core.arms.generate import GenOptions, vanilla_greedy
 
     t0 = time.perf_counter()
     stamps, cpu = [], []

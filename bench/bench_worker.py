@@ -34,7 +34,7 @@ def main() -> int:
     from specview.backends.llama_cpp import default_threads, demo
     from specview.core.config import EngineSettings, RunConfig
     from specview.core.registry import get_backend
-    from specview.core.session import Session
+    from specview.core.arms.session import Session
     from specview.core.worker import WorkerRunner
 
     threads = args.threads or default_threads()

@@ -42,28 +42,28 @@ class Mutation:
 MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "vanilla arm: the runner-up token instead of the argmax",
-        "specview/core/generate.py",
+        "specview/core/arms/generate.py",
         "    while True:\n        tok = int(np.argmax(row))",
         "    while True:\n        tok = int(np.argsort(row)[-2])",
         ("tests/core/test_generate.py::test_vanilla_equals_an_independent_greedy_loop",),
     ),
     Mutation(
         "speculative arm: the target's own token after the accepted drafts is the last draft's",
-        "specview/core/generate.py",
+        "specview/core/arms/generate.py",
         "emitted = [*draft[:n_acc], int(argmax[n_acc])]",
         "emitted = [*draft[:n_acc], int(argmax[max(n_acc - 1, 0)])]",
         ("tests/core/test_generate.py::test_speculative_is_lossless_on_a_shape_independent_model",),
     ),
     Mutation(
         "accept rule: the last draft token is never accepted",
-        "specview/core/generate.py",
+        "specview/core/arms/generate.py",
         "    while n < len(draft) and int(argmax[n]) == int(draft[n]):",
         "    while n < len(draft) - 1 and int(argmax[n]) == int(draft[n]):",
         ("tests/core/test_generate.py::test_perfect_drafter_verifies_full_batches",),
     ),
     Mutation(
         "rollback: the first rejected draft token stays in the KV cache",
-        "specview/core/generate.py",
+        "specview/core/arms/generate.py",
         "        engine.truncate(n_past + n_acc + 1)",
         "        engine.truncate(min(n_past + n_acc + 2, n_past + T))",
         ("tests/core/test_generate.py::test_speculative_is_lossless_on_a_shape_independent_model",),
@@ -112,7 +112,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "kernel map: a width that differs from single-token passes still counts as proven lossless",
-        "specview/core/kernel_evidence.py",
+        "specview/core/kernels/evidence.py",
         "    differ = [w for w in measured if not row.widths[w].bit_identical]",
         "    differ = []",
         ("tests/core/test_kernel_evidence.py",),

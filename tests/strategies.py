@@ -14,7 +14,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from specview.core.compare import compare_arms
+from specview.core.arms.compare import compare_arms
 from specview.core.trace import ArmResult, Round, Step, Trace
 
 # -- hostile values --------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..core.compare import first_difference
+from ..core.arms.compare import first_difference
 from ..core.engine import SpecviewError
 from ..core.report.escape import num, text
 from ..core.trace import ArmResult, Trace

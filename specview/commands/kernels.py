@@ -136,7 +136,7 @@ def backend_of(args: argparse.Namespace):
 
 def map_from_args(args: argparse.Namespace, session, progress: Progress):
     """The kernel map the flags ask for, on ``session``'s loaded models."""
-    from ..core.kernels import kernel_map, parse_widths
+    from ..core.kernels.map import kernel_map, parse_widths
 
     try:
         widths = parse_widths(args.widths)
@@ -160,7 +160,7 @@ def map_from_args(args: argparse.Namespace, session, progress: Progress):
 
 def with_causes(km, session, progress: Progress):
     """``km`` with each differing width's cause located (``--locate``), on ``session``'s engine."""
-    from ..core.kernel_causes import locate_causes
+    from ..core.kernels.causes import locate_causes
 
     job = getattr(session, "job", None)
     km = job(locate_causes, km, progress=progress) if job is not None else locate_causes(session, km, progress=progress)
@@ -170,7 +170,7 @@ def with_causes(km, session, progress: Progress):
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..core.kernels import KernelMap
+    from ..core.kernels.map import KernelMap
 
     if args.show:
         km = KernelMap.load(args.show)

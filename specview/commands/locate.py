@@ -72,13 +72,13 @@ def _single_values(args: argparse.Namespace) -> None:
 
 
 def request_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The keyword arguments of :func:`specview.core.locate.locate` the flags ask for."""
+    """The keyword arguments of :func:`specview.core.locate.find.locate` the flags ask for."""
     from ..core.demo import DEMO_PROMPT
 
     _single_values(args)
     req: dict[str, Any]
     if args.trace:
-        from ..core.locate import fork_of
+        from ..core.locate.find import fork_of
         from ..core.trace import Trace
 
         req = fork_of(Trace.load(args.trace))
@@ -113,7 +113,7 @@ def request_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_locate(runner: Any, req: dict[str, Any], progress: Any) -> Any:
     """The locate on ``runner``'s engine (in its worker process where it has one)."""
-    from ..core.locate import locate
+    from ..core.locate.find import locate
 
     job = getattr(runner, "job", None)
     if job is not None:
@@ -122,7 +122,7 @@ def run_locate(runner: Any, req: dict[str, Any], progress: Any) -> Any:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..core.locate import Located
+    from ..core.locate.find import Located
     from ..core.registry import get_backend
 
     if args.show:

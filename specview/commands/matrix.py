@@ -367,7 +367,7 @@ def dry_run(spec, cells) -> None:
             print(f"{i:3d}  {describe(c)}")
         print(f"{len(cells)} cells")
         return
-    from ..core.kernel_evidence import citation, citation_text
+    from ..core.kernels.evidence import citation, citation_text
     from ..core.matrix.evidence import predict_planned
 
     kmap = spec.load_kernel_map()
@@ -445,7 +445,7 @@ def main(args: argparse.Namespace) -> int:
         for line in format_rates(doc["rates"]):
             print(line)
     if isinstance(doc.get("kernel_map"), dict):
-        from ..core.kernel_evidence import citation_text
+        from ..core.kernels.evidence import citation_text
         from ..core.matrix.evidence import kernel_lines
 
         print()

@@ -2,7 +2,7 @@
 
 It combines two measurements taken here:
 
-* **The kernel map** (:mod:`specview.core.kernels`): a draft of ``n_max``
+* **The kernel map** (:mod:`specview.core.kernels.map`): a draft of ``n_max``
   tokens uses verify widths ``1..n_max+1``; a setting is *proven lossless*
   only where the map found every row of every one of those widths
   bit-identical to the single-token row, for the target under exactly those
@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 from .config import RunConfig
 from .errors import Cancelled
 from .eta import WorkEta
-from .kernels import KernelMap, TargetMap, kernel_map
+from .kernels.map import KernelMap, TargetMap, kernel_map
 from .matrix.rates import wilson  # the one 95% Wilson interval the matrix's rates use too
 from .prompts import PromptSpec
 from .trace import read_json
@@ -401,7 +401,7 @@ def prescribe(
                     f"{100 * lo:.0f}-{100 * hi:.0f}%)")
             if suite_results:
                 rate += f"; the suite results {suite_results} have no entry for this setting"
-    from .kernel_causes import prescription_lines
+    from .kernels.causes import prescription_lines
 
     causes = [line for t in kmap.targets for line in prescription_lines(t)]
     return Prescription(lossless=lossless, fastest_lossy=fastest_lossy, lossy_rate=rate, nothing=nothing,

@@ -35,7 +35,7 @@ from .config import EngineSettings
 from .engine import Engine
 from .errors import SpecviewError
 from .eta import WorkEta
-from .generate import GenOptions, run_to_end, vanilla_greedy
+from .arms.generate import GenOptions, run_to_end, vanilla_greedy
 from .registry import get_backend
 
 ProgressFn = Callable[[str], None]
@@ -238,7 +238,7 @@ def run_check(
 ) -> dict[str, Any]:
     """The backend check over ``prompts`` (name, token ids), each followed by ``continuation`` greedy tokens.
 
-    ``session`` loads the target (a :class:`~specview.core.session.Session`).
+    ``session`` loads the target (a :class:`~specview.core.arms.session.Session`).
     Returns a JSON-able dict: the pair, per-prompt and total figures, the
     limits, ``ok`` and the ``problems`` found.
     """

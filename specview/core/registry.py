@@ -11,7 +11,7 @@ A backend answers two questions:
 * **in-process engines** (llama.cpp, MLX): :meth:`Backend.resolve` turns a
   model name into something :meth:`Backend.load` accepts, and a loaded model
   opens engines (contexts) on its shared weights.  Their runner is the
-  :class:`~specview.core.session.Session`.
+  :class:`~specview.core.arms.session.Session`.
 * **every engine**: :meth:`Backend.runner` returns the :class:`Runner` that
   the CLI, the matrix and the app drive: ``run(cfg)`` gives a trace,
   ``diagnose(trace)`` explains a fork.  An engine that is a separate process
@@ -156,7 +156,7 @@ class Backend(ABC):
     @abstractmethod
     def runner(self, *, progress: ProgressFn | None = None) -> Runner:
         """A runner for this engine (in-process engines subclass
-        :class:`~specview.core.session.InProcessBackend`, whose runner is a Session)."""
+        :class:`~specview.core.arms.session.InProcessBackend`, whose runner is a Session)."""
 
 
 _FACTORIES: dict[str, Callable[[], Backend]] = {}

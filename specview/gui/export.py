@@ -130,7 +130,7 @@ def trace_plots(trace: Any) -> dict[str, bytes]:
 
 def locate_plot_png(src: Any) -> bytes | None:
     """PNG bytes of the |Δ|-along-the-graph plot of a Located or a departure record (None without its nodes)."""
-    from ..core.locate_plot import series_of
+    from ..core.locate.plot import series_of
     from .locate import LocatePlot
 
     s = series_of(src)
@@ -145,7 +145,7 @@ def locate_plot_png(src: Any) -> bytes | None:
 
 def report_plots(obj: Any) -> dict[str, bytes]:
     """The plots of whatever a report is made of: a locate's |Δ| plot, or a trace's plots (:func:`trace_plots`)."""
-    from ..core.locate import Located
+    from ..core.locate.find import Located
 
     if isinstance(obj, Located):
         png = locate_plot_png(obj)

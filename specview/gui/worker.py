@@ -2,7 +2,7 @@
 
 Every run, matrix and diagnosis goes through the runner of the chosen engine,
 ``get_backend(cfg.backend).runner(progress=...)`` (for the in-process engines a proxy
-whose :class:`~specview.core.session.Session` lives in a worker process, a server runner for
+whose :class:`~specview.core.arms.session.Session` lives in a worker process, a server runner for
 llama-server, a plug-in's own):
 the worker never asks which engine it is.  llama.cpp contexts must not cross
 threads, so every model load, derivation, run and diagnosis happens here, and
@@ -19,7 +19,7 @@ Cancellation is a flag per request, set from the GUI thread and checked by the
 arms between forward passes, so a run stops within one forward pass.  The
 window cancels the running request before it submits a new one.
 
-The kernel map and the prescription (:mod:`specview.core.kernels`,
+The kernel map and the prescription (:mod:`specview.core.kernels.map`,
 :mod:`specview.core.prescribe`) run here too, on the Session of their
 in-process engine: they report a fraction and a line of text
 (:class:`Progress`), and end in :class:`KernelMapFinished` /
@@ -98,7 +98,7 @@ class MatrixRequest(_Cancellable):
 
 @dataclass
 class KernelMapRequest(_Cancellable):
-    """Compute a kernel map (:func:`specview.core.kernels.kernel_map`) on the engine's Session."""
+    """Compute a kernel map (:func:`specview.core.kernels.map.kernel_map`) on the engine's Session."""
 
     targets: list[str]
     prompts: list[Any]  # PromptSpecs, built-in names, texts or token-id lists
@@ -115,7 +115,7 @@ class KernelMapRequest(_Cancellable):
 class PrescriptionRequest(_Cancellable):
     """Run :func:`specview.core.prescribe.prescribe` on a kernel map, on the Session of the map's engine."""
 
-    kmap: Any  # specview.core.kernels.KernelMap
+    kmap: Any  # specview.core.kernels.map.KernelMap
     draft: str
     candidates: tuple[int, ...] | None = None  # None: prescribe's defaults
     max_tokens: int | None = None
@@ -417,7 +417,7 @@ class ModelWorker(QObject):
     @Slot(object)
     def kernel_map(self, req: KernelMapRequest) -> None:
         def work(text: Any, fraction: Any) -> Any:
-            from ..core.kernels import kernel_map
+            from ..core.kernels.map import kernel_map
 
             return kernel_map(self._session_for(req.backend), req.targets, req.prompts, req.widths, req.positions,
                               req.settings, backend=req.backend, progress=text, cancel=req.cancel_event.is_set,

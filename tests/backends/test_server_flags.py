@@ -101,7 +101,7 @@ def test_server_args_split_between_every_server_and_the_speculative_one():
 def test_a_report_of_a_draft_mtp_server_trace_shows_the_flags(tmp_path):
     """The whole report, not just the helper: its speculative server command carries --spec-type draft-mtp."""
     from specview.core import report
-    from specview.core.compare import compare_arms
+    from specview.core.arms.compare import compare_arms
     from specview.core.trace import ArmResult, Step, Trace
 
     def arm(name, toks):

@@ -215,7 +215,7 @@ def test_the_check_refuses_what_the_binary_does_not_offer_before_starting_anythi
 
 
 def test_a_trace_with_server_nulls_and_rounds_survives_save_and_load(tmp_path):
-    from specview.core.compare import compare_arms
+    from specview.core.arms.compare import compare_arms
 
     counters = [(0.001, 0, 0), (5.0, 3, 2), (5.0, 3, 2), (5.0, 3, 2)]
     sr = StreamResult(chunks=_stream(counters, [1, 2, 3, 4]), final={"tokens_predicted": 4, "stop_type": "limit",

@@ -42,13 +42,13 @@ def test_raw_tokens_bypass_the_tokenizer(capsys, tiny_dir, tmp_path):
 
 def test_divergence_exits_1_with_the_fork_in_context(capsys, tiny_dir, tmp_path, monkeypatch):
     # tiny F32 models never fork, so plant one in the speculative arm the command receives
-    from specview.core.session import Session
+    from specview.core.arms.session import Session
 
     real = Session.run
 
     def forked(self, cfg, **kw):
         t = real(self, cfg, **kw)
-        from specview.core.compare import compare_arms
+        from specview.core.arms.compare import compare_arms
 
         s = t.speculative
         s.tokens[5] = (s.tokens[5] + 1) % 300

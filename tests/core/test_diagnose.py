@@ -23,11 +23,11 @@ import pytest
 
 from fakes import FaultyEngine, accepting_unpicked
 from specview.core import diagnose as dmod
-from specview.core import generate
+from specview.core.arms import generate
 from specview.core.engine import Engine, EngineSettings, SpecviewError, VocabInfo
 from specview.core.registry import LoadedModel, register_backend
 from specview.core.inprocess import InProcessBackend
-from specview.core.session import RunConfig, Session
+from specview.core.arms.session import RunConfig, Session
 from specview.core.trace import Trace
 from specview.core.verdicts import RULES
 

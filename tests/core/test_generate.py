@@ -3,10 +3,10 @@
 import pytest
 
 from fakes import EOS, FakeEngine, ToyModel
-from specview.core.compare import compare_arms
-from specview.core.drafters import ModelDrafter, NgramDrafter, NoDrafter
+from specview.core.arms.compare import compare_arms
+from specview.core.arms.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from specview.core.engine import ContextOverflow
-from specview.core.generate import GenOptions, run_to_end, speculative_greedy, vanilla_greedy
+from specview.core.arms.generate import GenOptions, run_to_end, speculative_greedy, vanilla_greedy
 from specview.core.trace import Round, Step
 
 PROMPT = [1, 5, 9, 4, 22, 17, 3]
@@ -231,7 +231,7 @@ def test_a_serial_round_round_trips_through_json_and_a_batched_one_stays_as_befo
 @pytest.mark.parametrize("fault", ["keep-rejected", "drop-accepted", "accept-unpicked"])
 def test_planted_faults_make_the_serial_loop_differ_from_plain_greedy(fault, monkeypatch):
     from fakes import FaultyEngine, accepting_unpicked
-    from specview.core import generate
+    from specview.core.arms import generate
 
     target = ToyModel(2)
     opts = GenOptions(max_tokens=60, ignore_eos=True)

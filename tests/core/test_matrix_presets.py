@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from specview.commands.matrix import every_drafter
-from specview.core.compare import compare_arms
+from specview.core.arms.compare import compare_arms
 from specview.core.config import LLAMA_SPEC_TYPES, RunConfig
 from specview.core.matrix import describe, expand, load_matrix, run_matrix
 from specview.core.matrix.cells import cell_config, model_label

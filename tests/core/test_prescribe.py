@@ -10,11 +10,11 @@ import pytest
 
 from fakes import FakeEngine
 from specview.core.config import EngineSettings, RunConfig
-from specview.core.kernels import kernel_map
+from specview.core.kernels.map.map import kernel_map
 from specview.core.prescribe import Prescription, prescribe, suite_rates, wilson
 from specview.core.registry import register_backend, unregister_backend
 from specview.core.inprocess import InProcessBackend
-from specview.core.session import Session
+from specview.core.arms.session import Session
 from test_kernels import PROMPTS, ToyLoaded
 
 POSITIONS = 24

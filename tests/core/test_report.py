@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from specview import cli
-from specview.core.compare import compare_arms
+from specview.core.arms.compare import compare_arms
 from specview.core.report import llama_commands, matrix_html, matrix_markdown, md_code, md_fence, trace_html, trace_markdown
 from specview.core.trace import ArmResult, Round, Step, Trace
 

@@ -9,7 +9,7 @@ from test_report import hostile_trace
 
 from specview import cli
 from specview.commands.compare import compare_traces
-from specview.core.compare import compare_arms
+from specview.core.arms.compare import compare_arms
 
 
 def _save(t, path: Path) -> str:

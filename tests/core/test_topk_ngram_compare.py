@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from specview.core.compare import compare_arms, first_difference
-from specview.core.drafters import NgramDrafter
-from specview.core.topk import top_softmax, topk
+from specview.core.arms.compare import compare_arms, first_difference
+from specview.core.arms.drafters import NgramDrafter
+from specview.core.arms.topk import top_softmax, topk
 from specview.core.trace import ArmResult, Step
 
 

@@ -23,7 +23,7 @@ from plants_worker import NAME, PATH
 from specview.core.config import RunConfig
 from specview.core.errors import EngineCrashed
 from specview.core.registry import get_backend, register_backend, unregister_backend
-from specview.core.session import Session
+from specview.core.arms.session import Session
 from specview.core.worker import WorkerRunner, live_workers, run_isolated
 
 PROMPT = "the cat sat on the mat and"

@@ -10,7 +10,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 import pytest  # noqa: E402
 
 import specview.gui  # noqa: E402,F401  (applies the PySide6 refcount guard before any test emits)
-from specview.core.compare import compare_arms  # noqa: E402
+from specview.core.arms.compare import compare_arms  # noqa: E402
 from specview.core.trace import ArmResult, Round, Step, Trace  # noqa: E402
 
 WORDS = ["The", " cat", " sat", " on", " the", " mat", ".", " It", " was", " warm", " and", " quiet", ",",

@@ -5,7 +5,7 @@ forks depends on this build's kernels: on x86 its fork comes from the repacked
 Q4_K gemm, so with ``--no-repack``, on an ARM core without it, or on a GPU
 build, its 4-row verify pass can compute exactly what single-token passes
 compute, and the demo then shows nothing.  Before a demo run the picker
-measures that directly, as the kernel map does (:func:`specview.core.kernels.map_target`):
+measures that directly, as the kernel map does (:func:`specview.core.kernels.map.map_target`):
 a few positions of the demo prompt as single-token passes and as rows of
 width-4 verify passes on the same KV prefix.  The default target is kept when
 its rows differ; otherwise the first quantization of :data:`CANDIDATES` whose
@@ -106,9 +106,9 @@ def measure(quants: list[str], settings: dict[str, Any], *, positions: int = POS
     Stops after the first quantization whose rows differ (``stop_at_first``).
     Module-level and pickle-friendly: it runs in a throwaway worker.
     """
-    from ...core.kernels import map_target
+    from ...core.kernels.map import map_target
     from ...core.prompts import PromptSpec
-    from ...core.session import Session
+    from ...core.arms.session import Session
 
     eng = EngineSettings.from_dict(settings)
     out: dict[str, dict[str, Any]] = {}

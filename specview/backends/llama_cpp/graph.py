@@ -39,7 +39,7 @@ import numpy as np
 
 from ...core.config import EngineSettings
 from ...core.errors import EvalError, SpecviewError
-from ...core.locate import SELECTIONS, GraphEngine, GraphNode, MicroBatch, NodeSource
+from ...core.locate.find import SELECTIONS, GraphEngine, GraphNode, MicroBatch, NodeSource
 from .engine import LlamaEngine
 from .lib import _init, lib_dir
 

@@ -29,13 +29,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ... import __version__
-from ...core.compare import compare_arms
+from ...core.arms.compare import compare_arms
 from ...core.config import RunConfig, EngineSettings
 from ...core.errors import Cancelled, ConfigError, ModelFileError, SpecviewError
-from ...core.generate import context_needed
+from ...core.arms.generate import context_needed
 from ...core.llama_flags import UB1_REFUSED, server_argv, split_server_args, uses_draft_file
 from ...core.registry import Backend, Runner, get_backend
-from ...core.session import host_environment, prompt_record, round_up
+from ...core.arms.session import host_environment, prompt_record, round_up
 from ...core.trace import ArmResult, Trace
 from ..local_server.process import ServerError
 from .binary import find_server_bin, server_info

@@ -8,10 +8,10 @@ and the logits.  :class:`LayerEngine` taps those modules of the model's own
 list and its ``norm``) for the duration of one pass, keeps a reference to each
 module's output, evaluates them with the logits, and puts the modules back.
 Nothing is recomputed: the values are the ones the pass hands on, so observing
-cannot change the numbers (and :func:`specview.core.locate.locate` checks the
+cannot change the numbers (and :func:`specview.core.locate.find.locate` checks the
 logits against an unobserved engine anyway, bit for bit).
 
-The nodes are reported as :class:`~specview.core.graphdiff.GraphNode` in
+The nodes are reported as :class:`~specview.core.locate.find.graphdiff.GraphNode` in
 ggml's shape order (``[features, n_tokens, 1, 1]``), so the core compares them
 exactly as it compares llama.cpp's: ``embd`` (op ``embedding``), ``blk.N``
 (op ``layer``: the block's output, the residual stream it hands on), ``norm``
@@ -30,8 +30,8 @@ import numpy as np
 
 from ...core.config import EngineSettings
 from ...core.errors import EvalError
-from ...core.graphdiff import GraphEngine, GraphNode, MicroBatch, NodeSource
-from ...core.locate import NotObservable
+from ...core.locate.graphdiff import GraphEngine, GraphNode, MicroBatch, NodeSource
+from ...core.locate.find import NotObservable
 from .engine import MLXEngine, MLXModel
 from .lib import _mx
 

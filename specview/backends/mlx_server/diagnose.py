@@ -39,11 +39,11 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from ...core.compare import first_difference
+from ...core.arms.compare import first_difference
 from ...core.diagnose import (fork_fields, fork_of, require_complete, FAR_FACTOR, FAR_FLOOR, LOGIT_TOL, SCHEMA_VERSION, DiagnosisCancelled,
                               at_risk_positions, classify, envelope_stats, far_threshold, rank_of)
 from ...core.errors import SpecviewError
-from ...core.topk import topk
+from ...core.arms.topk import topk
 from ...core.trace import ArmResult, Trace
 
 __all__ = ["diagnose_from_outside", "LoopSettings", "vanilla_rows", "speculative_rows", "METHOD", "NOT_MEASURED"]

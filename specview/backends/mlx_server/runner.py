@@ -15,7 +15,7 @@ import shlex
 from typing import Any, Callable
 
 from ... import __version__
-from ...core.compare import compare_arms
+from ...core.arms.compare import compare_arms
 from ...core.config import RunConfig
 from ...core.errors import Cancelled, ConfigError
 from ...core.registry import CancelFn, EventFn, ProgressFn, Runner
@@ -242,7 +242,7 @@ class MLXServerRunner(Runner):
 
     def _trace(self, cfg: RunConfig, program: list[str], target: str, draft: str | None, vm: Any, dm: Any,
                tokens: list[int], vanilla: ArmResult, speculative: ArmResult, info: dict[str, Any] | None) -> Trace:
-        from ...core.session import host_environment, prompt_record
+        from ...core.arms.session import host_environment, prompt_record
 
         fp = None
         for s in self._servers.values():

@@ -16,8 +16,8 @@ import time
 from dataclasses import replace
 from typing import Any, Callable
 
-from ..compare import first_difference
-from ..generate import GenOptions, run_to_end, speculative_greedy, vanilla_greedy
+from ..arms.compare import first_difference
+from ..arms.generate import GenOptions, run_to_end, speculative_greedy, vanilla_greedy
 from ..trace import Step, Trace
 from .classify import CONTROL_CHUNK, DiagnosisCancelled
 

@@ -6,7 +6,7 @@ import time
 from typing import Any, Callable
 
 from ..errors import SpecviewError
-from ..generate import GenOptions
+from ..arms.generate import GenOptions
 from ..reference import reference_for_trace, wanted_for
 from ..trace import Trace
 from .classify import (FAR_FACTOR, FAR_FLOOR, LOGIT_TOL, SCHEMA_VERSION, at_risk_positions, classify,
@@ -208,7 +208,7 @@ def diagnose(
     )
     result["verdict"], result["rule"] = verdict, rule
     if verdict == "near-tie":  # name the op where the fork's verify pass first departs (specview locate)
-        from ..locate import departure
+        from ..locate.find import departure
 
         say("locating where the fork's verify pass first departs from the single-token pass")
         result["departure"] = departure(session, trace, cancel=cancel)

@@ -24,8 +24,8 @@ import numpy as np
 
 from ..engine import Engine
 from ..errors import SpecviewError
-from ..generate import prefill, verify
-from ..topk import topk
+from ..arms.generate import prefill, verify
+from ..arms.topk import topk
 from ..trace import ArmResult, Trace
 from .classify import LOGIT_TOL, DiagnosisCancelled, rank_of
 

@@ -43,7 +43,7 @@ PREDICTION_FIELDS = {"status": STR, "target": STR, "settings": STR, "n_max": INT
                      "safe_n_max": INT, "first_differing": INT, "identical_share": NUM, "max_delta": NUM,
                      "flips": INT, "missing": LIST, "evidence": STR, "map_file": STR, "map_reach": INT, "reach": INT,
                      "caveats": LIST, "reason": STR}
-#: the cited map (:func:`~specview.core.kernel_evidence.citation`) and each of its ``targets``
+#: the cited map (:func:`~specview.core.kernels.map.evidence.citation`) and each of its ``targets``
 CITATION_FIELDS = {"file": STR, "schema": STR, "backend": STR, "widths": LIST, "positions": INT, "prompts": LIST,
                    "targets": LIST, "environment": DICT}
 CITED_TARGET_FIELDS = {"label": STR, "target": STR, "deterministic": BOOL, "safe_widths": LIST, "safe_n_max": INT,
@@ -113,7 +113,7 @@ def _items(obj: dict[str, Any], key: str, kind: str, where: str) -> None:
 
 
 def _check_prediction(p: dict[str, Any], where: str) -> None:
-    from ..kernel_evidence import STATUSES
+    from ..kernels.evidence import STATUSES
 
     _check(p, PREDICTION_FIELDS, where)
     if p.get("status") not in STATUSES:

@@ -1,9 +1,9 @@
 """A matrix that cites a kernel map: each cell's prediction, and the plain words that compare them with the cells.
 
 The matrix file records the map it cites under ``kernel_map`` (its file and
-what it proves, :func:`~specview.core.kernel_evidence.citation`) and, per
+what it proves, :func:`~specview.core.kernels.map.evidence.citation`) and, per
 cell, the map's prediction for that cell under ``kernel_prediction``
-(:class:`~specview.core.kernel_evidence.KernelPrediction` as JSON).  The
+(:class:`~specview.core.kernels.map.evidence.KernelPrediction` as JSON).  The
 prediction is made when the cell finishes, from its trace: the target's file
 facts, the thread count it used and its environment.  The summary and the
 rates read only the file.
@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 from ..config import RunConfig, resolve_threads
 from ..errors import SpecviewError
-from ..kernel_evidence import (DIFFER, NOT_COVERED, NOT_DETERMINISTIC, PROVEN, REACH_CAVEAT, STATUS_WORDS, STATUSES,
+from ..kernels.evidence import (DIFFER, NOT_COVERED, NOT_DETERMINISTIC, PROVEN, REACH_CAVEAT, STATUS_WORDS, STATUSES,
                                KernelPrediction, contradiction_text, predict_config)
 from ..verdicts import WORDS, category
 from .cells import CellParams, describe

@@ -21,7 +21,7 @@ from typing import Any, Callable
 from ... import __version__
 from ..config import RunConfig
 from ..errors import EngineCrashed, SpecviewError
-from ..kernel_evidence import environment_differences
+from ..kernels.evidence import environment_differences
 from ..registry import Runner, get_backend
 from ..trace import Trace, json_safe, write_atomic
 from ..verdicts import cell_label
@@ -66,7 +66,7 @@ class MatrixRun:
             "cells": self.records,
         }
         if self.kernel_map is not None:
-            from ..kernel_evidence import citation
+            from ..kernels.evidence import citation
 
             doc["kernel_map"] = citation(self.kernel_map, self.spec.kernel_map)
         doc["summary"] = summarize(doc)

@@ -179,9 +179,9 @@ class _SpecMethods:
                 self.load_kernel_map()
 
     def load_kernel_map(self) -> Any:
-        """The :class:`~specview.core.kernels.KernelMap` the matrix cites, or a MatrixError naming its file."""
-        from ..kernel_evidence import load_kernel_map
-        from ..kernels import KernelMapError
+        """The :class:`~specview.core.kernels.map.KernelMap` the matrix cites, or a MatrixError naming its file."""
+        from ..kernels.evidence import load_kernel_map
+        from ..kernels.map import KernelMapError
 
         try:
             return load_kernel_map(self.kernel_map)

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..kernel_evidence import (DIFFER, NOT_COVERED, NOT_DETERMINISTIC, PROVEN, STATUS_WORDS, KernelPrediction,
+from ..kernels.evidence import (DIFFER, NOT_COVERED, NOT_DETERMINISTIC, PROVEN, STATUS_WORDS, KernelPrediction,
                                citation_text, contradiction_text, predict_trace)
-from ..kernel_causes import cause_words, groups_line
-from ..kernels_text import LEGEND, LEVELS, ranges, settings_label, verdict_line, width_note
+from ..kernels.causes import cause_words, groups_line
+from ..kernels.text import LEGEND, LEVELS, ranges, settings_label, verdict_line, width_note
 from ..verdicts import WORDS
 from .escape import text
 from .facts import obj
@@ -208,7 +208,7 @@ def matrix_citation(doc: Mapping[str, Any]) -> str | None:
 def cite_in_matrix(doc: dict[str, Any], kmap: Any, map_file: str) -> dict[str, Any]:
     """A copy of a matrix document citing ``kmap``: each finished cell predicted from its recorded settings (by
     name: a matrix file keeps no model file facts), for a report of a matrix run without a map."""
-    from ..kernel_evidence import citation
+    from ..kernels.evidence import citation
     from ..matrix.evidence import predict_record
 
     out = dict(doc)

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ... import __version__
-from ..kernels_text import settings_label
-from ..locate_text import describe
+from ..kernels.text import settings_label
+from ..locate.text import describe
 from .escape import esc, md_fence, md_text, text
 from .facts import PLOT_CAPTIONS, environment_facts
 from .html import _img_html, _kv_html, _page, _table_html

@@ -32,7 +32,7 @@ CARD_FILE = "fork-card.png"
 def read_input(path: str | os.PathLike[str]) -> tuple[str, Any]:
     """("trace", Trace), ("matrix", dict), ("kernels", KernelMap) or ("locate", Located) from a JSON file,
     refusing anything else."""
-    from ..kernel_evidence import kernel_map_from_json
+    from ..kernels.evidence import kernel_map_from_json
     from ..matrix import validate_matrix
     from ..trace import read_json
 
@@ -47,7 +47,7 @@ def read_input(path: str | os.PathLike[str]) -> tuple[str, Any]:
     if isinstance(schema, str) and schema.startswith("specview.kernels/"):
         return "kernels", kernel_map_from_json(d, source=str(p))
     if isinstance(schema, str) and schema.startswith("specview.locate/"):
-        from ..locate import Located
+        from ..locate.find import Located
 
         return "locate", Located.from_json(d, source=str(p))
     shown = repr(schema) if isinstance(schema, str) and len(schema) < 80 else type(schema).__name__
@@ -75,7 +75,7 @@ def write_report(src: str | os.PathLike[str] | Trace | dict | Any, out_dir: str 
                  kernel_map: str | os.PathLike[str] | Any = None) -> dict[str, Path]:
     """Write ``{name}.html``, ``{name}.md`` and the PNGs the Markdown links to into ``out_dir``.
 
-    ``src`` is a trace, a matrix document, a :class:`~specview.core.kernels.KernelMap` or a file
+    ``src`` is a trace, a matrix document, a :class:`~specview.core.kernels.map.KernelMap` or a file
     holding one.  ``plots`` draws a trace's plots (called once, on the caller's thread); a matrix
     report has none.  ``card`` draws a trace's fork card, written to ``card_path`` (default
     ``fork-card.png`` in ``out_dir``) and shown at the top of the Markdown report.
@@ -85,8 +85,8 @@ def write_report(src: str | os.PathLike[str] | Trace | dict | Any, out_dir: str 
     map file given as ``src`` gets a report of its own.  Returns what was written, by kind
     ("html", "markdown", "card", and one entry per plot).
     """
-    from ..kernels import KernelMap
-    from ..locate import Located
+    from ..kernels.map import KernelMap
+    from ..locate.find import Located
     from ..matrix import validate_matrix
 
     if isinstance(src, Trace):
@@ -107,7 +107,7 @@ def write_report(src: str | os.PathLike[str] | Trace | dict | Any, out_dir: str 
         if kind in ("kernels", "locate"):
             raise SpecviewError(f"--kernel-map: the input is a {'kernel map already' if kind == 'kernels' else 'locate'}"
                                 "; its report takes no kernel map")
-        from ..kernel_evidence import load_kernel_map
+        from ..kernels.evidence import load_kernel_map
 
         if isinstance(kernel_map, KernelMap):
             kmap, map_file = kernel_map, None

@@ -1,4 +1,4 @@
-"""The worker's side: one real :class:`~specview.core.session.Session`, requests in, events out.
+"""The worker's side: one real :class:`~specview.core.arms.session.Session`, requests in, events out.
 
 It runs in a process of its own, started by spawn (never fork: the parent may
 hold Qt, OpenMP or a GPU driver), and owns every native handle: models,
@@ -157,7 +157,7 @@ def main(conn: Any, parent_pid: int, activity_path: str, registrations: dict[str
     act = ActivityFile(activity_path)
     from .. import activity
     from ..registry import register_backend
-    from ..session import Session
+    from ..arms.session import Session
 
     activity.set_sink(act.write)
     for name, path in registrations.items():

@@ -420,7 +420,7 @@ class _Partial:
             self.arms[value.name] = value
 
     def trace(self, crash: dict[str, Any]) -> Any:
-        from ..compare import compare_arms
+        from ..arms.compare import compare_arms
         from ..trace import ArmResult, Trace
 
         def arm(name: str) -> Any:
@@ -441,7 +441,7 @@ class _Partial:
             t.vanilla, t.speculative = v, s
             t.comparison = comparison
         else:
-            from ..session import host_environment, prompt_record
+            from ..arms.session import host_environment, prompt_record
             from ... import __version__
 
             t = Trace(config=self.cfg.to_dict(),

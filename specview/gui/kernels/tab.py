@@ -34,8 +34,8 @@ from ...core.config import RunConfig
 from ...core.demo import is_demo_name
 from ...core.errors import SpecviewError
 from ...core.jsonfile import declares_schema
-from ...core.kernels import KernelMap
-from ...core.kernels_text import parse_widths, ranges, settings_label
+from ...core.kernels.map import KernelMap
+from ...core.kernels.text import parse_widths, ranges, settings_label
 from ...core.prompts import builtin_prompts
 from ...core.trace import json_safe, write_atomic
 from ..controls import backend_facts
@@ -333,13 +333,13 @@ class KernelTab(QWidget):
         """What the map shown predicts for ``trace``'s run (a KernelPrediction), or None without a map."""
         if self.kmap is None:
             return None
-        from ...core.kernel_evidence import predict_trace
+        from ...core.kernels.evidence import predict_trace
 
         return predict_trace(self.kmap, trace, map_file=self.source)
 
     def map_for_report(self, trace: Any) -> Any:
         """The map to put in ``trace``'s report (its file, else the map): only one that covers the run."""
-        from ...core.kernel_evidence import NOT_COVERED
+        from ...core.kernels.evidence import NOT_COVERED
 
         pred = self.prediction_for(trace)
         if pred is None or pred.status == NOT_COVERED:

@@ -1,6 +1,6 @@
 """The kernel map as a heat grid (target x verify width), its legend, and one target's per-width detail.
 
-A standalone widget: give it a :class:`~specview.core.kernels.KernelMap`
+A standalone widget: give it a :class:`~specview.core.kernels.map.KernelMap`
 (``setMap``) and it shows one row per target (under its engine settings) and
 one column per width.  The metric shown is selectable; a bit-identical cell is
 always ``=`` on the verdicts' "identical" green, whatever the metric, and the
@@ -8,7 +8,7 @@ other cells are tinted from light to strong by how far the metric says that
 width is from single-token passes.  The row labels say what the row proves
 ("proven lossless up to n_max 2", "nothing proven", "not deterministic").
 Selecting a cell shows that target's per-width table and, in plain words, what
-it proves (:func:`specview.core.kernels_text.verdict_line`).
+it proves (:func:`specview.core.kernels.map.text.verdict_line`).
 
 The colours and texts come from pure functions (:func:`cell_look`,
 :func:`row_claim`), so they can be checked against the map's own figures.
@@ -41,7 +41,7 @@ from PySide6.QtWidgets import (
 )
 
 from ...core import verdicts
-from ...core.kernels_text import ranges, verdict_line
+from ...core.kernels.text import ranges, verdict_line
 
 #: (WidthStats attribute, what the metric menu and the legend call it)
 METRICS: tuple[tuple[str, str], ...] = (
@@ -122,7 +122,7 @@ def metric_text(metric: str, st: Any) -> str:
 
 
 def cell_look(st: Any, metric: str) -> CellLook:
-    """The heat cell of one width (a :class:`~specview.core.kernels.WidthStats`, or None: not measured)."""
+    """The heat cell of one width (a :class:`~specview.core.kernels.map.WidthStats`, or None: not measured)."""
     if st is None or st.rows == 0:
         return CellLook("", None, -1, False)
     if st.bit_identical:
@@ -339,7 +339,7 @@ class KernelMapView(QWidget):
 
     # -- data ------------------------------------------------------------------
     def setMap(self, kmap: Any, source: str | Path | None = None) -> None:
-        """Show a :class:`~specview.core.kernels.KernelMap` (``source``: the file it came from, if any)."""
+        """Show a :class:`~specview.core.kernels.map.KernelMap` (``source``: the file it came from, if any)."""
         self.kmap = kmap
         self.source = Path(source) if source is not None else None
         self.selected = None

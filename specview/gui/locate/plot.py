@@ -17,7 +17,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import QPointF, Qt, Signal
 from PySide6.QtGui import QColor, QPalette
 
-from ...core.locate_plot import GraphSeries
+from ...core.locate.plot import GraphSeries
 from ..panes import MISMATCH_HUE, blend
 from ..plots import TimedPlot, style_plot
 

@@ -21,8 +21,8 @@ from PySide6.QtWidgets import QLabel, QPlainTextEdit, QSplitter, QTabWidget, QVB
 from ...core.diagnose import departure_line
 from ...core.errors import SpecviewError
 from ...core.jsonfile import declares_schema
-from ...core.locate import Located
-from ...core.locate_plot import series_of
+from ...core.locate.find import Located
+from ...core.locate.plot import series_of
 from ..verdict_bar import LOCATE_LINK
 from .plot import LocatePlot
 

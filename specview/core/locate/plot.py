@@ -3,7 +3,7 @@
 Qt-free.  A :class:`GraphSeries` has one point per compared node, in graph
 order: x is the node's index in the graph, y its max |Δ| (0 for a node whose
 row is bit-identical), and what the hover says of it (name, op, types,
-buffers).  It is built from a whole :class:`~specview.core.locate.Located`
+buffers).  It is built from a whole :class:`~specview.core.locate.find.Located`
 or from the compact ``graph`` record a near-tie diagnosis' ``departure``
 keeps (:func:`graph_record`), so a saved trace can draw its fork's plot
 without running the locate again.
@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .jsonfile import json_safe
+from ..jsonfile import json_safe
 
 #: the keys of a departure's ``graph`` record, one list (or one character per node for ``status``) each
 GRAPH_KEYS = ("index", "name", "op", "type", "buffer", "weight", "part", "max_abs")

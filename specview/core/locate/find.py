@@ -26,7 +26,7 @@ The result (:class:`Located`) names the first differing node with its op, the
 types, shapes and buffers of its inputs (the weight's buffer says CPU,
 CPU_REPACK, AMX, Vulkan0 ...), the size of the difference, how it grows layer
 by layer and how many of the vocabulary's logits differ.  JSON schema
-``specview.locate/1``; the text form is :func:`specview.core.locate_text.text`.
+``specview.locate/1``; the text form is :func:`specview.core.locate.find.text.text`.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from typing import Any
 
 import numpy as np
 
-from .config import EngineSettings
-from .errors import BackendUnavailable, Cancelled, ConfigError, SpecviewError
-from .generate import prefill
+from ..config import EngineSettings
+from ..errors import BackendUnavailable, Cancelled, ConfigError, SpecviewError
+from ..arms.generate import prefill
 from .graphdiff import (  # noqa: F401  (re-exported: what an observing engine reports, and the diff)
     VIEW_OPS,
     GraphEngine,
@@ -55,8 +55,8 @@ from .graphdiff import (  # noqa: F401  (re-exported: what an observing engine r
     token_axis,
     trim,
 )
-from .jsonfile import json_safe, read_json, write_atomic
-from .topk import topk
+from ..jsonfile import json_safe, read_json, write_atomic
+from ..arms.topk import topk
 
 SCHEMA = "specview.locate/1"
 #: node selections an engine may observe, widest first
@@ -148,12 +148,12 @@ class Located:
 
     def where(self) -> str:
         """One line: where the batched pass first departs ("blk.0 Qcur-0: MUL_MAT on f16 weights in CPU, 576 of 576")."""
-        from .locate_text import where
+        from .text import where
 
         return where(self)
 
     def text(self) -> str:
-        from .locate_text import text
+        from .text import text
 
         return text(self)
 
@@ -376,9 +376,9 @@ def _pair(plain: Any, obs: Any, n: int, start: int, position: int, batch: list[i
 def departure(session: Any, trace: Any, *, progress: ProgressFn | None = None,
               cancel: CancelFn | None = None) -> dict[str, Any]:
     """Where the trace's fork pass first departs from the single-token pass: :meth:`Located.summary` and its
-    compared nodes' |Δ| (``graph``, :func:`~specview.core.locate_plot.graph_record`), or ``{"skipped": why}``
+    compared nodes' |Δ| (``graph``, :func:`~specview.core.locate.find.plot.graph_record`), or ``{"skipped": why}``
     when it cannot be located (an engine that cannot be observed, a fork no verify pass chose)."""
-    from .locate_plot import graph_record
+    from .plot import graph_record
 
     try:
         loc = locate(session, progress=progress, cancel=cancel, **fork_of(trace))
@@ -396,7 +396,7 @@ def fork_of(trace: Any) -> dict[str, Any]:
     speculative arm's first differing token; the teacher tokens are the shared
     prefix and that pass's draft tokens.
     """
-    from .config import RunConfig
+    from ..config import RunConfig
 
     fm = trace.comparison.first_mismatch
     if fm is None:

@@ -15,17 +15,17 @@ import platform
 import time
 from typing import Any, Callable
 
-from .. import __version__
-from . import activity
+from ... import __version__
+from .. import activity
 from .compare import compare_arms
 from .drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
-from .config import RunConfig
-from .engine import Engine, EngineSettings, check_draft_compatible
+from ..config import RunConfig
+from ..engine import Engine, EngineSettings, check_draft_compatible
 from .generate import Event, GenOptions, context_needed, run_to_end, speculative_greedy, vanilla_greedy
-from .doctor import cpu_name, environment_facts, machine_facts
-from .engine import LoadedModel
-from .registry import Backend, Runner, get_backend
-from .trace import ArmResult, Trace
+from ..doctor import cpu_name, environment_facts, machine_facts
+from ..engine import LoadedModel
+from ..registry import Backend, Runner, get_backend
+from ..trace import ArmResult, Trace
 
 ProgressFn = Callable[[str], None]
 EventFn = Callable[[str, Event], None]  # (arm name, event)
@@ -117,7 +117,7 @@ class Session(Runner):
 
     def diagnose(self, trace: Trace, cfg: RunConfig, *, controls: bool = False,
                  progress: ProgressFn | None = None, cancel: Callable[[], bool] | None = None) -> dict[str, Any]:
-        from .diagnose import diagnose
+        from ..diagnose import diagnose
 
         return diagnose(self, cfg, trace, controls=controls, progress=progress or self.progress, cancel=cancel)
 

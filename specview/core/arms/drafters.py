@@ -13,8 +13,8 @@ import time
 from abc import ABC, abstractmethod
 from typing import Sequence
 
-from .config import SPEC_TYPES_IN_PROCESS
-from .engine import Engine
+from ..config import SPEC_TYPES_IN_PROCESS
+from ..engine import Engine
 from .topk import top_softmax
 
 SPEC_TYPES = SPEC_TYPES_IN_PROCESS

@@ -1,7 +1,7 @@
 """The kernel map as evidence: what it predicts about one run, and when a run contradicts it.
 
 A draft of ``n_max`` tokens uses verify widths ``1..n_max+1``.  For a run of a
-target under some engine settings, the kernel map (:mod:`specview.core.kernels`)
+target under some engine settings, the kernel map (:mod:`specview.core.kernels.map`)
 makes one of four predictions (:data:`STATUSES`):
 
 ``proven-lossless``
@@ -54,10 +54,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from .config import EngineSettings, RunConfig
-from .errors import SpecviewError
-from .kernels import KernelMap, KernelMapError, TargetMap
-from .kernels_text import ranges, settings_label
+from ..config import EngineSettings, RunConfig
+from ..errors import SpecviewError
+from .map import KernelMap, KernelMapError, TargetMap
+from .text import ranges, settings_label
 
 PROVEN, DIFFER, NOT_COVERED, NOT_DETERMINISTIC = "proven-lossless", "kernels-differ", "not-covered", "not-deterministic"
 STATUSES = (PROVEN, DIFFER, NOT_COVERED, NOT_DETERMINISTIC)
@@ -191,7 +191,7 @@ def as_kernel_map(kmap: KernelMap | Mapping[str, Any] | str | os.PathLike[str], 
 
 def load_kernel_map(path: str | os.PathLike[str], *, what: str = "kernel map") -> KernelMap:
     """Read a map for citing it, with an error that names the file and says how to make one."""
-    from .jsonfile import read_json
+    from ..jsonfile import read_json
 
     try:
         return kernel_map_from_json(read_json(path, KernelMapError), source=str(path))
@@ -204,7 +204,7 @@ def load_kernel_map(path: str | os.PathLike[str], *, what: str = "kernel map") -
 
 # -- matching ----------------------------------------------------------------------------
 def _norm_name(name: str) -> str:
-    from .demo import demo_quant, is_demo_name
+    from ..demo import demo_quant, is_demo_name
 
     if is_demo_name(name):
         try:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Sequence
 
-from .config import EngineSettings
-from .errors import ConfigError
+from ..config import EngineSettings
+from ..errors import ConfigError
 
-# the map's classes (specview.core.kernels) are duck-typed here: kernels imports this module, not the reverse
+# the map's classes (specview.core.kernels.map) are duck-typed here: kernels imports this module, not the reverse
 KernelMap = TargetMap = WidthStats = Any
 
 #: heatmap cell classes by max |logit difference|, after "=" for bit-identical

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .kernels_text import settings_label
+from ..kernels.text import settings_label
 
-# the objects are specview.core.locate's Located, NodeDiff and NodeSource (not imported: locate imports this)
+# the objects are specview.core.locate.find's Located, NodeDiff and NodeSource (not imported: locate imports this)
 Located = NodeDiff = NodeSource = Any
 
 

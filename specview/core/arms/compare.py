@@ -7,7 +7,7 @@ trace's comparison against its arms); this module keeps the names callers use.
 
 from __future__ import annotations
 
-from .trace import ArmResult, Comparison, first_difference
+from ..trace import ArmResult, Comparison, first_difference
 
 __all__ = ["compare_arms", "first_difference"]
 

@@ -1,7 +1,7 @@
 """Why the widths of a kernel map differ: the op a locate names first, and the widths grouped by it.
 
 For every width of a map row that differs from single-token passes,
-:func:`locate_causes` runs one :func:`~specview.core.locate.locate` at that
+:func:`locate_causes` runs one :func:`~specview.core.locate.find.locate` at that
 width's first differing row (the prompt, token and row the map recorded, on
 the map's own teacher-forced sequence and settings) and keeps its summary as
 the width's ``cause``.  Bit-identical widths need no locate.  The widths then
@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .errors import Cancelled, SpecviewError
-from .kernels_text import ranges
+from ..errors import Cancelled, SpecviewError
+from .text import ranges
 
 ProgressFn = Callable[[str], None]
 CancelFn = Callable[[], bool]
@@ -168,7 +168,7 @@ def locate_causes(session: Any, kmap: Any, *, progress: ProgressFn | None = None
     locate cannot run records ``{"skipped": why}``; ``kmap.seconds`` grows by
     the time taken, and each row's ``locate_seconds`` says how much.
     """
-    from .locate import locate
+    from ..locate.find import locate
 
     say = progress or (lambda msg: None)
     t_all = time.perf_counter()

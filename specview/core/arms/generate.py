@@ -33,9 +33,9 @@ from typing import Callable, Generator, Sequence, Union
 import numpy as np
 
 from .drafters import Drafter
-from .engine import ContextOverflow, Engine
+from ..engine import ContextOverflow, Engine
 from .topk import topk
-from .trace import ArmResult, Round, Step
+from ..trace import ArmResult, Round, Step
 
 Event = Union[Step, Round]
 CancelCheck = Callable[[], bool]

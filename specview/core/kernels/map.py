@@ -47,14 +47,14 @@ from typing import Any
 
 import numpy as np
 
-from .config import EngineSettings, check_value
-from .errors import BackendUnavailable, Cancelled, ConfigError, SpecviewError
-from .eta import WorkEta
-from .generate import prefill
-from .prompts import PromptError, PromptSpec, builtin_names, builtin_prompts
-from .kernels_text import heatmap, parse_widths, ranges, settings_label, table
-from .topk import topk
-from .trace import json_safe, read_json, write_atomic
+from ..config import EngineSettings, check_value
+from ..errors import BackendUnavailable, Cancelled, ConfigError, SpecviewError
+from ..eta import WorkEta
+from ..arms.generate import prefill
+from ..prompts import PromptError, PromptSpec, builtin_names, builtin_prompts
+from .text import heatmap, parse_widths, ranges, settings_label, table
+from ..arms.topk import topk
+from ..trace import json_safe, read_json, write_atomic
 
 SCHEMA = "specview.kernels/1"
 DEFAULT_WIDTHS = tuple(range(1, 17))
@@ -308,7 +308,7 @@ class KernelMap:
     # -- text --------------------------------------------------------------------------------
     def table(self) -> str:
         """Per target: the per-width table, what it proves, and its widths grouped by cause where located."""
-        from .kernel_causes import groups_line
+        from .causes import groups_line
 
         return table(self, groups_line)
 
@@ -404,7 +404,7 @@ class _Acc:
 def _session_of(runner: Any, backend: str) -> Any:
     """The runner to map on: ``runner``, or a new one of ``backend`` (the caller closes it); refused for an engine
     whose forward passes specview does not run itself."""
-    from .registry import Runner, get_backend, holds_models
+    from ..registry import Runner, get_backend, holds_models
 
     if runner is None:
         be = get_backend(backend)
@@ -545,7 +545,7 @@ def kernel_map(
 ) -> KernelMap:
     """Map every target (under every settings given) over ``prompts`` at ``widths``.
 
-    ``session_or_runner`` is the :class:`~specview.core.session.Session` whose
+    ``session_or_runner`` is the :class:`~specview.core.arms.session.Session` whose
     loaded models to use, or a runner whose Session lives in its worker process
     (the map then runs there), or None (a new runner for ``backend``, closed
     afterwards).
@@ -555,7 +555,7 @@ def kernel_map(
     measuring a width at its first differing row: the safe widths are answered
     as fully, for less (see :func:`map_target`).
     """
-    from .registry import holds_models
+    from ..registry import holds_models
 
     if not holds_models(session_or_runner):  # a runner whose models live in its worker: map there
         runner = _session_of(session_or_runner, backend)
@@ -607,9 +607,9 @@ def kernel_map(
 
 
 def _environment(backend: str) -> dict[str, Any]:
-    from .. import __version__
-    from .registry import get_backend
-    from .session import host_environment
+    from ... import __version__
+    from ..registry import get_backend
+    from ..arms.session import host_environment
 
     env: dict[str, Any] = {"specview": __version__, "backend": backend}
     try:
