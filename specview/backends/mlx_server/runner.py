@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from ... import __version__
 from ...core.arms.compare import compare_arms
+from ...core.arms.reuse import replay
 from ...core.config import RunConfig
 from ...core.errors import Cancelled, ConfigError
 from ...core.registry import CancelFn, EventFn, ProgressFn, Runner
@@ -175,9 +176,7 @@ class MLXServerRunner(Runner):
             k = max(2, cfg.top_k) if cap is None else min(max(2, cfg.top_k), cap)
             if cached is not None:
                 vanilla, vmeta = cached
-                if on_event:
-                    for st in vanilla.steps:
-                        on_event("vanilla", st)
+                replay(vanilla, on_event)
             else:
                 vanilla, vmeta = self._arm("vanilla", vsrv, text, tokens, chat, cfg, k, None, vm, cancel, on_event)
                 self.vanilla_runs += 1

@@ -18,6 +18,7 @@ from typing import Any, Callable
 from ... import __version__
 from .. import activity
 from .compare import compare_arms
+from .reuse import replay
 from .drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
 from ..config import RunConfig
 from ..engine import Engine, EngineSettings, check_draft_compatible
@@ -155,10 +156,7 @@ class Session(Runner):
         cached = self._vanilla.get(vkey) if reuse_vanilla else None
         used: Engine | None = None  # the target context whose settings the trace reports
         if cached is not None:
-            vanilla, _ = cached
-            if on_event:
-                for s in vanilla.steps:
-                    on_event("vanilla", s)
+            vanilla = replay(cached[0], on_event)
         else:
             veng = used = self.engine("vanilla", target, cfg.engine, n_ctx)
             vanilla = run_to_end(vanilla_greedy(veng, tokens, opts, cancel=cancel),
