@@ -236,7 +236,7 @@ def toml_specs(draw) -> str:
 
 
 # -- corruption ------------------------------------------------------------------------------
-def paths_of(doc: Any, limit: int = 400) -> list[tuple]:
+def json_paths(doc: Any, limit: int = 400) -> list[tuple]:
     """Every path (keys and indices) into a JSON document, breadth first, at most ``limit``."""
     out: list[tuple] = []
     queue: list[tuple[tuple, Any]] = [((), doc)]
@@ -253,7 +253,7 @@ def paths_of(doc: Any, limit: int = 400) -> list[tuple]:
 def corrupt_field(draw, doc: Any) -> Any:
     """``doc`` with one field, anywhere, replaced by a value of another kind (or deleted)."""
     doc = json.loads(json.dumps(doc))
-    paths = paths_of(doc)
+    paths = json_paths(doc)
     if not paths:
         return doc
     path = draw(st.sampled_from(paths))

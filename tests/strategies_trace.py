@@ -21,7 +21,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from strategies import MARKUP, SPECIAL_CHARS, corrupt_bytes, hostile_floats, huge_ints, json_values
+from strategies import MARKUP, SPECIAL_CHARS, corrupt_bytes, hostile_floats, huge_ints, json_paths, json_values
 from specview.core.trace import ArmResult, Comparison, Round, Step, Trace
 
 __all__ = ["INT_MAX", "corrupt_bytes", "hostile_strings", "json_paths", "trace_docs", "trace_objects", "wrong_type"]
@@ -147,19 +147,6 @@ def trace_docs() -> st.SearchStrategy[dict[str, Any]]:
     return trace_objects().map(lambda t: json.loads(t.dumps()))
 
 
-def json_paths(doc: Any, limit: int = 2000) -> list[tuple]:
-    """Every path (keys and indices) into a JSON document, breadth first, at most ``limit``."""
-    out: list[tuple] = []
-    queue: list[tuple[tuple, Any]] = [((), doc)]
-    while queue and len(out) < limit:
-        path, v = queue.pop(0)
-        items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()
-        for k, x in items:
-            out.append((*path, k))
-            queue.append(((*path, k), x))
-    return out
-
-
 _KINDS = {
     "string": st.one_of(hostile_strings, st.sampled_from(["1", "true", "null", ""])),
     "integer": st.one_of(st.integers(-(2**70), 2**70), st.sampled_from([-1, INT_MAX + 1, 10**400])),
@@ -185,7 +172,7 @@ def wrong_type(draw, doc: Any) -> tuple[Any, tuple, Any]:
     JSON kind than it had (or an out-of-range integer where it held an integer; ``value`` is ``...`` when the
     field was deleted)."""
     doc = json.loads(json.dumps(doc))
-    paths = json_paths(doc)
+    paths = json_paths(doc, limit=2000)
     path = draw(st.sampled_from(paths))
     parent = doc
     for k in path[:-1]:

@@ -7,170 +7,62 @@ reproduce, the gap against the envelope, the ranks) and never a token index.
 Threads are left to ``$SPECVIEW_THREADS`` (or every core) except where a test
 names them.
 
-A fault-injecting engine enters through ``register_backend`` exactly like a
-real backend: real llama.cpp underneath, but on its first rollback that drops a
-rejected draft it keeps that draft's KV entry (the model then sees a stale
-token in its context, as with a rollback bug).
+A fault-injecting engine (``fakes.FaultyEngine``, fault ``keep-rejected``) enters
+through ``register_backend`` exactly like a real backend: real llama.cpp
+underneath, but on its first rollback that drops a rejected draft it keeps that
+draft's KV entry (the model then sees a stale token in its context, as with a
+rollback bug).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from typing import Any, ClassVar
 
-import numpy as np
 import pytest
+from fakes import FaultyBackend
 from forks import CANDIDATES, find_fork
 
 from specview.backends.llama_cpp import demo as llama_demo
 from specview.core import diagnose as dmod
 from specview.core.config import RunConfig
 from specview.core.demo import DEMO_PROMPT
-from specview.core.engine import Engine, EngineSettings, VocabInfo
-from specview.core.registry import register_backend
+from specview.core.engine import EngineSettings
+from specview.core.registry import register_backend, unregister_backend
 from specview.core.arms.session import Session
 from specview.core.trace import Trace
 
 pytestmark = pytest.mark.demo
 
 
-class RollbackKeepsDraft(Engine):
-    """A llama.cpp context whose rollback keeps the first rejected draft token.
+@pytest.fixture
+def faulty():
+    """llama.cpp with fakes.FaultyEngine contexts (a planted KV fault) on the files in ``.faults``."""
+    from specview.backends.llama_cpp import LlamaBackend
 
-    llama.cpp requires a sequence's positions to stay consecutive, so the kept
-    entry stays at its position and every later token is placed one position
-    further on: the wrapper's callers see ``n_past`` as they expect, the model
-    sees one extra (stale) token in its context.  The fault fires once per run
-    (``truncate(0)``, the start of every prefill, re-arms it).
-    """
-
-    backend = "faulty-llama.cpp"
-
-    def __init__(self, inner: Engine):
-        super().__init__()
-        self.inner = inner
-        self.shift = 0
-        self.faults = 0  # how many times the fault fired, over the engine's life
-
-    @property
-    def vocab(self) -> VocabInfo:
-        return self.inner.vocab
-
-    @property
-    def n_ctx(self) -> int:
-        return self.inner.n_ctx - 1
-
-    @property
-    def n_batch(self) -> int:
-        return self.inner.n_batch
-
-    def model_facts(self) -> dict[str, Any]:
-        return self.inner.model_facts()
-
-    def tokenize(self, text: str, *, chat: bool = False) -> list[int]:
-        return self.inner.tokenize(text, chat=chat)
-
-    def piece(self, token: int) -> str:
-        return self.inner.piece(token)
-
-    @property
-    def eval_seconds(self) -> float:  # type: ignore[override]
-        return self.inner.eval_seconds
-
-    @eval_seconds.setter
-    def eval_seconds(self, value: float) -> None:
-        pass
-
-    def eval(self, tokens: Sequence[int], rows: Sequence[int]) -> np.ndarray:
-        out = self.inner.eval(tokens, rows)
-        self.n_past += len(tokens)
-        self.n_evals += 1
-        return out
-
-    def truncate(self, n: int) -> None:
-        if n == 0:
-            self.shift = 0
-            self.inner.truncate(0)
-        elif n < self.n_past and self.shift == 0:
-            self.inner.truncate(n + 1)  # keep the first rejected draft token
-            self.shift = 1
-            self.faults += 1
-        else:
-            self.inner.truncate(n + self.shift)
-        self.n_past = n
-
-    def close(self) -> None:
-        self.inner.close()
+    fb = FaultyBackend(LlamaBackend(), name="faulty-llama.cpp")
+    register_backend("faulty-llama.cpp", lambda: fb)
+    yield fb
+    unregister_backend("faulty-llama.cpp")
 
 
-class FaultyBackend:
-    """Wraps the llama.cpp backend; engines opened on a file in ``fault_paths`` are faulty."""
-
-    fault_paths: ClassVar[set[str]] = set()
-    engines: ClassVar[list[RollbackKeepsDraft]] = []
-
-    @classmethod
-    def make(cls):
-        from specview.backends.llama_cpp import LlamaBackend
-        from specview.core.engine import LoadedModel
-
-        class Loaded(LoadedModel):
-            def __init__(self, inner):
-                self.inner = inner
-                self.path = inner.path
-
-            def facts(self):
-                return self.inner.facts()
-
-            @property
-            def vocab(self):
-                return self.inner.vocab
-
-            def tokenize(self, text, *, chat=False):
-                return self.inner.tokenize(text, chat=chat)
-
-            def new_engine(self, settings, n_ctx):
-                eng = self.inner.new_engine(settings, n_ctx + 1)
-                if self.path in cls.fault_paths:
-                    eng = RollbackKeepsDraft(eng)
-                    cls.engines.append(eng)
-                return eng
-
-            def close(self):
-                self.inner.close()
-
-        class Backend(LlamaBackend):
-            name = "faulty-llama.cpp"
-
-            def load(self, name, settings):
-                return Loaded(super().load(name, settings))
-
-        return Backend()
-
-
-register_backend("faulty-llama.cpp", FaultyBackend.make)
-
-
-def test_planted_rollback_bug_is_a_state_verdict():
+def test_planted_rollback_bug_is_a_state_verdict(faulty):
     """F16 target; keeping one rejected draft in the speculative arm's KV must read `state`."""
     f16 = str(llama_demo.resolve("demo:F16").resolve())
     cfg = RunConfig(target="demo:F16", draft="demo:Q4_0", prompt=DEMO_PROMPT, max_tokens=64,
                     backend="faulty-llama.cpp", engine=EngineSettings())
     session = Session()
     try:
-        FaultyBackend.fault_paths = {f16}
-        FaultyBackend.engines = []
+        faulty.faults = {f16: "keep-rejected"}
         trace = session.run(cfg)
         # the arms ran on faulty contexts; the diagnosis opens clean ones
-        FaultyBackend.fault_paths = set()
-        spec_engines = [e for e in FaultyBackend.engines if e.faults]
+        faulty.faults = {}
+        spec_engines = [e for e in faulty.engines if e.faults]
         assert len(spec_engines) == 1, "exactly one context (the speculative arm's) rolled back a rejected draft"
         assert not trace.comparison.identical, "the stale token must change the speculative text"
 
         diag = dmod.diagnose(session, cfg, trace, controls=True)
     finally:
-        FaultyBackend.fault_paths = set()
+        faulty.faults = {}
         session.close()
 
     assert diag["verdict"] == "state", diag["explanation"]

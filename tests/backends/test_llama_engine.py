@@ -1,9 +1,8 @@
 """The llama.cpp engine on tiny GGUF models written by the test suite."""
 
-import ctypes
-
 import numpy as np
 import pytest
+from c_api_greedy import c_api_greedy
 
 from specview.backends.llama_cpp import LlamaEngine, LlamaModel, ModelStore, default_threads
 from specview.core.arms.drafters import ModelDrafter
@@ -21,50 +20,13 @@ def store():
     s.close()
 
 
-def independent_greedy(path, prompt, n, n_batch=64):
-    """Greedy decoding written directly against llama-cpp-python's C API, sharing no code with specview."""
-    import llama_cpp as ll
-
-    mp = ll.llama_model_default_params()
-    model = ll.llama_model_load_from_file(str(path).encode(), mp)
-    cp = ll.llama_context_default_params()
-    cp.n_ctx, cp.n_batch, cp.n_ubatch = 512, n_batch, n_batch
-    cp.n_threads = cp.n_threads_batch = default_threads()  # the thread count can move the logits
-    ctx = ll.llama_init_from_model(model, cp)
-    n_vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(model))
-    batch = ll.llama_batch_init(n_batch, 0, 1)
-    out, pos = [], 0
-
-    def decode(toks):
-        nonlocal pos
-        for i, t in enumerate(toks):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i] = t, pos + i, 1
-            batch.seq_id[i][0] = 0
-            batch.logits[i] = i == len(toks) - 1
-        batch.n_tokens = len(toks)
-        assert ll.llama_decode(ctx, batch) == 0
-        pos += len(toks)
-        p = ll.llama_get_logits_ith(ctx, len(toks) - 1)
-        return np.ctypeslib.as_array(ctypes.cast(p, ctypes.POINTER(ctypes.c_float)), shape=(n_vocab,)).copy()
-
-    for i in range(0, len(prompt), n_batch):
-        row = decode(prompt[i:i + n_batch])
-    for _ in range(n):
-        t = int(np.argmax(row))
-        out.append(t)
-        row = decode([t])
-    ll.llama_batch_free(batch)
-    ll.llama_free(ctx)
-    ll.llama_model_free(model)
-    return out
-
-
 def test_vanilla_arm_equals_an_independent_greedy_loop(store, tiny_target):
     m = store.get(tiny_target)
     prompt = m.tokenize("the cat and the dog")
     assert prompt[0] == 1  # BOS added as the vocabulary asks
     arm = run_to_end(vanilla_greedy(LlamaEngine(m, S), prompt, GenOptions(max_tokens=48, ignore_eos=True, n_batch=64)))
-    assert arm.tokens == independent_greedy(tiny_target, prompt, 48)
+    # the reference shares no code with specview: greedy decoding written against the C API
+    assert arm.tokens == c_api_greedy(tiny_target, prompt, 48, n_ctx=512, chunk=64, threads=default_threads())
 
 
 def test_truncate_rolls_the_kv_cache_back_exactly(store, tiny_target):

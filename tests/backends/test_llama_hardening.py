@@ -10,14 +10,12 @@
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from specview.backends.llama_cpp import LlamaEngine, LlamaModel, default_threads, resolve_threads, vocab_model
@@ -26,6 +24,7 @@ from specview.core.errors import ConfigError, ContextOverflow, SpecviewError
 from specview.core.arms.generate import GenOptions, run_to_end, speculative_greedy, vanilla_greedy
 from specview.core.arms.drafters import ModelDrafter
 from specview.core.arms.session import Session
+from c_api_greedy import c_api_greedy
 from tinymodel import write_tiny_llama
 
 LONG = ("the history of the bicycle is the history of a model and a draft and a target that fork "
@@ -61,44 +60,6 @@ def raw_sizes(path: Path, n_ctx: int, n_batch: int, n_ubatch: int) -> tuple[int,
         ll.llama_model_free(model)
 
 
-def chunked_greedy(path: Path, prompt: list[int], n: int, *, n_ctx: int, chunk: int, threads: int) -> list[int]:
-    """Greedy decoding against the C API, prefilling in chunks of ``chunk`` tokens."""
-    import llama_cpp as ll
-
-    model = ll.llama_model_load_from_file(str(path).encode(), ll.llama_model_default_params())
-    cp = ll.llama_context_default_params()
-    cp.n_ctx, cp.n_batch, cp.n_ubatch = n_ctx, chunk, chunk
-    cp.n_threads = cp.n_threads_batch = threads
-    ctx = ll.llama_init_from_model(model, cp)
-    n_vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(model))
-    batch = ll.llama_batch_init(chunk, 0, 1)
-    pos = 0
-
-    def decode(toks: list[int]) -> np.ndarray:
-        nonlocal pos
-        for i, t in enumerate(toks):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i] = t, pos + i, 1
-            batch.seq_id[i][0] = 0
-            batch.logits[i] = i == len(toks) - 1
-        batch.n_tokens = len(toks)
-        assert ll.llama_decode(ctx, batch) == 0
-        pos += len(toks)
-        p = ll.llama_get_logits_ith(ctx, len(toks) - 1)
-        return np.ctypeslib.as_array(ctypes.cast(p, ctypes.POINTER(ctypes.c_float)), shape=(n_vocab,)).copy()
-
-    for i in range(0, len(prompt), chunk):
-        row = decode(prompt[i:i + chunk])
-    out = []
-    for _ in range(n):
-        t = int(np.argmax(row))
-        out.append(t)
-        row = decode([t])
-    ll.llama_batch_free(batch)
-    ll.llama_free(ctx)
-    ll.llama_model_free(model)
-    return out
-
-
 # -- sizes come from the context llama.cpp made -----------------------------------------------------
 @pytest.mark.parametrize("n_ctx, n_batch, n_ubatch", [(16, 512, 512), (300, 64, 8), (512, 32, 64)])
 def test_engine_sizes_are_the_ones_llama_cpp_made(model, tiny_target, n_ctx, n_batch, n_ubatch):
@@ -122,7 +83,7 @@ def test_a_small_context_clamps_n_batch_and_the_prefill_chunks_at_it(model, tiny
     arm = run_to_end(vanilla_greedy(e, prompt, GenOptions(max_tokens=12, ignore_eos=True, n_batch=512)))
     last = len(prompt) % e.n_batch or e.n_batch
     assert (arm.steps[0].batch_size, arm.steps[0].batch_index) == (last, last - 1)
-    assert arm.tokens == chunked_greedy(tiny_target, prompt, 12, n_ctx=16, chunk=e.n_batch, threads=1)
+    assert arm.tokens == c_api_greedy(tiny_target, prompt, 12, n_ctx=16, chunk=e.n_batch, threads=1)
     e.close()
 
 
