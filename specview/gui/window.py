@@ -14,32 +14,28 @@ import time
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QSignalBlocker, Qt, QTimer, Signal
-from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QLabel, QMainWindow, QProgressBar, QTabWidget, QVBoxLayout,
-                               QWidget)
+from PySide6.QtCore import QSignalBlocker, QTimer, Signal
+from PySide6.QtWidgets import QApplication, QFileDialog, QMainWindow
 
 from ..core.config import EngineSettings, RunConfig, settings_class
 from ..core.errors import ConfigError, SpecviewError
 from ..core.prompts import builtin_prompts
 from ..core.trace import Trace
 from . import models as gmodels
-from .controls import ControlsPanel, engine_problem, run_of_trace
+from .controls import engine_problem, run_of_trace
 from .export import export_tab_report, report_source
-from .kernels import TAB_TIP as KERNELS_TIP, KernelTab, is_kernel_map_file
-from .locate import LocateTab, is_locate_file, locate_link
-from .live import Live, LiveView
-from .matrix import MatrixDialog, MatrixTab, is_matrix_file
-from .matrix.tab import TAB_TIP
+from .kernels import is_kernel_map_file
+from .locate import is_locate_file, locate_link
+from .live import Live
+from .matrix import MatrixDialog, is_matrix_file
 from .menus import build_menus
 from .settings import read_settings, remember, restore_geometry, write_settings
-from .side_by_side import SideBySide
 from .theme import apply_theme
-from .verdict_bar import VerdictBar, crash_text, diagnosis_tooltip, speed_text, trace_verdict
+from .verdict_bar import crash_text, diagnosis_tooltip, speed_text, trace_verdict
+from .window_ui import AUTO_RUN_MS, build_ui, connect_worker
 from .worker import (ArmStarted, Derived, DeriveRequest, MatrixRequest, PreloadRequest, Progress, RunFailed, RunFinished,
                      RunRequest, RunStarted, WorkerHost)
 
-AUTO_RUN_MS = 450  # debounce for flip-and-see
-AUTO_RUN_PROMPT_MS = 1200  # longer while typing a prompt
 VERDICT_EVERY_S = 0.25  # the verdict bar's running count is rewritten at most this often
 APP_SETTINGS = ("diagnose", "auto_run")
 
@@ -75,9 +71,9 @@ class MainWindow(QMainWindow):
         self._suspend_auto = True
         self._said, self._said_fork = 0.0, None  # when the running count was last written, and its fork
 
-        self._build_ui()
+        build_ui(self)
         build_menus(self)
-        self._connect_worker()
+        connect_worker(self)
         self._apply_settings(self.settings)
         self.apply_theme(self.settings.get("theme", "system"))
         restore_geometry(self, self.settings.get("geometry"))
@@ -95,108 +91,6 @@ class MainWindow(QMainWindow):
                 self._set_busy(True, "loading the models…")
             except SpecviewError:
                 pass
-
-    # ------------------------------------------------------------------ UI
-    def _build_ui(self) -> None:
-        central = QWidget()
-        lay = QVBoxLayout(central)
-        lay.setContentsMargins(6, 6, 6, 4)
-        lay.setSpacing(4)
-        self.verdict = VerdictBar()
-        self.verdict.sigTry.connect(self._try_settings)
-        self.verdict.sigSaveCrash.connect(self.save_crash_trace)
-        self.speed = QLabel()
-        self.speed.setObjectName("speed")
-        self.speed.setTextFormat(Qt.TextFormat.RichText)
-        self.speed.setMargin(2)
-        self.speed.setWordWrap(True)  # long model paths must wrap, never widen the window past the screen
-        self.speed.setMinimumWidth(1)
-        lay.addWidget(self.verdict)
-        lay.addWidget(self.speed)
-        self.side = SideBySide()
-        self.panes, self.margin_plot, self.acceptance = self.side.panes, self.side.margin_plot, self.side.acceptance
-        self.side.sigStatus.connect(self._set_status)
-        self.matrix_view = self.matrix_tab = MatrixTab()
-        self.tabs = QTabWidget()
-        self.tabs.setObjectName("tabs")
-        self.tabs.setDocumentMode(True)
-        self.tabs.addTab(self.side, "Side by side")
-        self.tabs.addTab(self.matrix_tab, "Matrix")
-        self.tabs.setTabToolTip(1, TAB_TIP)
-        self.kernels_tab = kt = KernelTab(self.host, self.build_config)
-        self.tabs.addTab(kt, "Kernel map")
-        self.tabs.setTabToolTip(2, KERNELS_TIP)
-        self.locate_tab = LocateTab.attach(self)
-        self.tabs.currentChanged.connect(self._tab_changed)
-        lay.addWidget(self.tabs, 1)
-        self.setCentralWidget(central)
-        self.live = LiveView(self.panes, self.margin_plot, self.acceptance, self)
-        self.live.sigFrame.connect(self._on_frame)
-
-        mt = self.matrix_tab
-        mt.sigOpenRun.connect(self._open_cell)
-        mt.sigVerdict.connect(self._matrix_verdict)
-        mt.sigStatus.connect(self._set_status)
-        mt.sigError.connect(self.show_error)
-        mt.sigBusy.connect(self._set_busy)
-        mt.sigProgress.connect(lambda done, total: (self.progress.setRange(0, total), self.progress.setValue(done)))
-        mt.sigCell.connect(self.sigMatrixCell)
-        mt.sigFinished.connect(self.sigMatrixFinished)
-        mt.sigCell.connect(lambda _rec: self._update_export())
-        kt.sigSubmitting.connect(self._leave_run)
-        kt.sigMapShown.connect(lambda _km: self._update_export())
-        kt.sigVerdict.connect(self._matrix_verdict)
-        kt.sigStatus.connect(self._set_status)
-        kt.sigError.connect(self.show_error)
-        kt.sigBusy.connect(self._set_busy)
-        kt.sigProgress.connect(lambda done, total: (self.progress.setRange(0, total), self.progress.setValue(done)))
-
-        dock = QDockWidget("Run", self)
-        dock.setObjectName("controls_dock")
-        dock.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetMovable
-                         | QDockWidget.DockWidgetFeature.DockWidgetFloatable)
-        self.panel = ControlsPanel(self.prompts)
-        dock.setWidget(self.panel)
-        self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, dock)
-        self.controls_dock = dock
-        c = self.controls = self.panel.controls
-        self.engine, self.target, self.draft, self.spec_type = c.engine, c.target, c.draft, c.spec_type
-        self.prompt, self.prompt_choice = c.prompt, c.prompt_choice
-        self.auto_run, self.diagnose = self.panel.auto_run, self.panel.diagnose
-        self.run_button, self.cancel_button = self.panel.run_button, self.panel.cancel_button
-        c.sigChanged.connect(lambda: self._schedule_auto(AUTO_RUN_MS))
-        c.sigChanged.connect(kt.refresh)
-        c.sigPromptEdited.connect(lambda: self._schedule_auto(AUTO_RUN_PROMPT_MS))
-        c.sigEngineChecked.connect(self._engine_checked)
-        c.sigDeriveWanted.connect(self.derive)
-        self.diagnose.toggled.connect(lambda _on: self._schedule_auto(AUTO_RUN_MS))
-        self.run_button.clicked.connect(lambda _checked=False: self.run())
-        self.cancel_button.clicked.connect(self.cancel)
-
-        self.status_label = QLabel()
-        self.counters = QLabel()
-        self.counters.setObjectName("counters")
-        self.progress = QProgressBar()
-        self.progress.setMaximumWidth(180)
-        self.progress.setTextVisible(False)
-        self.progress.setVisible(False)
-        self.statusBar().addWidget(self.status_label, 1)
-        self.statusBar().addPermanentWidget(self.counters)
-        self.statusBar().addPermanentWidget(self.progress)
-
-    def _connect_worker(self) -> None:
-        w = self.host.worker
-        w.sigRunStarted.connect(self._on_started)
-        w.sigArmStarted.connect(self._on_arm_started)
-        w.sigSteps.connect(self.live.on_steps)
-        w.sigDiagnosing.connect(self._on_diagnosing)
-        w.sigFinished.connect(self._on_finished)
-        w.sigFailed.connect(self._on_failed)
-        w.sigProgress.connect(self._on_progress)
-        w.sigDerived.connect(self._on_derived)
-        w.sigPreloaded.connect(self._on_preloaded)
-        w.sigMatrixCell.connect(self.matrix_tab.on_cell)
-        w.sigMatrixFinished.connect(self._on_matrix_finished)  # a bound slot: queued into this thread
 
     @property
     def verdict_kind(self) -> str:
