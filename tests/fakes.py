@@ -5,12 +5,16 @@
   passes wider than one token: batched-versus-single numerics of known size).
 * :class:`FaultyEngine` -- wraps ANY engine (a fake, a tiny GGUF, the demo) and
   plants a KV-cache fault at its first rollback of each run: it keeps a rejected
-  draft's entry, or drops an accepted token's entry.
+  draft's entry, or drops an accepted token's entry.  The rollback faults of a
+  hybrid target (a checkpoint restored late, a snapshot off by one, a replay
+  skipped or keeping a rejected token) are ``plants_rollback.RollbackFaultEngine``.
+* :class:`HybridFakeEngine` -- a fake whose memory cannot drop positions: it rolls
+  back only as a snapshot or checkpoint engine can, and refuses anything else.
 * :func:`accepting_unpicked` -- a faulty acceptance rule for the speculative
   loop (``monkeypatch.setattr(generate, "accepted_prefix", ...)``): it also
   accepts the first draft token the target did not pick.
 * :class:`FaultyBackend` -- wraps a backend so the engines opened on chosen
-  model files are :class:`FaultyEngine` contexts.
+  model files are :class:`FaultyEngine` (or ``RollbackFaultEngine``) contexts.
 * :class:`BrokenBackend` -- fake engines whose GPU side (or all-threads side)
   computes garbage: what the backend check must flag.
 * :class:`KernelToy` -- models named ``dispatch:WIDE:EPS`` (:class:`DispatchToy`, a
@@ -128,6 +132,74 @@ class FakeEngine(Engine):
         del self.kv[n:]
         self.truncations.append(n)
         self.n_past = n
+
+
+class HybridFakeEngine(FakeEngine):
+    """A fake whose memory cannot drop positions, like a recurrent state: it rolls back only as ``mode`` can.
+
+    * ``snapshots``: up to ``depth`` tokens (``plan_rollbacks`` raises it), the last pass's or a prepared run of
+      single-token passes';
+    * ``checkpoint``: back to where ``prepare_rollback`` saved its state (a replay of the tokens past it when the
+      truncation is later), and nowhere else.
+
+    Anything else raises, so a loop that forgets to prepare a rollback, or truncates past its checkpoint, fails
+    here.  ``rollbacks`` records each as (mode, replay width).
+    """
+
+    def __init__(self, model: ToyModel, mode: str = "checkpoint", depth: int = 3, **kw: Any):
+        super().__init__(model, **kw)
+        self.mode, self.depth = mode, depth
+        self.ckpt: int | None = None
+        self.last_width = 0
+        self.kept: set[int] = set()
+        self.rollbacks: list[tuple[str, int]] = []
+
+    def rollback_mode(self, n_drop: int) -> str:
+        return "checkpoint" if self.mode == "snapshots" and n_drop > self.depth else self.mode
+
+    def prepare_rollback(self, n_drop: int) -> str:
+        self.kept = set()
+        if n_drop <= 0:
+            return ""
+        mode = self.rollback_mode(n_drop)
+        if mode == "checkpoint":
+            self.ckpt = self.n_past
+        else:
+            self.kept = {self.n_past}
+        return mode
+
+    def plan_rollbacks(self, n_drop: int) -> None:
+        if self.mode == "snapshots":
+            self.depth = max(self.depth, n_drop)
+
+    def eval(self, tokens: Sequence[int], rows: Sequence[int]) -> np.ndarray:
+        out = super().eval(tokens, rows)
+        self.last_width = len(tokens)
+        if self.kept and len(tokens) == 1:
+            self.kept.add(self.n_past)
+        return out
+
+    def truncate(self, n: int):
+        from specview.core.engine import Rollback
+
+        drop = self.n_past - n
+        if drop == 0:
+            return None
+        if n == 0:
+            super().truncate(0)
+            self.ckpt, self.kept = None, set()
+            return None
+        if self.mode == "snapshots" and drop <= self.depth and (drop < self.last_width or n in self.kept):
+            super().truncate(n)
+            self.rollbacks.append(("snapshots", 0))
+            return Rollback("snapshots")
+        if self.ckpt is None or n < self.ckpt:
+            raise AssertionError(f"a {self.mode} memory cannot drop {drop} tokens back to {n} "
+                                 f"(checkpoint at {self.ckpt})")
+        replay = n - self.ckpt
+        super().truncate(n)
+        self.rollbacks.append(("checkpoint", replay))
+        return Rollback("checkpoint", replay=replay)
 
 
 class FakeLoaded(LoadedModel):
@@ -274,10 +346,15 @@ class _FaultyLoaded(LoadedModel):
         return self.inner.tokenize(text, chat=chat)
 
     def new_engine(self, settings: EngineSettings, n_ctx: int) -> Engine:
+        from plants_rollback import MARGIN, ROLLBACK_FAULTS, RollbackFaultEngine
+
         fault = self.owner.faults.get(self.path)
         if fault is None:
             return self.inner.new_engine(settings, n_ctx)
-        eng = FaultyEngine(self.inner.new_engine(settings, n_ctx + 1), fault)
+        if fault in ROLLBACK_FAULTS:
+            eng: Engine = RollbackFaultEngine(self.inner.new_engine(settings, n_ctx + MARGIN), fault)
+        else:
+            eng = FaultyEngine(self.inner.new_engine(settings, n_ctx + 1), fault)
         self.owner.engines.append(eng)
         return eng
 
@@ -306,6 +383,15 @@ class FaultyBackend(InProcessBackend):
 
     def environment(self) -> dict[str, Any]:
         return self.base.environment()
+
+    def decide(self, cfg, *, measure: bool = True):
+        return self.base.decide(cfg, measure=measure)
+
+    def decide_engine(self, settings: EngineSettings, *, measure: bool = True):
+        return self.base.decide_engine(settings, measure=measure)
+
+    def check(self, cfg) -> None:
+        self.base.check(cfg)
 
     def load(self, name: str, settings: EngineSettings) -> LoadedModel:
         return _FaultyLoaded(self.base.load(name, settings), self)

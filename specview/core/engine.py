@@ -12,6 +12,11 @@ The contract, in short:
   ``(len(rows), n_vocab)`` float32 array with the logits of just those rows.
   Memory is O(n_vocab x batch), never O(n_ctx x n_vocab).
 * ``truncate(n)`` drops every KV entry at position >= n, exactly.
+* A memory that cannot drop positions (a recurrent or hybrid model's state) rolls
+  back otherwise: ``rollback_mode(n_drop)`` says how (``seq-rm``, ``snapshots``
+  or ``checkpoint``), ``prepare_rollback(n_drop)`` is called before tokens that
+  may be dropped again (a checkpoint engine saves its state there), and
+  ``truncate`` then reports what it did (a :class:`Rollback`).
 * Everything is single-threaded: an engine belongs to the thread that made it.
 """
 
@@ -37,6 +42,8 @@ from .errors import (  # noqa: F401  (re-exported: the engine contract names its
 __all__ = [
     "Engine",
     "EngineSettings",
+    "Rollback",
+    "ROLLBACK_MODES",
     "VocabInfo",
     "SpecviewError",
     "ModelFileError",
@@ -121,6 +128,18 @@ def check_draft_compatible(target: VocabInfo, draft: VocabInfo, *, draft_name: s
         )
 
 
+#: how a context drops tokens it evaluated (``backends/llama_cpp/memory.py`` says how each is done)
+ROLLBACK_MODES = ("seq-rm", "snapshots", "checkpoint")
+
+
+@dataclass(frozen=True)
+class Rollback:
+    """How one ``truncate`` dropped tokens: its mode, and the tokens it decoded again after restoring a state."""
+
+    mode: str  # "seq-rm", "snapshots" or "checkpoint"
+    replay: int = 0  # the width of the replay pass (0: nothing was decoded again)
+
+
 class Engine(ABC):
     """One evaluation context on one loaded model."""
 
@@ -188,11 +207,33 @@ class Engine(ABC):
         """
 
     @abstractmethod
-    def truncate(self, n: int) -> None:
-        """Drop every KV entry at position >= n; afterwards ``n_past == n``."""
+    def truncate(self, n: int) -> "Rollback | None":
+        """Drop every KV entry at position >= n; afterwards ``n_past == n``.
+
+        An engine whose memory rolls back other than by dropping positions returns
+        how it did (a :class:`Rollback`); None means a plain drop, or nothing to drop.
+        """
 
     def reset(self) -> None:
         self.truncate(0)
+
+    # -- rolling back a memory that is more than a KV cache ------------------------------------
+    def rollback_mode(self, n_drop: int) -> str:
+        """How a rollback of up to ``n_drop`` tokens after the next pass will be done (see :data:`ROLLBACK_MODES`).
+
+        ``checkpoint`` means ``truncate`` back to where :meth:`prepare_rollback` was called
+        restores a saved state, and tokens dropped beyond it are decoded again.
+        """
+        return "seq-rm"
+
+    def prepare_rollback(self, n_drop: int) -> str:
+        """Called before evaluating tokens of which up to ``n_drop`` may be dropped again; returns
+        :meth:`rollback_mode` (a checkpoint engine saves its state here, "" when ``n_drop`` is 0)."""
+        return self.rollback_mode(n_drop) if n_drop > 0 else ""
+
+    def plan_rollbacks(self, n_drop: int) -> None:
+        """The most tokens one rollback may drop in the run about to start (a context that keeps snapshots
+        keeps that many); it may clear the context, so call it before the prefill."""
 
     def sibling(self) -> "Engine":
         """A fresh context on the same loaded weights (weights are never loaded twice)."""

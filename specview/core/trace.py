@@ -96,13 +96,26 @@ class Round:
     draft_tokens: list[int] = field(default_factory=list)
     # the verify pass ran as batch_size single-token passes (serial verify; written only when true)
     serial: bool = False
+    # how the rejected drafts were dropped: "seq-rm", "snapshots" or "checkpoint" ("" nothing was rejected, or
+    # the engine does not say); written only when set
+    rollback: str = ""
+    # the width of the replay pass after a checkpoint restore (0: none; written only when not 0).  A replay
+    # verifies [id_last] + the accepted tokens + the target's token again, and its rows chose this round's
+    # tokens: it emits one token more than accepted + 1
+    replay: int = 0
+
+    @property
+    def emitted(self) -> int:
+        """Tokens this round emits when nothing ends the run inside it: accepted + 1, and one more after a replay."""
+        return self.accepted + 1 + (1 if self.replay and self.rollback == "checkpoint" else 0)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["draft_ms"] = None if self.draft_ms is None else round(self.draft_ms, 3)
         d["verify_ms"] = None if self.verify_ms is None else round(self.verify_ms, 3)
-        if not self.serial:
-            del d["serial"]
+        for key, unset in (("serial", False), ("rollback", ""), ("replay", 0)):
+            if d[key] == unset:
+                del d[key]
         return d
 
 
@@ -150,11 +163,12 @@ class ArmResult:
 
     @property
     def mean_accepted(self) -> float | None:
-        """Mean tokens emitted per verify round (accepted drafts + the target's own), round 0 excluded."""
+        """Mean tokens emitted per verify round (accepted drafts + the target's own, + the replay's next token
+        after a checkpoint restore), round 0 excluded."""
         rs = [r for r in self.rounds if r.index > 0]
         if not rs:
             return None
-        return sum(r.accepted + 1 for r in rs) / len(rs)
+        return sum(r.emitted for r in rs) / len(rs)
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -424,6 +438,8 @@ def validate(d: Any, *, source: str = "<trace>") -> None:
 # -- reading: every field checked, so whatever reads a loaded trace can trust its types ----------------
 _STEP_KEYS = {f for f in Step.__dataclass_fields__}
 _ROUND_KEYS = {f for f in Round.__dataclass_fields__}
+#: a round's ``rollback`` values ("": nothing rejected, or not reported)
+ROUND_ROLLBACKS = ("", "seq-rm", "snapshots", "checkpoint")
 _MISMATCH_KEYS = {f for f in Mismatch.__dataclass_fields__}
 
 
@@ -476,7 +492,13 @@ def _round(d: Any, n_tokens: int, where: str) -> Round:
         draft_tokens=[as_int(t, f"{where}.draft_tokens[{k}]")
                       for k, t in enumerate(as_list(r.get("draft_tokens", []), f"{where}.draft_tokens"))],
         serial=as_bool(r.get("serial", False), f"{where}.serial"),
+        rollback=as_str(r.get("rollback", ""), f"{where}.rollback"),
+        replay=as_int(r.get("replay", 0), f"{where}.replay"),
     )
+    if rnd.rollback not in ROUND_ROLLBACKS:
+        raise Malformed(f"{where}.rollback", f"is {short(rnd.rollback)}, not one of {', '.join(ROUND_ROLLBACKS[1:])}")
+    if rnd.replay < 0:
+        raise Malformed(f"{where}.replay", f"is {rnd.replay}; a pass width is never negative")
     if rnd.accepted > rnd.drafted:
         raise Malformed(f"{where}.accepted", f"is {rnd.accepted}, more than the {rnd.drafted} drafted")
     if rnd.first_step > n_tokens:

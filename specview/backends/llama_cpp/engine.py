@@ -6,6 +6,11 @@ clamps ``n_batch`` to ``n_ctx`` (``-c 16`` gives ``n_batch`` 16 whatever ``-b``
 says), pads ``n_ctx`` to a multiple of 256 and clamps ``n_ubatch`` to
 ``n_batch``.  Logits are requested only for the rows asked for, so memory is
 O(n_vocab x n_batch), never O(n_ctx x n_vocab).
+
+A context rolls back as its memory allows (``settings.rollback``; auto: what
+:func:`.memory.choose_rollback` says llama-server does): a KV cache by
+``llama_memory_seq_rm``, a recurrent or hybrid memory by n_rs_seq snapshots or
+by a checkpoint and a replay (:class:`.memory.ContextMemory`).
 """
 
 from __future__ import annotations
@@ -18,15 +23,30 @@ import numpy as np
 
 from ...core import activity
 from ...core.config import EngineSettings
-from ...core.engine import ModelEngine
+from ...core.engine import ModelEngine, Rollback
 from ...core.errors import ConfigError, EvalError, SpecviewError
 from .lib import clear_log, llama_environment, recent_log, resolve_threads
+from .memory import (ATTENTION, AUTO, HYBRID, RECURRENT, SNAPSHOTS, ContextMemory, check_mode, choose_rollback,
+                     snapshots_refused)
 from .model import LlamaModel
 
 _KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20,
              "bf16": 30}
 _FLASH = {"auto": -1, "off": 0, "on": 1}
 DEFAULT_N_CTX = 4096
+#: recurrent states a snapshot context keeps until a run plans more (llama.cpp's default draft n_max)
+DEFAULT_RS_DEPTH = 3
+
+
+def model_memory(model: LlamaModel) -> tuple[str, str]:
+    """``(architecture, memory kind)`` of a loaded model, as llama.cpp itself classifies its memory."""
+    ll = model._ll
+    arch = model.meta("general.architecture") or ""
+    if ll.llama_model_is_recurrent(model.ptr):
+        return arch, RECURRENT
+    if ll.llama_model_is_hybrid(model.ptr):
+        return arch, HYBRID
+    return arch, ATTENTION
 
 
 class LlamaEngine(ModelEngine):
@@ -69,23 +89,44 @@ class LlamaEngine(ModelEngine):
         cp.no_perf = True
         cp.op_offload = not settings.no_op_offload  # False: a -ngl 0 context computes every op on the CPU
         self._context_params(cp)
+        self._cp = cp
+        self.architecture, self.memory_kind = model_memory(model)
+        asked = getattr(settings, "rollback", None) or AUTO
+        check_mode(asked, self.architecture, self.memory_kind)
+        #: how this context rolls back: what was asked, or what llama-server does for draft-simple here
+        self.rollback = asked if asked != AUTO else choose_rollback(self.architecture, self.memory_kind,
+                                                                    "draft-simple", 0)[0]
+        self._rs_depth = DEFAULT_RS_DEPTH if self.rollback == SNAPSHOTS else 0
+        #: what was asked for; the sizes below are what llama.cpp made of it
+        self.n_ctx_requested = n_ctx
+        self.ctx = None
+        self._open()
+        self._batch = ll.llama_batch_init(self._n_batch, 0, 1)
+        self._n_vocab = model.n_vocab
+        model.contexts += 1
+
+    def _open(self) -> None:
+        """Create the llama.cpp context (again, with another snapshot depth: :meth:`plan_rollbacks`)."""
+        ll, model, cp = self._ll, self.model, self._cp
+        cp.n_rs_seq = self._rs_depth
         clear_log()
         ctx = ll.llama_init_from_model(model.ptr, cp)
         if not ctx:
             raise SpecviewError(
-                f"llama.cpp could not create a context of {n_ctx} tokens for {model.path.name} "
+                f"llama.cpp could not create a context of {self.n_ctx_requested} tokens for {model.path.name} "
                 f"(out of memory, or settings this build does not support).\nllama.cpp said:\n{recent_log(6)}"
             )
+        depth = int(ll.llama_n_rs_seq(ctx))
+        if self.rollback == SNAPSHOTS and depth < self._rs_depth:  # llama.cpp clamped the request
+            ll.llama_free(ctx)
+            raise snapshots_refused(self.architecture, self.memory_kind)
         self.ctx = ctx
         self.mem = ll.llama_get_memory(ctx)
-        #: what was asked for; the sizes below are what llama.cpp made of it
-        self.n_ctx_requested = n_ctx
         self._n_ctx = int(ll.llama_n_ctx(ctx))
         self._n_batch = int(ll.llama_n_batch(ctx))
         self._n_ubatch = int(ll.llama_n_ubatch(ctx))
-        self._batch = ll.llama_batch_init(self._n_batch, 0, 1)
-        self._n_vocab = model.n_vocab
-        model.contexts += 1
+        self.memory = ContextMemory(ll, ctx, self.rollback, depth, self._decode_again)
+        self.n_past = 0
 
     def _context_params(self, cp: Any) -> None:
         """Last word on the ``llama_context_params`` before the context is made (an observer sets ``cb_eval``)."""
@@ -120,6 +161,7 @@ class LlamaEngine(ModelEngine):
             b.seq_id[i][0] = 0
             b.logits[i] = 1 if i in want else 0
         b.n_tokens = n
+        self.memory.before_decode(n)
         if activity.active:
             activity.doing(f"a {n}-token pass at position {pos0} of {self.model.path.name}")
         t0 = time.perf_counter()
@@ -127,6 +169,7 @@ class LlamaEngine(ModelEngine):
         if rc != 0:
             self.eval_seconds += time.perf_counter() - t0
             raise EvalError(f"llama_decode failed with status {rc} at position {pos0} ({n} tokens)")
+        self.memory.decoded(tokens)
         out = np.empty((len(rows), n_vocab), dtype=np.float32)
         for j, r in enumerate(rows):
             ptr = ll.llama_get_logits_ith(self.ctx, r)
@@ -136,13 +179,39 @@ class LlamaEngine(ModelEngine):
         self.n_past = pos0 + n
         return out
 
-    def truncate(self, n: int) -> None:
+    def truncate(self, n: int) -> Rollback | None:
         if n < 0 or n > self.n_past:
             raise ValueError(f"cannot truncate to {n}: the context holds {self.n_past} tokens")
-        if n < self.n_past:
-            if not self._ll.llama_memory_seq_rm(self.mem, 0, n, -1):
-                raise EvalError(f"llama.cpp refused to remove KV positions >= {n} (this model's memory cannot roll back)")
+        how = self.memory.truncate(n) if n < self.n_past else None
         self.n_past = n
+        return how
+
+    def _decode_again(self, tokens: Sequence[int]) -> None:
+        """A replay: ``tokens`` decoded again where the restored state ends, in passes of at most n_batch."""
+        self.n_past = len(self.memory.tokens)
+        for start in range(0, len(tokens), self._n_batch):
+            chunk = tokens[start:start + self._n_batch]
+            self.eval(chunk, rows=[len(chunk) - 1])
+
+    # -- rollback ------------------------------------------------------------------
+    def rollback_mode(self, n_drop: int) -> str:
+        return self.memory.mode_for(n_drop)
+
+    def prepare_rollback(self, n_drop: int) -> str:
+        return self.memory.prepare(n_drop)
+
+    def plan_rollbacks(self, n_drop: int) -> None:
+        """A snapshot context keeps at least ``n_drop`` states from now on (it is opened again, empty)."""
+        if self.rollback == SNAPSHOTS and n_drop > self._rs_depth:
+            self._ll.llama_free(self.ctx)
+            self.ctx = None
+            self._rs_depth = n_drop
+            self._open()
+
+    @property
+    def rollback_depth(self) -> int:
+        """n_rs_seq as llama.cpp made it: the recurrent states each decode keeps (0 unless snapshots)."""
+        return self.memory.depth
 
     def sibling(self, *, n_ctx: int | None = None) -> "LlamaEngine":
         return LlamaEngine(self.model, self.settings, n_ctx=n_ctx or self.n_ctx_requested)

@@ -328,3 +328,4 @@ class ObservedEngine(LlamaEngine, GraphEngine):
         if got != size or int(ll.llama_state_seq_set_data(self.ctx, buf, size, 0)) != size:
             raise EvalError("llama.cpp could not copy the KV state into the observed context")
         self.n_past = other.n_past
+        self.memory.copy_from(other.memory)  # what the copied state holds, for a later rollback

@@ -94,6 +94,7 @@ class ModelDrafter(Drafter):
         self._known = 0  # leading tokens of _cached known to equal the run's history
 
     def begin(self, prompt: Sequence[int]) -> None:
+        self.engine.plan_rollbacks(self.n_max)  # its drafted tokens are dropped again, up to n_max of them
         self.engine.reset()
         self._cached = []
         self._known = 0
@@ -136,6 +137,9 @@ class ModelDrafter(Drafter):
         seq.extend(history[len(seq):])
         seq.append(id_last)
         row = self._sync(seq, n_history)
+        # the tokens drafted next are evaluated here and dropped in a later round: a draft model whose memory
+        # cannot drop positions (a hybrid) keeps what that rollback needs (a checkpoint, kept states)
+        self.engine.prepare_rollback(n_max - 1)
         out: list[int] = []
         while True:
             tok, p = top_softmax(row, 10)

@@ -22,6 +22,16 @@ Shapes are the point of specview, so they are exact and recorded:
   row is then computed exactly as vanilla computes it, so a correct loop on a
   deterministic backend reproduces the vanilla arm token for token.  Rounds and
   steps keep the verify width T as ``batch_size`` and say ``serial=True``.
+* rollback (a memory that is more than a KV cache: a recurrent or hybrid
+  model's): the engine says how it drops the rejected tokens
+  (:meth:`~specview.core.engine.Engine.rollback_mode`).  ``seq-rm`` and
+  ``snapshots`` drop them and recompute nothing.  ``checkpoint`` is
+  llama-server's checkpoint and replay: the state saved before the verify pass
+  is restored and ``[id_last] + accepted + [the target's token]`` is verified
+  again in one pass of another width (serially in a serial verify); the tokens
+  are emitted from the replay's rows, one more than the verify alone gives (the
+  token after the target's own), and the next round drafts after it.  The round
+  records ``rollback`` and the replay's width ``replay``.
 """
 
 from __future__ import annotations
@@ -139,6 +149,31 @@ def verify(engine: Engine, batch: Sequence[int], *, serial: bool = False) -> np.
     return np.stack([engine.eval([t], rows=[0])[0] for t in batch])
 
 
+def replay_verify(engine: Engine, n_past: int, id_last: int, carry: list[int], *, serial: bool = False
+                  ) -> tuple[np.ndarray, list[int], int, int]:
+    """llama-server's replay after a checkpoint restore (``spec_is_replay``): ``[id_last] + carry`` verified again.
+
+    ``carry`` is the accepted draft tokens and the target's own token.  The
+    replay pass has its own width, so its rows may differ from the verify
+    pass's: where it rejects a carried token the checkpoint is restored and the
+    shorter carry replayed, as llama-server does.  Returns the replay's rows,
+    the tokens it emits (every carried token and the one after them), how many
+    of those are draft tokens, and the width of the last replay pass.
+    """
+    for _ in range(len(carry) + 1):
+        engine.truncate(n_past)  # the checkpoint saved before the verify pass, restored
+        batch = [id_last, *carry]
+        logits = verify(engine, batch, serial=serial)
+        argmax = np.argmax(logits, axis=1)
+        n_ok = accepted_prefix(carry, argmax)
+        if n_ok == len(carry):
+            return logits, [*carry, int(argmax[n_ok])], len(carry) - 1, len(batch)
+        carry = [*carry[:n_ok], int(argmax[n_ok])]
+    # a backend that does not repeat itself: keep what the last replay accepted
+    engine.truncate(n_past + len(carry))
+    return logits, carry, len(carry) - 1, len(batch)
+
+
 def prefill(engine: Engine, prompt: Sequence[int], n_batch: int, cancel: CancelCheck = _never):
     """Feed the prompt in ``n_batch`` chunks; return (last row logits, last chunk size), or None if cancelled."""
     engine.reset()
@@ -226,6 +261,7 @@ def speculative_greedy(
     eval0 = engine.eval_seconds
     deval0 = drafter.eval_seconds
     t0 = time.perf_counter()
+    engine.plan_rollbacks(n_max_hint)  # a snapshot context keeps as many states as a round can drop
     pre = prefill(engine, prompt, opts.n_batch, cancel)
     drafter.begin(prompt)
     t1 = time.perf_counter()
@@ -273,22 +309,34 @@ def speculative_greedy(
         batch = [id_last, *draft]
         T = len(batch)
         n_past = engine.n_past
+        engine.prepare_rollback(len(draft))  # a checkpoint engine saves its state here
         logits = verify(engine, batch, serial=serial_verify)
-        td2 = time.perf_counter()
         argmax = np.argmax(logits, axis=1)
         n_acc = accepted_prefix(draft, argmax)
         emitted = [*draft[:n_acc], int(argmax[n_acc])]
+        how, replay, width = "", 0, T
+        if n_acc < len(draft):
+            how = engine.rollback_mode(len(draft) - n_acc)
+        if how == "checkpoint":
+            # llama-server's checkpoint and replay: the rows of the replay choose the tokens
+            logits, emitted, n_acc, replay = replay_verify(engine, n_past, id_last, emitted, serial=serial_verify)
+            width = replay
+        else:
+            # keep [id_last] + accepted drafts; drop the rejected tail exactly
+            done = engine.truncate(n_past + n_acc + 1)
+            if done is not None and how:
+                how, replay = done.mode, done.replay
+        td2 = time.perf_counter()
         rnd = Round(index=r, drafted=len(draft), accepted=n_acc,
                     draft_ms=(td1 - td0) * 1000.0, verify_ms=(td2 - td1) * 1000.0,
-                    batch_size=T, first_step=len(tokens), draft_tokens=list(draft), serial=serial_verify)
-        # keep [id_last] + accepted drafts; drop the rejected tail exactly
-        engine.truncate(n_past + n_acc + 1)
-        history.extend(batch[: n_acc + 1])
+                    batch_size=T, first_step=len(tokens), draft_tokens=list(draft), serial=serial_verify,
+                    rollback=how, replay=replay)
+        history.extend([id_last, *emitted[:-1]])
         new_steps = []
         for j, t in enumerate(emitted):
             step = make_step(
                 logits[j], t, index=len(tokens), pos=n_prompt + len(tokens), piece=engine.piece(t), k=k,
-                round=r, from_draft=j < n_acc, batch_size=T, batch_index=j, serial=serial_verify,
+                round=r, from_draft=j < n_acc, batch_size=width, batch_index=j, serial=serial_verify,
             )
             tokens.append(t)
             arm.steps.append(step)

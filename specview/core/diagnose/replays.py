@@ -5,8 +5,13 @@
 * The *speculative* replay rebuilds the speculative arm's KV state from the
   trace: the same prefill, then every recorded verify batch ``[id_last] +
   draft_tokens`` (as one pass, or as single-token passes for a serial-verify
-  round) with the same truncation after it, up to the verify pass that
-  produced the fork token.
+  round) with the same rollback after it, up to the verify pass that
+  produced the fork token.  A round that replayed after a checkpoint restore
+  (a hybrid target: ``rollback`` "checkpoint", ``replay`` its width) is rebuilt
+  the same way: the state saved before its verify pass is restored and the
+  replay pass run again, and its rows are the round's.  Nothing here starts a
+  fresh context to stand for a rolled-back one: a recurrent state is only what
+  the arm's own passes made it.
 
 Both walk the shared prefix together, so only one logits batch of each is ever
 held: memory is O(n_vocab x batch).  Each replay is compared with what its arm
@@ -52,6 +57,7 @@ def spec_rows(eng: Engine, prompt: list[int], n_batch: int, spec: ArmResult, upt
     """Rows for positions 0..upto, rebuilt with the speculative arm's recorded batches and truncations."""
     if cancel():
         raise DiagnosisCancelled("diagnosis cancelled")
+    eng.plan_rollbacks(max((r.drafted for r in spec.rounds), default=0))
     row, size = prefill(eng, prompt, n_batch)
     yield 0, row, {"round": 0, "batch_size": size, "batch_index": size - 1}
     toks = spec.tokens
@@ -71,13 +77,27 @@ def spec_rows(eng: Engine, prompt: list[int], n_batch: int, spec: ArmResult, upt
                 "cannot rebuild the speculative arm's state"
             )
         n_past = eng.n_past
+        mode = eng.prepare_rollback(len(rnd.draft_tokens))
         logits = verify(eng, batch, serial=rnd.serial)
-        eng.truncate(n_past + rnd.accepted + 1)
-        for k in range(rnd.accepted + 1):
+        width = len(batch)
+        if rnd.replay and rnd.rollback == "checkpoint":
+            if mode != "checkpoint":
+                raise SpecviewError(f"the trace's round {rnd.index} replayed after a checkpoint restore, but this "
+                                    f"context rolls back by {mode or 'nothing'}: re-run with --rollback checkpoint")
+            eng.truncate(n_past)  # the checkpoint, restored
+            again = [toks[fs - 1], *toks[fs:fs + rnd.replay - 1]]  # shorter only where the run ended inside it
+            if len(again) != rnd.replay and fs + len(again) - 1 < len(toks):
+                raise SpecviewError(f"the trace's round {rnd.index} records a replay of {rnd.replay} tokens that "
+                                    "its tokens do not hold: cannot rebuild its state")
+            logits = verify(eng, again, serial=rnd.serial)
+            width = len(again)
+        else:
+            eng.truncate(n_past + rnd.accepted + 1)
+        for k in range(rnd.emitted):
             j = fs + k
             if j > upto or j >= len(toks):
                 return
-            yield j, logits[k], {"round": rnd.index, "batch_size": len(batch), "batch_index": k,
+            yield j, logits[k], {"round": rnd.index, "batch_size": width, "batch_index": k,
                                  "serial": rnd.serial}
 
 

@@ -96,6 +96,37 @@ def widths_words(widths: dict[int, int] | None) -> str:
     return f"{n} verify pass{'es' if n != 1 else ''}: {', '.join(parts)}"
 
 
+def replay_widths(trace: Trace) -> dict[int, int]:
+    """How many replay passes of each width followed a checkpoint restore (a hybrid target's rollback)."""
+    out: dict[int, int] = {}
+    for r in trace.speculative.rounds:
+        if r.index >= 1 and r.replay and r.rollback == "checkpoint":
+            out[r.replay] = out.get(r.replay, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def rollback_line(trace: Trace) -> str | None:
+    """ "rollback checkpoint: 22 of 25 rounds restored and replayed (replay passes: width 2 ×15, 3 ×7)", or how a
+    snapshot run rolled back; None where rejected drafts were dropped from a KV cache (or nothing says how)."""
+    rounds = [r for r in trace.speculative.rounds if r.index >= 1]
+    modes: dict[str, int] = {}
+    for r in rounds:
+        if r.rollback:
+            modes[r.rollback] = modes.get(r.rollback, 0) + 1
+    if not modes or set(modes) == {"seq-rm"}:
+        return None
+    parts = []
+    if modes.get("snapshots"):
+        parts.append(f"{modes['snapshots']} by a kept recurrent state (snapshots)")
+    if modes.get("checkpoint"):
+        widths = replay_widths(trace)
+        ws = ", ".join(f"{'width ' if i == 0 else ''}{w} ×{c}" for i, (w, c) in enumerate(widths.items()))
+        parts.append(f"{modes['checkpoint']} by a checkpoint restored and replayed (replay passes: {ws})")
+    if modes.get("seq-rm"):
+        parts.append(f"{modes['seq-rm']} by llama_memory_seq_rm")
+    return f"rollback {len([r for r in rounds if r.rollback])} of {len(rounds)} rounds: " + "; ".join(parts)
+
+
 def identical_words(trace: Trace) -> str:
     """What an identical run proves: lossless at the verify widths it exercised, or nothing when nothing was drafted."""
     comp, spec = trace.comparison, trace.speculative
@@ -108,9 +139,15 @@ def identical_words(trace: Trace) -> str:
         return (f"The speculative arm produced exactly vanilla's {comp.agree} tokens, but it drafted no token"
                 f"{where}{why}: every verify pass was a single-token pass, as in plain decoding, so nothing "
                 "speculative was tested. Inconclusive for speculation: this is the zero-draft control.")
+    replays = replay_widths(trace)
+    also = ""
+    if replays:
+        n = sum(replays.values())
+        also = (f" and after {n} checkpoint restore{'s' if n != 1 else ''}, the replay widths "
+                f"({', '.join(f'{w} ×{c}' for w, c in replays.items())})")
     return (f"The speculative arm produced exactly vanilla's {comp.agree} tokens: greedy speculative decoding was "
-            f"lossless on this run, at the verify widths it exercised ({widths_words(widths)}); identical says "
-            "nothing of widths it never ran.")
+            f"lossless on this run, at the verify widths it exercised ({widths_words(widths)}){also}; identical "
+            "says nothing of widths it never ran.")
 
 
 def departure_sentence(dep: dict[str, Any] | None) -> str:

@@ -1,0 +1,161 @@
+"""Rollback faults planted in a real run on a hybrid target: the state a rollback leaves is one token off.
+
+:class:`RollbackFaultEngine` wraps any engine (a real llama.cpp context on a
+tiny hybrid model, with its own snapshots or checkpoints) and plants one fault
+at the first rollback of each run that can carry it:
+
+* ``checkpoint-late``: the checkpoint is restored one token late (the state
+  already holds the first token fed after it, which the replay then feeds again);
+* ``snapshot-off-by-one``: the snapshot kept one token after the right one is
+  picked (the state holds the first rejected draft token);
+* ``replay-skipped``: the replay after a checkpoint restore never reaches the
+  state (its rows are computed, its tokens are then dropped again);
+* ``replay-keeps-rejected``: the replay feeds the first rejected draft token
+  again, before the target's own token.
+
+llama.cpp needs a sequence's positions to stay consecutive, so, like
+``fakes.FaultyEngine``, the wrapper shifts every later token by the tokens the
+fault added or dropped: callers see ``n_past`` as they expect, the model sees a
+context one token off (or a replay's worth short).  Every fault lives below the
+loop, in the rollback itself, so the serial-verify control (the same loop with
+single-token passes) carries it too.  ``truncate(0)`` re-arms it; ``faults``
+counts how often it fired.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from specview.core.engine import Engine, Rollback, VocabInfo
+
+ROLLBACK_FAULTS = ("checkpoint-late", "snapshot-off-by-one", "replay-skipped", "replay-keeps-rejected")
+#: the rollback mode each fault needs
+NEEDS = {"checkpoint-late": "checkpoint", "snapshot-off-by-one": "snapshots", "replay-skipped": "checkpoint",
+         "replay-keeps-rejected": "checkpoint"}
+#: the context positions a fault can add on top of the run's
+MARGIN = 2
+
+
+class RollbackFaultEngine(Engine):
+    def __init__(self, inner: Engine, fault: str):
+        if fault not in ROLLBACK_FAULTS:
+            raise ValueError(f"unknown rollback fault {fault!r}; one of {ROLLBACK_FAULTS}")
+        super().__init__()
+        self.inner = inner
+        self.fault = fault
+        self.backend = f"faulty-{inner.backend}"
+        self.shift = 0  # inner position = outer position + shift
+        self.armed = True
+        self.faults = 0
+        self.seen: list[int] = []  # what the caller fed at each of its positions
+        self.restored_at: int | None = None  # the caller's position of the last checkpoint restore
+
+    # -- facts, delegated ----------------------------------------------------------------------------
+    @property
+    def vocab(self) -> VocabInfo:
+        return self.inner.vocab
+
+    @property
+    def n_ctx(self) -> int:
+        return self.inner.n_ctx - MARGIN
+
+    @property
+    def n_batch(self) -> int:
+        return self.inner.n_batch - 1
+
+    @property
+    def threads(self) -> Any:
+        return getattr(self.inner, "threads", None)
+
+    @property
+    def rollback(self) -> Any:
+        return getattr(self.inner, "rollback", None)
+
+    def model_facts(self) -> dict[str, Any]:
+        return self.inner.model_facts()
+
+    def tokenize(self, text: str, *, chat: bool = False) -> list[int]:
+        return self.inner.tokenize(text, chat=chat)
+
+    def piece(self, token: int) -> str:
+        return self.inner.piece(token)
+
+    def rollback_mode(self, n_drop: int) -> str:
+        return self.inner.rollback_mode(n_drop)
+
+    def plan_rollbacks(self, n_drop: int) -> None:
+        self.inner.plan_rollbacks(n_drop)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    # -- the faults ----------------------------------------------------------------------------------
+    def _fire(self, fault: str) -> bool:
+        if self.armed and self.fault == fault:
+            self.armed = False
+            self.faults += 1
+            return True
+        return False
+
+    def _skip_replay(self) -> None:
+        """replay-skipped: the state goes back to the checkpoint, without what the replay fed."""
+        c = self.restored_at
+        if c is not None and self.n_past > c and self._fire("replay-skipped"):
+            self.inner.truncate(c + self.shift)
+            self.shift -= self.n_past - c
+
+    def prepare_rollback(self, n_drop: int) -> str:
+        self._skip_replay()
+        self.restored_at = None
+        return self.inner.prepare_rollback(n_drop)
+
+    def _inner_eval(self, tokens: list[int], rows: list[int]) -> np.ndarray:
+        e0 = self.inner.eval_seconds
+        out = self.inner.eval(tokens, rows)
+        self.eval_seconds += self.inner.eval_seconds - e0
+        return out
+
+    def eval(self, tokens: Sequence[int], rows: Sequence[int]) -> np.ndarray:
+        tokens = [int(t) for t in tokens]
+        n = len(tokens)
+        rows = [r + n if r < 0 else int(r) for r in rows]
+        start = self.n_past
+        wrong = next((i for i, t in enumerate(tokens) if self.restored_at is not None
+                      and start + i < len(self.seen) and self.seen[start + i] != t), None)
+        if wrong is not None and self.fault == "replay-keeps-rejected" and self._fire("replay-keeps-rejected"):
+            rejected = self.seen[start + wrong]
+            if n == 1:  # a serial replay: the rejected token as a pass of its own, then the token
+                self._inner_eval([rejected], [0])
+                out = self._inner_eval(tokens, rows)
+            else:
+                fed = tokens[:wrong] + [rejected] + tokens[wrong:]
+                out = self._inner_eval(fed, [r if r < wrong else r + 1 for r in rows])
+            self.shift += 1
+        else:
+            out = self._inner_eval(tokens, rows)
+        self.seen[start:start + n] = tokens  # what lies past them stays: a replay is compared with its verify pass
+        self.n_past = start + n
+        self.n_evals += 1
+        return out
+
+    def truncate(self, n: int) -> Rollback | None:
+        if n == 0:
+            self.shift, self.armed, self.restored_at = 0, True, None
+            self.seen.clear()
+            self.n_past = 0
+            return self.inner.truncate(0)
+        drop = self.n_past - n
+        if drop > 0 and self.inner.rollback_mode(drop) == "snapshots" and self._fire("snapshot-off-by-one"):
+            how = self.inner.truncate(n + 1 + self.shift)  # the state kept one token after the right one
+            self.shift += 1
+        else:
+            how = self.inner.truncate(n + self.shift)
+        if how is not None and how.mode == "checkpoint" and how.replay == 0 and drop > 0:
+            self.restored_at = n
+            if n < len(self.seen) and self._fire("checkpoint-late"):
+                self._inner_eval([self.seen[n]], [0])  # the state one token past the checkpoint
+                self.shift += 1
+        self.n_past = n
+        return how
