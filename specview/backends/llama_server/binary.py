@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ...core.paths import cache_dir
-from ..local_server.process import ServerError, rc_text, tail_text
+from ..local_server.process import ServerError, program_path, rc_text, tail_text
 
 #: llama-cpp-python version whose vendored llama.cpp ``scripts/build-llama-server.sh`` builds
 BUILD_VERSION = "0.3.36"
@@ -44,18 +44,7 @@ def find_server_bin(explicit: str | os.PathLike[str] | None = None) -> str:
 
 def check_bin(path: str, source: str) -> str:
     """``path`` resolved, or a :class:`ServerError` saying why it cannot be run (``source`` names where it came from)."""
-    p = Path(path).expanduser()
-    if os.sep not in path and not p.exists():
-        w = shutil.which(path)
-        if w:
-            p = Path(w)
-    if not p.exists():
-        raise ServerError(f"llama-server binary {path} (from {source}) does not exist")
-    if p.is_dir():
-        raise ServerError(f"llama-server binary {path} (from {source}) is a directory, not a program")
-    if not os.access(p, os.X_OK):
-        raise ServerError(f"llama-server binary {path} (from {source}) is not executable (chmod +x it)")
-    return str(p.resolve())
+    return str(program_path(path, "llama-server binary", source).resolve())
 
 
 def _run_bin(binary: str, args: Sequence[str], timeout: float = 60.0) -> tuple[int, str]:

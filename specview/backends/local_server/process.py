@@ -31,6 +31,7 @@ import os
 import queue
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -45,7 +46,7 @@ from typing import Any, Callable, Iterator, Sequence
 from ...core.errors import Cancelled, SpecviewError
 
 __all__ = ["LocalServer", "ServerError", "Cancelled", "start_all", "stop_all", "live_servers", "port_in_use",
-           "rc_text", "tail_text", "HOST"]
+           "program_path", "rc_text", "tail_text", "HOST"]
 
 HOST = "127.0.0.1"
 #: seconds to wait for a server to say it is ready (loading a large model can take minutes)
@@ -76,6 +77,23 @@ def rc_text(rc: int | None) -> str:
 def tail_text(text: str, n: int) -> str:
     lines = [ln for ln in text.splitlines() if ln.strip()]
     return "\n".join("    " + ln for ln in lines[-n:])
+
+
+def program_path(value: str, what: str, source: str) -> Path:
+    """The program ``value`` names (a path, or a bare name looked up on PATH), or a :class:`ServerError` saying
+    why it cannot be run; ``what`` names the program in that message, ``source`` where ``value`` came from."""
+    p = Path(value).expanduser()
+    if os.sep not in value and not p.exists():
+        found = shutil.which(value)
+        if found:
+            p = Path(found)
+    if not p.exists():
+        raise ServerError(f"{what} {value} (from {source}) does not exist")
+    if p.is_dir():
+        raise ServerError(f"{what} {value} (from {source}) is a directory, not a program")
+    if not os.access(p, os.X_OK):
+        raise ServerError(f"{what} {value} (from {source}) is not executable (chmod +x it)")
+    return p
 
 
 def port_in_use(port: int, host: str = HOST) -> bool:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ...core.errors import ConfigError
-from ..local_server.process import HOST, START_TIMEOUT, CancelFn, LocalServer, ProgressFn, ServerError
+from ..local_server.process import HOST, START_TIMEOUT, CancelFn, LocalServer, ProgressFn, ServerError, program_path
 
 __all__ = ["MLXServer", "find_server_program", "server_args", "split_server_args", "kv_flags", "ENV_BIN"]
 
@@ -60,17 +60,7 @@ _KV_BITS = {"f16": None, "bf16": None, "f32": None, "q8_0": 8, "q5_0": 5, "q5_1"
 
 
 def _program(value: str, source: str) -> list[str]:
-    p = Path(value).expanduser()
-    if os.sep not in value and not p.exists():
-        found = shutil.which(value)
-        if found:
-            p = Path(found)
-    if not p.exists():
-        raise ServerError(f"mlx_lm.server program {value} (from {source}) does not exist")
-    if p.is_dir():
-        raise ServerError(f"mlx_lm.server program {value} (from {source}) is a directory, not a program")
-    if not os.access(p, os.X_OK):
-        raise ServerError(f"mlx_lm.server program {value} (from {source}) is not executable (chmod +x it)")
+    p = program_path(value, "mlx_lm.server program", source)
     if p.name.startswith("python"):  # a Python that has mlx-lm installed
         return [str(p), "-m", "mlx_lm", "server"]
     return [str(p)]
