@@ -4,8 +4,10 @@ Qt-free: a trace (or a matrix document) and already rendered PNG plots become te
 
 * :mod:`.escape`    escaping untrusted text (tokens, prompts, paths) for HTML and Markdown
 * :mod:`.facts`     the facts both formats state
+* :mod:`.outline`   what each report says, in what order: the sections both formats draw
 * :mod:`.html`      the HTML report
 * :mod:`.markdown`  the Markdown report
+* :mod:`.locate`    the report of a locate
 * :mod:`.kernels`   the kernel map in reports: a trace's prediction, a matrix's citation, a map's own report
 * :mod:`.write`     writing both to a folder, with plots from a renderer passed in
 """

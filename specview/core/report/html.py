@@ -6,14 +6,12 @@ import base64
 from typing import Any, Mapping, Sequence
 
 from ... import __version__
-from ..verdicts import CATEGORIES, COLOURS, WORDS, category, cell_text
 from ..matrix.rates import pct, positions_text, rate_text
+from ..verdicts import CATEGORIES, COLOURS, WORDS, cell_text
 from .escape import esc, visible
-from .kernels import (LEGEND, WIDTH_HEADERS, heat_cell, map_intro, map_title, matrix_citation, matrix_kernel_rows,
-                      target_facts, width_rows)
-from .facts import (PLOT_CAPTIONS, commands, obj, acceptance_facts, backend_warning, cell_colour, crash_warning, cell_detail, config_facts, earliest_fork,
-                    environment_facts, fmt, fork_context, headline, model_facts, preset_command, prompt_block, quoted,
-                    spec_rows, trace_title, verdict_facts, verdict_of)
+from .facts import cell_colour, cell_detail, headline, obj, trace_title, verdict_of
+from .kernels import WIDTH_HEADERS, map_title, matrix_citation, matrix_kernel_rows
+from .outline import Section, kernels_sections, matrix_sections, rate_groups, trace_sections
 
 CSS = """
 body{font:15px/1.45 -apple-system,'Segoe UI',Roboto,'DejaVu Sans',sans-serif;margin:0;color:#1d1d1f;background:#fff}
@@ -103,6 +101,142 @@ def kernel_section_html(sec: Any) -> str:
     return "\n".join(parts)
 
 
+class HtmlWriter:
+    """Draws a report's sections (:mod:`.outline`) as HTML, each a list of parts; ``plots`` are the PNG bytes
+    of the plot sections, by name."""
+
+    def __init__(self, plots: Mapping[str, bytes] | None = None) -> None:
+        self.plots = plots or {}
+
+    def draw(self, sections: Sequence[Section]) -> list[str]:
+        return [part for s in sections for part in getattr(self, s.kind)(s)]
+
+    @staticmethod
+    def heading(s: Section) -> list[str]:
+        return [f"<h2>{esc(s.title)}</h2>"] if s.title else []
+
+    def warning(self, s: Section) -> list[str]:
+        first, *rest = s.body
+        return [f"<div class=verdict style='background:{COLOURS.get('state', '#fcc')}'><b>⚠ {esc(first)}</b>"
+                + "".join(f"<br>{esc(ln.strip())}" for ln in rest) + "</div>"]
+
+    def paragraph(self, s: Section) -> list[str]:
+        return [f"<p>{esc(s.body)}</p>"]
+
+    def note(self, s: Section) -> list[str]:
+        return [f"<p class=note>{esc(s.body)}</p>"]
+
+    def facts(self, s: Section) -> list[str]:
+        return self.heading(s) + [_kv_html(s.body)]
+
+    def table(self, s: Section) -> list[str]:
+        return self.heading(s) + [_table_html(*s.body)]
+
+    def code(self, s: Section) -> list[str]:
+        return self.heading(s) + [f"<pre>{esc(s.body)}</pre>"]
+
+    def fork(self, s: Section) -> list[str]:
+        return self.heading(s) + [_fork_html(s.body)]
+
+    def kernel(self, s: Section) -> list[str]:
+        return [kernel_section_html(s.body)]
+
+    def plot(self, s: Section) -> list[str]:
+        key, caption = s.body
+        return self.heading(s) + [_img_html(self.plots[key], s.title, caption)]
+
+    def commands(self, s: Section) -> list[str]:
+        cmds, out = s.body, self.heading(s)
+        if isinstance(cmds, str):
+            return out + [f"<p class=note>{esc(cmds)}</p>"]
+        out.append("<p class=note>Start both servers, send the same prompt token ids to each, compare the "
+                   "tokens. The flags are llama.cpp's own (common/arg.cpp).</p>")
+        out.append(f"<pre>{esc(cmds['server_vanilla'])}\n\n{esc(cmds['server_speculative'])}</pre>")
+        out.append(f"<pre>{esc(cmds['request'])}</pre>")
+        if "cli_vanilla" in cmds:
+            out.append("<p class=note>Or with the command-line tool (it applies the chat template itself):</p>")
+            out.append(f"<pre>{esc(cmds['cli_vanilla'])}\n\n{esc(cmds['cli_speculative'])}</pre>")
+        return out
+
+    def prompt(self, s: Section) -> list[str]:
+        label, text = s.body
+        return self.heading(s) + [f"<p class=note>{esc(label)}</p><pre>{esc(text)}</pre>"]
+
+    def models(self, s: Section) -> list[str]:
+        return self.heading(s) + ["<table class=kv><tr><th></th><th>target</th><th>draft</th></tr>" + "".join(
+            f"<tr><td>{esc(a)}</td><td>{esc(b)}</td><td>{esc(c)}</td></tr>" for a, b, c in s.body) + "</table>"]
+
+    def texts(self, s: Section) -> list[str]:
+        return self.heading(s) + [f"<p class=note>{esc(arm.name)} ({len(arm.tokens)} tokens)</p>"
+                                  f"<pre>{esc(arm.text)}</pre>" for arm in s.body]
+
+    def summary(self, s: Section) -> list[str]:
+        return [f"<h2>{esc(s.title)}</h2><ul class=summary>" + "".join(f"<li>{esc(x)}</li>" for x in s.body) + "</ul>"]
+
+    def grid(self, s: Section) -> list[str]:
+        g = s.body
+        legend = "<div class=legend>" + "".join(
+            f"<span style='background:{COLOURS[k]}'>{esc(WORDS[k] if k == 'diverged' else k)}</span>"
+            for k in CATEGORIES) + "</div>"
+        head = "<tr><th>" + esc(" · ".join(g.row_axes)) + "</th>" + "".join(
+            f"<th>{esc(g.col_label(c))}</th>" for c in g.cols) + "</tr>"
+        body = []
+        for r in g.rows:
+            tds = []
+            for c in g.cols:
+                cell = g.at.get((r, c))
+                detail = cell_detail(cell) if cell and cell.get("status") == "ok" else (
+                    cell.get("error", "") if cell else "")
+                tds.append(f"<td style='background:{cell_colour(cell)}' title='{esc(detail)}'>{esc(cell_text(cell))}"
+                           + (f"<br><small>{esc(detail)}</small>" if detail and cell and cell.get('status') == 'ok'
+                              else "") + "</td>")
+            body.append(f"<tr><td class=row>{esc(g.row_label(r))}</td>{''.join(tds)}</tr>")
+        return self.heading(s) + [legend, f"<table class=grid>{head}{''.join(body)}</table>"]
+
+    def rerun(self, s: Section) -> list[str]:
+        return [f"<h2>{esc(s.title)}</h2><pre>{esc(s.body)}</pre>"]
+
+    def forks(self, s: Section) -> list[str]:
+        return ([f"<h2>{esc(s.title)}</h2><table class=kv><tr><th>cell</th><th>token</th><th>vanilla</th>"
+                 "<th>speculative</th><th>verdict</th><th>gap</th><th>trace</th></tr>"]
+                + [f"<tr><td>{esc(name)}</td><td>{esc(token)}</td><td><code>{esc(vp)}</code></td>"
+                   f"<td><code>{esc(sp)}</code></td><td>{esc(verdict)}</td><td>{esc(gap)}</td>"
+                   f"<td>{esc(trace)}</td></tr>"
+                   for name, token, vp, sp, verdict, gap, trace in s.body]
+                + ["</table>"])
+
+    def failed(self, s: Section) -> list[str]:
+        return [f"<h2>{esc(s.title)}</h2><ul>" + "".join(f"<li>{esc(name)}: {esc(err)}</li>" for name, err in s.body)
+                + "</ul>"]
+
+    def kernel_citation(self, s: Section) -> list[str]:
+        return [matrix_kernel_html(s.body)]
+
+    def rates(self, s: Section) -> list[str]:
+        return [rates_html(s.body)]
+
+    def repro(self, s: Section) -> list[str]:
+        cmds, name, cell = s.body
+        return [f"<h2>{esc(s.title)}</h2><p class=note>{esc(name)}: token {esc(cell['first_mismatch'])}, from its "
+                f"saved trace {esc(cell.get('trace'))} (<code>specview report</code> on that file gives its full "
+                "report).</p>"
+                f"<pre>{esc(cmds['server_vanilla'])}\n\n{esc(cmds['server_speculative'])}</pre>"
+                f"<pre>{esc(cmds['request'])}</pre>"]
+
+    def counters(self, s: Section) -> list[str]:
+        ctr, elapsed = s.body
+        return [f"<p class=note>{esc(ctr.get('loads'))} model loads, {esc(ctr.get('vanilla_runs'))} vanilla runs, "
+                f"{esc(ctr.get('speculative_runs'))} speculative runs, {esc(elapsed)} s.</p>"]
+
+    def heatmap(self, s: Section) -> list[str]:
+        widths, rows = s.body
+        head = "<tr><th>target</th>" + "".join(f"<th>{esc(w)}</th>" for w in widths) + "</tr>"
+        body = [f"<tr><td class=row>{esc(label)}</td>" + "".join(
+            f"<td style='background:{colour}' title='{esc(tip)}'>{esc(sym)}</td>" for sym, colour, tip in cells)
+            + "</tr>" for label, cells in rows]
+        return self.heading(s) + [f"<table class=heat>{head}{''.join(body)}</table>"]
+
+
 def trace_html(trace: Any, plots: Mapping[str, bytes], kernel: Any = None) -> str:
     """The report of one run; ``kernel`` (:func:`~specview.core.report.kernels.trace_kernel_section`) adds the
     kernel map's prediction for it."""
@@ -113,133 +247,17 @@ def trace_html(trace: Any, plots: Mapping[str, bytes], kernel: Any = None) -> st
              f"{esc(env.get('created', ''))} · greedy speculative decoding against plain greedy</div>",
              f"<div class=verdict style='background:{COLOURS.get(v, '#fff')}'><b>{esc(v.upper())}</b> — "
              f"{esc(headline(trace))}</div>"]
-    d = obj(trace.diagnosis)
-    crash = crash_warning(trace)
-    if crash:
-        parts.append(f"<div class=verdict style='background:{COLOURS.get('state', '#fcc')}'><b>⚠ {esc(crash[0])}</b>"
-                     + "".join(f"<br>{esc(ln.strip())}" for ln in crash[1:]) + "</div>")
-    broken = backend_warning(trace)
-    if broken:
-        parts.append(f"<div class=verdict style='background:{COLOURS.get('state', '#fcc')}'><b>⚠ {esc(broken)}</b></div>")
-    if d.get("explanation"):
-        parts.append(f"<p>{esc(d['explanation'])}</p>")
-    parts.append(_kv_html(verdict_facts(trace)))
-    ctx = fork_context(trace)
-    if ctx is not None:
-        parts.append(f"<h2>The fork, token {ctx['index']}</h2>")
-        parts.append(_fork_html(ctx))
-    if kernel is not None:
-        parts.append(kernel_section_html(kernel))
-    for key in PLOT_CAPTIONS:
-        if key in plots:
-            title, cap = PLOT_CAPTIONS[key]
-            parts.append(f"<h2>{esc(title)}</h2>")
-            parts.append(_img_html(plots[key], title, cap))
-    parts.append("<h2>Acceptance and speed</h2>")
-    parts.append(_kv_html(acceptance_facts(trace)))
-    cmds = commands(trace)
-    parts.append("<h2>Reproduce with llama.cpp</h2>")
-    if isinstance(cmds, str):
-        parts.append(f"<p class=note>{esc(cmds)}</p>")
-    else:
-        parts.append("<p class=note>Start both servers, send the same prompt token ids to each, compare the "
-                     "tokens. The flags are llama.cpp's own (common/arg.cpp).</p>")
-        parts.append(f"<pre>{esc(cmds['server_vanilla'])}\n\n{esc(cmds['server_speculative'])}</pre>")
-        parts.append(f"<pre>{esc(cmds['request'])}</pre>")
-        if "cli_vanilla" in cmds:
-            parts.append("<p class=note>Or with the command-line tool (it applies the chat template itself):</p>")
-            parts.append(f"<pre>{esc(cmds['cli_vanilla'])}\n\n{esc(cmds['cli_speculative'])}</pre>")
-    label, text = prompt_block(trace)
-    parts.append("<h2>Prompt</h2>")
-    parts.append(f"<p class=note>{esc(label)}</p><pre>{esc(text)}</pre>")
-    parts.append("<h2>Settings</h2>")
-    parts.append(_kv_html(config_facts(trace)))
-    parts.append("<h2>Models</h2>")
-    parts.append("<table class=kv><tr><th></th><th>target</th><th>draft</th></tr>" + "".join(
-        f"<tr><td>{esc(a)}</td><td>{esc(b)}</td><td>{esc(c)}</td></tr>" for a, b, c in model_facts(trace))
-        + "</table>")
-    parts.append("<h2>Environment</h2>")
-    parts.append(_kv_html(environment_facts(env)))
-    parts.append("<h2>Both texts</h2>")
-    for arm in (trace.vanilla, trace.speculative):
-        parts.append(f"<p class=note>{esc(arm.name)} ({len(arm.tokens)} tokens)</p><pre>{esc(arm.text)}</pre>")
+    parts += HtmlWriter(plots).draw(trace_sections(trace, plots, kernel))
     return _page(f"specview: {v}", "\n".join(parts))
 
 
-def _repro_html(trace: Any, cell: dict[str, Any]) -> str:
-    from ..matrix import CellParams, describe
-
-    cmds = commands(trace)
-    if isinstance(cmds, str):
-        return ""
-    return (f"<h2>Reproduce the earliest fork</h2><p class=note>{esc(describe(CellParams.from_json(cell['params'])))}: "
-            f"token {esc(cell['first_mismatch'])}, from its saved trace {esc(cell.get('trace'))} "
-            "(<code>specview report</code> on that file gives its full report).</p>"
-            f"<pre>{esc(cmds['server_vanilla'])}\n\n{esc(cmds['server_speculative'])}</pre>"
-            f"<pre>{esc(cmds['request'])}</pre>")
-
-
 def matrix_html(doc: dict[str, Any], fork_trace: Any = None) -> str:
-    from ..matrix import CellParams, describe, grid, rates, summarize
-
-    g = grid(doc)
     cells = doc.get("cells", [])
     spec = doc.get("spec", {})
     parts = [f"<h1>specview matrix: {len(cells)} cells</h1>",
              f"<div class=sub>specview {esc(doc.get('specview', ''))} · {esc(doc.get('created', ''))} · "
-             f"status {esc(doc.get('status'))} · {esc(spec.get('max_tokens'))} tokens per arm</div>",
-             "<h2>What it shows</h2><ul class=summary>"
-             + "".join(f"<li>{esc(s)}</li>" for s in summarize(doc)) + "</ul>",
-             "<h2>Grid</h2>",
-             "<div class=legend>" + "".join(
-                 f"<span style='background:{COLOURS[k]}'>{esc(WORDS[k] if k == 'diverged' else k)}</span>"
-                 for k in CATEGORIES) + "</div>"]
-    head = "<tr><th>" + esc(" · ".join(g.row_axes)) + "</th>" + "".join(
-        f"<th>{esc(g.col_label(c))}</th>" for c in g.cols) + "</tr>"
-    body = []
-    for r in g.rows:
-        tds = []
-        for c in g.cols:
-            cell = g.at.get((r, c))
-            detail = cell_detail(cell) if cell and cell.get("status") == "ok" else (
-                cell.get("error", "") if cell else "")
-            tds.append(f"<td style='background:{cell_colour(cell)}' title='{esc(detail)}'>{esc(cell_text(cell))}"
-                       + (f"<br><small>{esc(detail)}</small>" if detail and cell and cell.get('status') == 'ok' else "")
-                       + "</td>")
-        body.append(f"<tr><td class=row>{esc(g.row_label(r))}</td>{''.join(tds)}</tr>")
-    parts.append(f"<table class=grid>{head}{''.join(body)}</table>")
-    rerun = preset_command(spec)
-    if rerun:
-        parts.append(f"<h2>Run this preset again</h2><pre>{esc(rerun)}</pre>")
-    forks = [c for c in cells if c.get("status") == "ok" and not c.get("identical")]
-    if forks:
-        parts.append("<h2>Forks</h2><table class=kv><tr><th>cell</th><th>token</th><th>vanilla</th>"
-                     "<th>speculative</th><th>verdict</th><th>gap</th><th>trace</th></tr>")
-        for c in forks:
-            f = c.get("fork") or {}
-            parts.append(
-                f"<tr><td>{esc(describe(CellParams.from_json(c['params'])))}</td><td>{esc(c.get('first_mismatch'))}</td>"
-                f"<td><code>{esc(quoted(f.get('vanilla_piece')))}</code></td>"
-                f"<td><code>{esc(quoted(f.get('speculative_piece')))}</code></td>"
-                f"<td>{esc(category(c))}</td><td>{esc(fmt(c.get('gap')))}</td>"
-                f"<td>{esc(c.get('trace') or '')}</td></tr>")
-        parts.append("</table>")
-    errs = [c for c in cells if c.get("status") == "error"]
-    if errs:
-        parts.append("<h2>Failed cells</h2><ul>" + "".join(
-            f"<li>{esc(describe(CellParams.from_json(c['params'])))}: {esc(c.get('error'))}</li>" for c in errs) + "</ul>")
-    parts.append(matrix_kernel_html(doc))
-    parts.append(rates_html(rates(doc)))
-    cell = earliest_fork(doc)
-    if fork_trace is not None and cell is not None:
-        parts.append(_repro_html(fork_trace, cell))
-    parts.append("<h2>Axes</h2>")
-    parts.append(_kv_html(spec_rows(spec)))
-    ctr = doc.get("counters") or {}
-    parts.append(f"<p class=note>{esc(ctr.get('loads'))} model loads, {esc(ctr.get('vanilla_runs'))} vanilla runs, "
-                 f"{esc(ctr.get('speculative_runs'))} speculative runs, {esc(doc.get('elapsed_s'))} s.</p>")
-    parts.append("<h2>Environment</h2>")
-    parts.append(_kv_html(environment_facts(doc.get("environment") or {})))
+             f"status {esc(doc.get('status'))} · {esc(spec.get('max_tokens'))} tokens per arm</div>"]
+    parts += HtmlWriter().draw(matrix_sections(doc, fork_trace))
     return _page("specview matrix", "\n".join(parts))
 
 
@@ -261,27 +279,11 @@ def matrix_kernel_html(doc: dict[str, Any]) -> str:
 
 
 def kernels_html(kmap: Any, file: str | None = None) -> str:
-    """The report of a kernel map itself: per target its facts and per-width table, and the heatmap."""
+    """The report of a kernel map itself: the heatmap, then per target its facts and per-width table."""
     parts = [f"<h1>specview kernel map: {esc(map_title(kmap, file))}</h1>",
              f"<div class=sub>specview {esc(kmap.environment.get('specview', __version__))} · "
-             f"{esc(kmap.environment.get('created', ''))} · engine {esc(kmap.backend)}</div>",
-             f"<p>{esc(map_intro(kmap))}</p>", "<h2>Heatmap</h2>"]
-    head = "<tr><th>target</th>" + "".join(f"<th>{esc(w)}</th>" for w in kmap.widths) + "</tr>"
-    body = []
-    for t in kmap.targets:
-        tds = []
-        for w in kmap.widths:
-            sym, colour, tip = heat_cell(t.widths.get(w))
-            tds.append(f"<td style='background:{colour}' title='{esc(tip)}'>{esc(sym)}</td>")
-        body.append(f"<tr><td class=row>{esc(t.label)}</td>{''.join(tds)}</tr>")
-    parts.append(f"<table class=heat>{head}{''.join(body)}</table>")
-    parts.append(f"<p class=note>{esc(LEGEND)}</p>")
-    for t in kmap.targets:
-        parts.append(f"<h2>{esc(t.label)}</h2>")
-        parts.append(_kv_html(target_facts(t)))
-        parts.append(_table_html(WIDTH_HEADERS, width_rows(t)))
-    parts.append("<h2>Environment</h2>")
-    parts.append(_kv_html(environment_facts(kmap.environment)))
+             f"{esc(kmap.environment.get('created', ''))} · engine {esc(kmap.backend)}</div>"]
+    parts += HtmlWriter().draw(kernels_sections(kmap))
     return _page("specview kernel map", "\n".join(parts))
 
 
@@ -319,9 +321,10 @@ def _rate_row(label: str, g: dict[str, Any]) -> str:
 
 def rates_html(r: dict[str, Any]) -> str:
     """Per setting and category: the divergence rate with its interval; fork positions; the gap histogram."""
-    settings = [g for g in r["settings"] if g["n"] >= 2]
-    if not settings:
+    groups = rate_groups(r)
+    if groups is None:
         return ""
+    settings, cats, forked = groups
     head = ("<tr><th>setting</th><th>prompts</th><th>forks</th><th>rate</th><th>95% interval</th><th></th>"
             "<th>fork positions</th><th>near-tie / material / undiagnosed</th></tr>")
     parts = ["<h2>Divergence rates</h2>",
@@ -330,11 +333,9 @@ def rates_html(r: dict[str, Any]) -> str:
              "gap is within what batched-versus-single numerics can flip (its diagnosis' far threshold: four "
              "times the largest shift before the fork, at least 2 logits), material when it is above.</p>",
              "<table class=kv>" + head + "".join(_rate_row(g["label"], g) for g in settings) + "</table>"]
-    cats = [(g["label"], c) for g in settings for c in g["categories"]]
     if cats:
         parts.append("<h2>Rates by prompt category</h2><table class=kv>" + head.replace("setting", "setting · category")
                      + "".join(_rate_row(f"{label} · {c['category']}", c) for label, c in cats) + "</table>")
-    forked = [g for g in settings if g["forks"]]
     if forked:
         parts.append("<h2>Where the forks fall, and how large the gaps are</h2>")
         for g in forked:

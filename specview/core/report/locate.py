@@ -7,15 +7,15 @@ the writer was given (the app's own plot widget, :mod:`specview.gui.locate`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 from ... import __version__
 from ..kernels.text import settings_label
 from ..locate.text import describe
-from .escape import esc, md_fence, md_text, text
-from .facts import PLOT_CAPTIONS, environment_facts
-from .html import _img_html, _kv_html, _page, _table_html
-from .markdown import _kv_md, _table_md
+from .escape import esc, md_text, text
+from .html import HtmlWriter, _page
+from .markdown import MarkdownWriter, made_with
+from .outline import Section, environment_section, plot_sections
 
 PLOT = "locate"
 GROWTH_HEADERS = ("part", "|Δ| of its output", "largest |Δ| in it", "differing / compared", "first differing node")
@@ -63,38 +63,31 @@ def growth_rows(loc: Any) -> list[list[str]]:
             for a in loc.per_layer() if a["compared"]]
 
 
+def locate_sections(loc: Any, plots: Collection[str]) -> list[Section]:
+    """The report of a locate, after its title: what was compared, the first node that differs, the growth."""
+    out = [Section("facts", locate_facts(loc))]
+    if loc.first is not None:
+        out.append(Section("code", "\n".join(describe(loc.first)), "The first node that differs"))
+    out += plot_sections([PLOT] if PLOT in plots else [])
+    out.append(Section("table", (GROWTH_HEADERS, growth_rows(loc)), "How the difference grows"))
+    out.append(environment_section({"backend": loc.backend, **{k: v for k, v in loc.model.items()
+                                                               if k in ("file", "path")}}, markdown=False))
+    return out
+
+
 def locate_html(loc: Any, file: str | None, plots: Mapping[str, bytes]) -> str:
     parts = [f"<h1>specview locate: {esc(locate_title(loc, file))}</h1>",
-             f"<div class=sub>specview {esc(__version__)} · engine {esc(loc.backend)}</div>",
-             _kv_html(locate_facts(loc))]
-    if loc.first is not None:
-        parts.append("<h2>The first node that differs</h2>")
-        parts.append(f"<pre>{esc(chr(10).join(describe(loc.first)))}</pre>")
-    if PLOT in plots:
-        title, cap = PLOT_CAPTIONS[PLOT]
-        parts.append(f"<h2>{esc(title)}</h2>")
-        parts.append(_img_html(plots[PLOT], title, cap))
-    parts.append("<h2>How the difference grows</h2>")
-    parts.append(_table_html(GROWTH_HEADERS, growth_rows(loc)))
-    parts.append("<h2>Environment</h2>")
-    parts.append(_kv_html(environment_facts({"backend": loc.backend, **{k: v for k, v in loc.model.items()
-                                                                         if k in ("file", "path")}})))
+             f"<div class=sub>specview {esc(__version__)} · engine {esc(loc.backend)}</div>"]
+    parts += HtmlWriter(plots).draw(locate_sections(loc, plots))
     return _page("specview locate", "\n".join(parts))
 
 
 def locate_markdown(loc: Any, file: str | None, plot_files: Mapping[str, str]) -> str:
-    out = [f"## specview locate: {md_text(locate_title(loc, file))}\n", _kv_md(locate_facts(loc))]
-    if loc.first is not None:
-        out.append("### The first node that differs\n")
-        out.append(md_fence("\n".join(describe(loc.first))) + "\n")
-    if PLOT in plot_files:
-        title, cap = PLOT_CAPTIONS[PLOT]
-        out.append(f"### {md_text(title)}\n")
-        out.append(f"![{title}]({plot_files[PLOT]})\n\n{md_text(cap)}\n")
-    out.append("### How the difference grows\n")
-    out.append(_table_md(GROWTH_HEADERS, growth_rows(loc)))
-    out.append(f"<sub>Made with specview {md_text(__version__)}.</sub>\n")
+    out = [f"## specview locate: {md_text(locate_title(loc, file))}\n"]
+    out += MarkdownWriter(plot_files).draw(locate_sections(loc, plot_files))
+    out.append(made_with(__version__))
     return "\n".join(out)
 
 
-__all__ = ["GROWTH_HEADERS", "PLOT", "growth_rows", "locate_facts", "locate_html", "locate_markdown", "locate_title"]
+__all__ = ["GROWTH_HEADERS", "PLOT", "growth_rows", "locate_facts", "locate_html", "locate_markdown", "locate_sections",
+           "locate_title"]

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from itertools import groupby
 from typing import Any, Mapping, Sequence
 
 from ... import __version__
 from ..matrix.rates import bar, pct, positions_text, rate_text
-from ..verdicts import category, cell_text
+from ..verdicts import cell_text
 from .escape import md_code, md_fence, md_text, text, visible
-from .kernels import (LEGEND, WIDTH_HEADERS, heat_cell, map_intro, map_title, matrix_citation, matrix_kernel_rows,
-                      target_facts, width_rows)
-from .facts import (PLOT_CAPTIONS, commands, obj, acceptance_facts, backend_warning, config_facts, crash_warning, earliest_fork,
-                    environment_facts, fmt, fork_context, headline, model_facts, preset_command, prompt_block, quoted,
-                    spec_rows, trace_title, verdict_facts, verdict_of)
+from .facts import headline, obj, trace_title, verdict_of
+from .kernels import WIDTH_HEADERS, map_title, matrix_citation, matrix_kernel_rows
+from .outline import Section, fold_summary, kernels_sections, matrix_sections, rate_groups, trace_sections
 
 
 def _kv_md(rows: Sequence[tuple[str, str]], head: tuple[str, str] = ("", "")) -> str:
@@ -52,6 +52,131 @@ def kernel_section_md(sec: Any) -> str:
     return "\n".join(out)
 
 
+class MarkdownWriter:
+    """Draws a report's sections (:mod:`.outline`) as Markdown, each a list of parts; ``plot_files`` are the
+    files of the plot sections, by name, relative to the report.  The folded sections go in one collapsed
+    ``<details>`` block; a section that is not for Markdown is left out."""
+
+    def __init__(self, plot_files: Mapping[str, str] | None = None) -> None:
+        self.plot_files = plot_files or {}
+
+    def draw(self, sections: Sequence[Section]) -> list[str]:
+        out: list[str] = []
+        for folded, run in groupby([s for s in sections if s.markdown], key=lambda s: s.folded):
+            group = list(run)
+            if not folded:
+                out += [part for s in group for part in getattr(self, s.kind)(s)]
+                continue
+            out.append(f"<details><summary>{fold_summary(group)}</summary>\n")
+            out += [part for s in group for part in getattr(self, s.kind)(replace(s, title=""))]
+            out.append("</details>\n")
+        return out
+
+    @staticmethod
+    def heading(s: Section) -> list[str]:
+        return [f"### {md_text(s.title)}\n"] if s.title else []
+
+    def warning(self, s: Section) -> list[str]:
+        first, *rest = s.body
+        return ["> **⚠ " + md_text(first) + "**\n" + "".join(f">\n> {md_text(ln.strip())}\n" for ln in rest)]
+
+    def paragraph(self, s: Section) -> list[str]:
+        return [md_text(s.body) + "\n"]
+
+    note = paragraph
+
+    def facts(self, s: Section) -> list[str]:
+        return self.heading(s) + [_kv_md(s.body, s.head)]
+
+    def table(self, s: Section) -> list[str]:
+        return self.heading(s) + [_table_md(*s.body)]
+
+    def code(self, s: Section) -> list[str]:
+        return self.heading(s) + [md_fence(s.body) + "\n"]
+
+    def fork(self, s: Section) -> list[str]:
+        return self.heading(s) + [_fork_md(s.body)]
+
+    def kernel(self, s: Section) -> list[str]:
+        return [kernel_section_md(s.body)]
+
+    def plot(self, s: Section) -> list[str]:
+        key, caption = s.body
+        return self.heading(s) + [f"![{s.title}]({self.plot_files[key]})\n\n{md_text(caption)}\n"]
+
+    def commands(self, s: Section) -> list[str]:
+        cmds, out = s.body, self.heading(s)
+        if isinstance(cmds, str):
+            return out + [md_text(cmds) + "\n"]
+        out.append("Start both servers, send the same prompt token ids to each, compare the tokens:\n")
+        out.append(md_fence(cmds["server_vanilla"] + "\n\n" + cmds["server_speculative"], "sh"))
+        out.append(md_fence(cmds["request"], "sh"))
+        if "cli_vanilla" in cmds:
+            out.append("Or with the command-line tool (it applies the chat template itself):\n")
+            out.append(md_fence(cmds["cli_vanilla"] + "\n\n" + cmds["cli_speculative"], "sh"))
+        return out
+
+    def prompt(self, s: Section) -> list[str]:
+        label, prompt = s.body
+        return self.heading(s) + [md_text(label) + "\n", md_fence(prompt, "text")]
+
+    def models(self, s: Section) -> list[str]:
+        return self.heading(s) + ["| | target | draft |\n|---|---|---|\n" + "".join(
+            f"| {md_text(a)} | {md_code(b, table=True)} | {md_code(c, table=True)} |\n" for a, b, c in s.body)]
+
+    def summary(self, s: Section) -> list[str]:
+        return ["\n".join(f"- {md_text(x)}" for x in s.body) + "\n"]
+
+    def grid(self, s: Section) -> list[str]:
+        g = s.body
+        head = ("| " + md_text(" · ".join(g.row_axes)) + " | " + " | ".join(md_text(g.col_label(c)) for c in g.cols)
+                + " |")
+        sep = "|" + "---|" * (len(g.cols) + 1)
+        rows = []
+        for r in g.rows:
+            vals = []
+            for c in g.cols:
+                cell = g.at.get((r, c))
+                txt = md_text(cell_text(cell))
+                vals.append(f"**{txt}**" if cell and cell.get("status") == "ok" and not cell.get("identical") else txt)
+            rows.append(f"| {md_text(g.row_label(r))} | " + " | ".join(vals) + " |")
+        return ["\n".join([head, sep, *rows]) + "\n"]
+
+    def rerun(self, s: Section) -> list[str]:
+        return self.heading(s) + ["```sh\n" + s.body + "\n```\n"]
+
+    def forks(self, s: Section) -> list[str]:
+        return (self.heading(s)
+                + ["| cell | token | vanilla | speculative | verdict | gap |\n|---|---|---|---|---|---|"]
+                + [f"| {md_text(name)} | {token} | {md_code(vp, table=True)} | {md_code(sp, table=True)} | "
+                   f"{md_text(verdict)} | {md_text(gap)} |" for name, token, vp, sp, verdict, gap, _ in s.body]
+                + [""])
+
+    def kernel_citation(self, s: Section) -> list[str]:
+        return [matrix_kernel_md(s.body)]
+
+    def rates(self, s: Section) -> list[str]:
+        return [rates_md(s.body)]
+
+    def repro(self, s: Section) -> list[str]:
+        cmds, name, cell = s.body
+        return [f"### {md_text(s.title)}\n\n"
+                f"{md_text(name)}: token {cell['first_mismatch']}, from its saved trace {md_code(cell.get('trace'))} "
+                "(`specview report` on that file gives its full report).\n\n"
+                + md_fence(cmds["server_vanilla"] + "\n\n" + cmds["server_speculative"], "sh") + "\n"
+                + md_fence(cmds["request"], "sh")]
+
+    def heatmap(self, s: Section) -> list[str]:
+        widths, rows = s.body
+        return self.heading(s) + [_table_md(["target", *(str(w) for w in widths)],
+                                            [[label] + [cell[0] for cell in cells] for label, cells in rows])]
+
+
+def made_with(version: Any) -> str:
+    """The line a Markdown report ends with."""
+    return f"<sub>Made with specview {md_text(version)}.</sub>\n"
+
+
 def trace_markdown(trace: Any, plot_files: Mapping[str, str], card: str | None = None, kernel: Any = None) -> str:
     """The report; ``card`` is the fork card's file, relative to the report, shown first; ``kernel`` adds the
     kernel map's prediction for the run."""
@@ -60,111 +185,15 @@ def trace_markdown(trace: Any, plot_files: Mapping[str, str], card: str | None =
     if card:
         out.append(f"![fork card]({card.replace(' ', '%20').replace(')', '%29').replace('(', '%28')})\n")
     out.append(f"**{md_text(headline(trace))}**\n")
-    d = obj(trace.diagnosis)
     env = obj(trace.environment)
-    crash = crash_warning(trace)
-    if crash:
-        out.append("> **⚠ " + md_text(crash[0]) + "**\n" + "".join(f">\n> {md_text(ln.strip())}\n" for ln in crash[1:]))
-    broken = backend_warning(trace)
-    if broken:
-        out.append(f"> **⚠ {md_text(broken)}**\n")
-    if d.get("explanation"):
-        out.append(md_text(d["explanation"]) + "\n")
-    out.append(_kv_md(verdict_facts(trace)))
-    ctx = fork_context(trace)
-    if ctx is not None:
-        out.append(f"### The fork, token {ctx['index']}\n")
-        out.append(_fork_md(ctx))
-    if kernel is not None:
-        out.append(kernel_section_md(kernel))
-    for key in PLOT_CAPTIONS:
-        if key in plot_files:
-            title, cap = PLOT_CAPTIONS[key]
-            out.append(f"### {title}\n")
-            out.append(f"![{title}]({plot_files[key]})\n\n{md_text(cap)}\n")
-    out.append("### Acceptance and speed\n")
-    out.append(_kv_md(acceptance_facts(trace)))
-    cmds = commands(trace)
-    out.append("### Reproduce with llama.cpp\n")
-    if isinstance(cmds, str):
-        out.append(md_text(cmds) + "\n")
-    else:
-        out.append("Start both servers, send the same prompt token ids to each, compare the tokens:\n")
-        out.append(md_fence(cmds["server_vanilla"] + "\n\n" + cmds["server_speculative"], "sh"))
-        out.append(md_fence(cmds["request"], "sh"))
-        if "cli_vanilla" in cmds:
-            out.append("Or with the command-line tool (it applies the chat template itself):\n")
-            out.append(md_fence(cmds["cli_vanilla"] + "\n\n" + cmds["cli_speculative"], "sh"))
-    label, prompt = prompt_block(trace)
-    out.append("### Prompt\n")
-    out.append(md_text(label) + "\n")
-    out.append(md_fence(prompt, "text"))
-    out.append("<details><summary>Settings, models and environment</summary>\n")
-    out.append(_kv_md(config_facts(trace), ("setting", "value")))
-    mrows = model_facts(trace)
-    out.append("| | target | draft |\n|---|---|---|\n" + "".join(
-        f"| {md_text(a)} | {md_code(b, table=True)} | {md_code(c, table=True)} |\n" for a, b, c in mrows))
-    out.append(_kv_md(environment_facts(env), ("environment", "")))
-    out.append("</details>\n")
-    out.append(f"<sub>Made with specview {md_text(env.get('specview', __version__))}.</sub>\n")
+    out += MarkdownWriter(plot_files).draw(trace_sections(trace, plot_files, kernel))
+    out.append(made_with(env.get("specview", __version__)))
     return "\n".join(out)
 
 
-def _repro_md(trace: Any, cell: dict[str, Any]) -> str:
-    from ..matrix import CellParams, describe
-
-    cmds = commands(trace)
-    if isinstance(cmds, str):
-        return ""
-    return ("### Reproduce the earliest fork\n\n"
-            f"{md_text(describe(CellParams.from_json(cell['params'])))}: token {cell['first_mismatch']}, from its saved "
-            f"trace {md_code(cell.get('trace'))} (`specview report` on that file gives its full report).\n\n"
-            + md_fence(cmds["server_vanilla"] + "\n\n" + cmds["server_speculative"], "sh") + "\n"
-            + md_fence(cmds["request"], "sh"))
-
-
 def matrix_markdown(doc: dict[str, Any], fork_trace: Any = None) -> str:
-    from ..matrix import CellParams, describe, grid, rates, summarize
-
-    g = grid(doc)
-    cells = doc.get("cells", [])
-    out = [f"## specview matrix: {len(cells)} cells ({md_text(doc.get('status'))})\n"]
-    out.append("\n".join(f"- {md_text(s)}" for s in summarize(doc)) + "\n")
-    head = "| " + md_text(" · ".join(g.row_axes)) + " | " + " | ".join(md_text(g.col_label(c)) for c in g.cols) + " |"
-    sep = "|" + "---|" * (len(g.cols) + 1)
-    rows = []
-    for r in g.rows:
-        vals = []
-        for c in g.cols:
-            cell = g.at.get((r, c))
-            txt = md_text(cell_text(cell))
-            vals.append(f"**{txt}**" if cell and cell.get("status") == "ok" and not cell.get("identical") else txt)
-        rows.append(f"| {md_text(g.row_label(r))} | " + " | ".join(vals) + " |")
-    out.append("\n".join([head, sep, *rows]) + "\n")
-    rerun = preset_command(doc.get("spec") or {})
-    if rerun:
-        out.append("### Run this preset again\n")
-        out.append("```sh\n" + rerun + "\n```\n")
-    forks = [c for c in cells if c.get("status") == "ok" and not c.get("identical")]
-    if forks:
-        out.append("### Forks\n")
-        out.append("| cell | token | vanilla | speculative | verdict | gap |\n|---|---|---|---|---|---|")
-        for c in forks:
-            f = c.get("fork") or {}
-            out.append(f"| {md_text(describe(CellParams.from_json(c['params'])))} | {c.get('first_mismatch')} | "
-                       f"{md_code(quoted(f.get('vanilla_piece')), table=True)} | "
-                       f"{md_code(quoted(f.get('speculative_piece')), table=True)} | "
-                       f"{md_text(category(c))} | {md_text(fmt(c.get('gap')))} |")
-        out.append("")
-    out.append(matrix_kernel_md(doc))
-    out.append(rates_md(rates(doc)))
-    cell = earliest_fork(doc)
-    if fork_trace is not None and cell is not None:
-        out.append(_repro_md(fork_trace, cell))
-    out.append("<details><summary>Axes and environment</summary>\n")
-    out.append(_kv_md(spec_rows(doc.get("spec", {})), ("axis", "values")))
-    out.append(_kv_md(environment_facts(doc.get("environment") or {}), ("environment", "")))
-    out.append("</details>\n")
+    out = [f"## specview matrix: {len(doc.get('cells', []))} cells ({md_text(doc.get('status'))})\n"]
+    out += MarkdownWriter().draw(matrix_sections(doc, fork_trace))
     return "\n".join(out)
 
 
@@ -187,19 +216,9 @@ def matrix_kernel_md(doc: dict[str, Any]) -> str:
 
 def kernels_markdown(kmap: Any, file: str | None = None) -> str:
     """The report of a kernel map itself: the heatmap, then per target its facts and per-width table."""
-    out = [f"## specview kernel map: {md_text(map_title(kmap, file))}\n", md_text(map_intro(kmap)) + "\n",
-           "### Heatmap\n"]
-    heat = [[t.label] + [heat_cell(t.widths.get(w))[0] for w in kmap.widths] for t in kmap.targets]
-    out.append(_table_md(["target", *(str(w) for w in kmap.widths)], heat))
-    out.append(md_text(LEGEND) + "\n")
-    for t in kmap.targets:
-        out.append(f"### {md_text(t.label)}\n")
-        out.append(_kv_md(target_facts(t)))
-        out.append(_table_md(WIDTH_HEADERS, width_rows(t)))
-    out.append("<details><summary>Environment</summary>\n")
-    out.append(_kv_md(environment_facts(kmap.environment), ("environment", "")))
-    out.append("</details>\n")
-    out.append(f"<sub>Made with specview {md_text(kmap.environment.get('specview', __version__))}.</sub>\n")
+    out = [f"## specview kernel map: {md_text(map_title(kmap, file))}\n"]
+    out += MarkdownWriter().draw(kernels_sections(kmap))
+    out.append(made_with(kmap.environment.get("specview", __version__)))
     return "\n".join(out)
 
 
@@ -212,9 +231,10 @@ def _rate_row(label: str, g: dict[str, Any]) -> str:
 
 def rates_md(r: dict[str, Any]) -> str:
     """Per setting and category: the divergence rate with its interval; fork positions; the gap histogram."""
-    settings = [g for g in r["settings"] if g["n"] >= 2]
-    if not settings:
+    groups = rate_groups(r)
+    if groups is None:
         return ""
+    settings, cats, forked = groups
     head = ("| {} | prompts | forks | rate | 95% interval | fork positions | near-tie / material / undiagnosed |\n"
             "|---|---|---|---|---|---|---|")
     out = ["### Divergence rates\n",
@@ -223,12 +243,10 @@ def rates_md(r: dict[str, Any]) -> str:
            "(its diagnosis' far threshold: four times the largest shift before the fork, at least 2 logits), "
            "material when it is above.\n",
            "\n".join([head.format("setting"), *(_rate_row(g["label"], g) for g in settings)]) + "\n"]
-    cats = [(g["label"], c) for g in settings for c in g["categories"]]
     if cats:
         out.append("#### By prompt category\n")
         out.append("\n".join([head.format("setting · category"),
                               *(_rate_row(f"{label} · {c['category']}", c) for label, c in cats)]) + "\n")
-    forked = [g for g in settings if g["forks"]]
     if forked:
         out.append("#### Where the forks fall, and how large the gaps are\n")
         lines: list[str] = []
