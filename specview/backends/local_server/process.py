@@ -25,6 +25,7 @@ in errors and can be kept in a trace.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import http.client
 import json
 import os
@@ -380,16 +381,12 @@ class LocalServer:
 
     def _cleanup_log(self) -> None:
         if self._log_fh is not None:
-            try:
+            with contextlib.suppress(OSError):
                 self._log_fh.close()
-            except OSError:
-                pass
             self._log_fh = None
         if self.log_path is not None:
-            try:
+            with contextlib.suppress(OSError):
                 self.log_path.unlink()
-            except OSError:
-                pass
             self.log_path = None
 
     def __enter__(self) -> "LocalServer":
