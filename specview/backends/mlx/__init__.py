@@ -12,9 +12,12 @@
   the model's logits are exactly ``head(inner(x))`` (checked once per model),
   the output head runs only on those rows, so a prefill chunk does not compute
   (chunk x n_vocab) logits only to drop them.
-  ``truncate`` trims the cache exactly (``trim_prompt_cache``), and refuses,
-  clearly, for models whose cache cannot be rolled back (recurrent layers,
-  a full rotating window): such a model cannot verify drafts.
+  ``truncate`` trims the cache exactly (``trim_prompt_cache``).  Hybrid and
+  recurrent models (lfm2, qwen3_5, mamba2, nemotron_h ...), whose
+  ``ArraysCache`` entries mlx-lm cannot trim and on which mlx-lm refuses to
+  speculate, roll back by checkpoint and restore (:mod:`.rollback`); a cache
+  that allows neither (a full rotating window, an unknown cache class) is
+  refused, clearly, naming its classes.
 * Quantization flipping: :func:`list_variants` lists the sibling folders of the
   same model (bf16, 8-bit, 4-bit ...) and :func:`derive_quantized` writes a
   quantized copy of a bf16/fp16/fp32 folder with mlx-lm's own converter into
@@ -41,7 +44,8 @@ keep the KV cache in the model's dtype; ``q8_0``, ``q5_*`` and ``q4_*`` use
 mlx-lm's quantized KV cache with 8, 5 or 4 bits from the first token on.
 The package, by concern: ``lib`` (the import guard, environment, token
 pieces), ``folders`` (what a model folder holds), ``engine`` (the model and its
-KV caches), ``variants`` (quantization flipping), ``demo`` (the demo model and
+KV caches), ``rollback`` (checkpoints, restores and replays for caches mlx-lm
+cannot trim), ``variants`` (quantization flipping), ``demo`` (the demo model and
 random models) and ``backend`` (what the registry loads).
 """
 

@@ -218,8 +218,15 @@ def write_random_model(
     dtype: str = "float32",
     pad_vocab_to: int | None = None,
     tie_embeddings: bool = False,
+    arch: str = "llama",
 ) -> Path:
-    """Write a llama-architecture MLX model folder with fixed-seed random weights.
+    """Write an MLX model folder with fixed-seed random weights (llama architecture unless ``arch`` says).
+
+    ``arch`` is one of :data:`RANDOM_ARCHS`: ``llama``; ``lfm2`` (LiquidAI's
+    hybrid: short-convolution layers with a recurrent state, then attention,
+    alternating, the first layer a convolution); ``qwen3_5`` (gated-delta-net
+    recurrent layers and attention, alternating).  The hybrids keep an
+    ``ArraysCache`` per recurrent layer, which mlx-lm cannot trim.
 
     The tokenizer is a byte-level BPE trained on ``corpus`` up to ``vocab_size``
     tokens, with ``<s>`` (BOS, added to plain prompts), ``</s>`` (EOS), ``<pad>``
@@ -231,7 +238,6 @@ def write_random_model(
     """
     mx = _mx()
     from mlx.utils import tree_map
-    from mlx_lm.models.llama import Model, ModelArgs
     from mlx_lm.utils import save_config, save_model
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
@@ -257,10 +263,11 @@ def write_random_model(
     fast.save_pretrained(str(out))
     n_vocab = max(len(fast), pad_vocab_to or 0)
 
-    args = ModelArgs(model_type="llama", hidden_size=hidden_size, num_hidden_layers=num_layers,
-                     intermediate_size=intermediate_size, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                     rms_norm_eps=1e-5, vocab_size=n_vocab, tie_word_embeddings=tie_embeddings,
-                     max_position_embeddings=4096)
+    if arch not in RANDOM_ARCHS:
+        raise SpecviewError(f"write_random_model: architecture {arch!r} is not one of {', '.join(RANDOM_ARCHS)}")
+    Model, args, cfg = _random_args(arch, n_vocab=n_vocab, hidden_size=hidden_size, num_layers=num_layers,
+                                    intermediate_size=intermediate_size, heads=heads, kv_heads=kv_heads,
+                                    tie_embeddings=tie_embeddings)
     mx.random.seed(seed)
     model = Model(args)
     # default init has a tiny output spread; scale so greedy choices are not all near-ties
@@ -269,9 +276,48 @@ def write_random_model(
         model.update(tree_map(lambda a: a.astype(getattr(mx, dtype)), model.parameters()))
     mx.eval(model.parameters())
     save_model(str(out), model)
-    cfg = {k: v for k, v in dataclasses.asdict(args).items() if v is not None and k != "layer_types"}
     cfg["torch_dtype"] = dtype
     cfg["bos_token_id"] = 0
     cfg["eos_token_id"] = 1
     save_config(cfg, str(out / "config.json"))
     return out
+
+
+#: the architectures :func:`write_random_model` writes
+RANDOM_ARCHS = ("llama", "lfm2", "qwen3_5")
+
+
+def _random_args(arch: str, *, n_vocab: int, hidden_size: int, num_layers: int, intermediate_size: int,
+                 heads: int, kv_heads: int, tie_embeddings: bool) -> tuple[Any, Any, dict[str, Any]]:
+    """(model class, its args, the config.json dict) of one of :data:`RANDOM_ARCHS`."""
+    if arch == "llama":
+        from mlx_lm.models.llama import Model, ModelArgs
+
+        args = ModelArgs(model_type="llama", hidden_size=hidden_size, num_hidden_layers=num_layers,
+                         intermediate_size=intermediate_size, num_attention_heads=heads,
+                         num_key_value_heads=kv_heads, rms_norm_eps=1e-5, vocab_size=n_vocab,
+                         tie_word_embeddings=tie_embeddings, max_position_embeddings=4096)
+        cfg = {k: v for k, v in dataclasses.asdict(args).items() if v is not None and k != "layer_types"}
+        return Model, args, cfg
+    if arch == "lfm2":
+        from mlx_lm.models.lfm2 import Model, ModelArgs
+
+        layer_types = ["conv" if i % 2 == 0 else "full_attention" for i in range(num_layers)]
+        args = ModelArgs(model_type="lfm2", vocab_size=n_vocab, hidden_size=hidden_size,
+                         num_hidden_layers=num_layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                         max_position_embeddings=4096, norm_eps=1e-5, conv_bias=False, conv_L_cache=3,
+                         block_dim=hidden_size, block_multiple_of=16, block_ffn_dim_multiplier=1.0,
+                         block_auto_adjust_ff_dim=False, block_ff_dim=intermediate_size, layer_types=layer_types)
+        cfg = {k: v for k, v in dataclasses.asdict(args).items() if v is not None}
+        return Model, args, cfg
+    from mlx_lm.models.qwen3_5 import Model, ModelArgs
+
+    head_dim = hidden_size // heads
+    text = {"model_type": "qwen3_5", "hidden_size": hidden_size, "intermediate_size": intermediate_size,
+            "num_hidden_layers": num_layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+            "head_dim": head_dim, "rms_norm_eps": 1e-6, "vocab_size": n_vocab, "max_position_embeddings": 4096,
+            "linear_num_value_heads": heads, "linear_num_key_heads": kv_heads, "linear_key_head_dim": head_dim,
+            "linear_value_head_dim": head_dim, "linear_conv_kernel_dim": 4, "full_attention_interval": 2,
+            "tie_word_embeddings": tie_embeddings,
+            "rope_parameters": {"type": "default", "rope_theta": 100000, "partial_rotary_factor": 0.25}}
+    return Model, ModelArgs(model_type="qwen3_5", text_config=dict(text)), dict(text)

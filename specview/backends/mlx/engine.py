@@ -6,8 +6,10 @@
   cache and converts only the logits rows asked for to float32 numpy.  Where
   the model's logits are exactly ``head(inner(x))`` (checked once per model),
   the output head runs only on those rows.
-* ``truncate`` trims the cache exactly (``trim_prompt_cache``), and refuses,
-  clearly, for models whose cache cannot be rolled back.
+* ``truncate`` trims the cache exactly (``trim_prompt_cache``).  Hybrid and
+  recurrent models, whose ``ArraysCache`` entries mlx-lm cannot trim (and on
+  which mlx-lm refuses to speculate), are rolled back by checkpoint, restore and
+  replay (:mod:`.rollback`); a cache that allows neither is refused, clearly.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from .folders import (
     kv_group_size,
 )
 from .lib import _kind_of, _mx, _Pieces, _tokenizer_kind, _wire_memory, mlx_environment
+from .rollback import CheckpointRollback, MLXRollback, describe, stuck
 
 _KV_BITS = {"f16": None, "bf16": None, "f32": None, "q8_0": 8, "q5_0": 5, "q5_1": 5, "q4_0": 4, "q4_1": 4}
 
@@ -132,6 +135,8 @@ class MLXModel:
         if inner is None or not callable(inner):
             return None
         head = getattr(m, "lm_head", None)
+        if head is None:  # models that wrap a text model (qwen3_5) keep its head there
+            head = getattr(getattr(m, "language_model", None), "lm_head", None)
         if head is None:
             emb = getattr(inner, "embed_tokens", None)
             head = getattr(emb, "as_linear", None)
@@ -148,6 +153,14 @@ class MLXModel:
         except Exception:
             return None
         return None
+
+    def rollback_facts(self) -> dict[str, Any]:
+        """How a context on this model rolls back: ``rollback`` (seq-rm, checkpoint or none) and, where
+        mlx-lm itself refuses to speculate on the model, ``rollback_note``: one line saying so."""
+        from mlx_lm.models.cache import make_prompt_cache
+
+        mode, note = describe(make_prompt_cache(self.model))
+        return {"rollback": mode, **({"rollback_note": note} if note else {})}
 
     def _probe_vocab(self) -> int:
         mx = _mx()
@@ -216,6 +229,7 @@ class MLXModel:
                 "n_ctx_train": self.n_ctx_train,
                 "load_seconds": round(self.load_seconds, 3),
             }
+            self._facts.update(self.rollback_facts())
         return dict(self._facts)
 
     # -- text ----------------------------------------------------------------------
@@ -253,7 +267,7 @@ class MLXModel:
 
 
 # -- the engine ------------------------------------------------------------------------
-class MLXEngine(ModelEngine):
+class MLXEngine(CheckpointRollback, ModelEngine):
     """One KV cache (``mlx_lm.models.cache.make_prompt_cache``) on a shared :class:`MLXModel`.
 
     Greedy run-ahead: mlx-lm's ``generate_step`` overlaps building the next
@@ -269,6 +283,16 @@ class MLXEngine(ModelEngine):
     a pass is queued the cache holds ``n_past + 1`` positions; ``n_past`` and
     every result are as if it never ran.  Only plain and quantized KV caches,
     whose trim always works, run ahead.
+
+    Rollback (:mod:`.rollback`): ``rollback_mode()`` is ``"seq-rm"`` where
+    every cache entry can be trimmed (mlx-lm's own way) and ``"checkpoint"``
+    where some cannot (the recurrent ``ArraysCache`` entries of a hybrid
+    model): ``prepare_rollback`` keeps a checkpoint, ``truncate`` restores it.
+    After each ``truncate`` that moved ``n_past``, ``last_rollback`` says how it
+    was done (:class:`~.rollback.MLXRollback`: the mode, the checkpoint
+    restored, the width of every pass fed again); a checkpoint ``truncate``
+    returns it too.  ``rollbacks``, ``replay_passes`` and ``replayed_tokens``
+    count the restores and what the engine fed again.
     """
 
     backend = "mlx"
@@ -294,6 +318,11 @@ class MLXEngine(ModelEngine):
             self._tls_stream = None
         self._streams: dict[int, Any] = {}
         self.cache = self._new_cache()
+        #: how the last truncate that moved n_past was done (None before any, and after a no-op truncate)
+        self.last_rollback: MLXRollback | None = None
+        self.rollbacks = 0  # checkpoint restores
+        self.replay_passes = 0
+        self.replayed_tokens = 0
         # greedy run-ahead (see the class docstring)
         self._pending: tuple[Any, Any] | None = None
         self._next_greedy: int | None = None
@@ -332,8 +361,11 @@ class MLXEngine(ModelEngine):
 
     @property
     def can_truncate(self) -> bool:
+        """Whether the cache can be rolled back now (trimmed, or restored from a checkpoint)."""
         from mlx_lm.models.cache import can_trim_prompt_cache
 
+        if self._checkpointing:
+            return not stuck(self.cache)
         return bool(can_trim_prompt_cache(self.cache))
 
     # -- evaluation ----------------------------------------------------------------
@@ -365,6 +397,8 @@ class MLXEngine(ModelEngine):
                     else:
                         self._drop_prefetch()
                 if sel is None:
+                    if self._history is not None:
+                        self._history.before_pass(pos0, n)
                     sel = self._forward(mx, toks, rows)
                     mx.async_eval(sel)
                 launched = self._maybe_run_ahead(mx, sel, n, rows, pos0)
@@ -376,7 +410,7 @@ class MLXEngine(ModelEngine):
                             self._drop_prefetch()
                         self._drop_prefetch()
                         sel = self._forward(mx, toks, rows)
-                mx.eval(sel)
+                mx.eval(sel, *self._states())
             out = np.array(sel, dtype=np.float32, copy=True)
         except Exception as exc:
             self.eval_seconds += time.perf_counter() - t0
@@ -386,6 +420,8 @@ class MLXEngine(ModelEngine):
         self.eval_seconds += time.perf_counter() - t0
         self.n_evals += 1
         self.n_past = pos0 + n
+        if self._history is not None:
+            self._history.after_pass(pos0, toks)
         if out.shape != (len(rows), n_vocab):  # pragma: no cover - a model whose head differs from config
             raise EvalError(f"the model returned logits of shape {out.shape}, expected {(len(rows), n_vocab)}")
         if rows[-1] == n - 1:
@@ -428,38 +464,36 @@ class MLXEngine(ModelEngine):
         if trim_prompt_cache(self.cache, 1) != 1:  # pragma: no cover - guarded by _prefetchable
             raise EvalError(f"{self.model.path.name}: could not drop a prefetched position from the MLX cache")
 
-    def truncate(self, n: int) -> None:
+    def truncate(self, n: int) -> MLXRollback | None:
         if n < 0 or n > self.n_past:
             raise ValueError(f"cannot truncate to {n}: the context holds {self.n_past} tokens")
+        self.last_rollback = None
+        if self._history is not None:
+            self._history.fresh = True  # the next pass starts a checkpoint, wherever this one leaves the cache
         if n == self.n_past:
             return
         self._streak = 0
         self._next_greedy = None
+        n_from = self.n_past
         if n == 0:
             self._pending = None
             self.cache = self._new_cache()
             self.n_past = 0
-            return
+            return None
         from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
         if self._pending is not None:
             self._drop_prefetch()
+        if self._checkpointing:
+            return self._roll_back(n)
         if not can_trim_prompt_cache(self.cache):
-            kinds = sorted({type(c).__name__ for c in self.cache if not c.is_trimmable()})
-            raise EvalError(
-                f"{self.model.path.name}: its MLX cache ({', '.join(kinds)}) cannot be rolled back, so rejected "
-                "draft tokens cannot be removed; this model cannot be the target or draft of speculative decoding. "
-                "Use --spec-type none, or another model."
-            )
+            self._refuse(sorted({type(c).__name__ for c in self.cache if not c.is_trimmable()}))
         want = self.n_past - n
         got = trim_prompt_cache(self.cache, want)
-        offsets = {int(getattr(c, "offset", n)) for c in self.cache if hasattr(c, "offset")}
-        if got != want or (offsets and offsets != {n}):
-            raise EvalError(
-                f"{self.model.path.name}: the MLX cache trimmed {got} of {want} positions "
-                f"(layer offsets {sorted(offsets)}); it cannot roll back to position {n}"
-            )
+        self._check_offsets(n, f"the MLX cache trimmed {got} of {want} positions" if got != want else "")
         self.n_past = n
+        self.last_rollback = MLXRollback("seq-rm", n_from=n_from, n_to=n)
+        return None
 
     def sibling(self, *, n_ctx: int | None = None) -> "MLXEngine":
         return MLXEngine(self.model, self.settings, n_ctx=n_ctx or self._n_ctx)
