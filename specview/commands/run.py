@@ -121,6 +121,9 @@ def summary(trace: Trace, *, context: int = 8) -> str:
                  f"{len(s.tokens)} speculative ({v.stop_reason} / {s.stop_reason})")
     if trace.prompt.get("chat_note"):
         lines.append(f"note     {trace.prompt['chat_note']}")
+    noted = [role for role, m in (("target", tgt), ("draft", drf)) if m.get("rollback_note")]
+    if noted:  # the MLX engine: mlx-lm itself refuses to speculate on this model, so the arm is specview's loop
+        lines.append(f"note     {' and '.join(noted)}: {(tgt if noted[0] == 'target' else drf)['rollback_note']}")
     if cfg.get("serial_verify"):
         lines.append("verify   serial: every verify pass computed as single-token passes (--serial-verify)")
     eng = cfg.get("engine") if isinstance(cfg.get("engine"), dict) else {}
