@@ -26,7 +26,7 @@ import time
 from specview.core import demo
 from specview.core import diagnose as dmod
 from specview.core.engine import EngineSettings
-from specview.core.arms.session import RunConfig, Session
+from specview.core.session import RunConfig, Session
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,9 +41,9 @@ def main() -> int:
 
     from specview.core.config import DEMO_DRAFT, DEMO_TARGET, EngineSettings, RunConfig
     from specview.core.demo import DEMO_PROMPT
-    from specview.core.kernels.map.map import block_starts, kernel_map, parse_widths, tokens_needed
+    from specview.core.kernels.map import block_starts, kernel_map, parse_widths, tokens_needed
     from specview.core.prompts import builtin_prompts
-    from specview.core.arms.session import Session
+    from specview.core.session import Session
 
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
     widths = parse_widths(args.widths)

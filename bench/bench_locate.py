@@ -35,8 +35,8 @@ def main() -> int:
 
     from specview.core.config import EngineSettings
     from specview.core.demo import DEMO_PROMPT
-    from specview.core.locate.find.find import locate
-    from specview.core.arms.session import Session
+    from specview.core.locate.find import locate
+    from specview.core.session import Session
 
     settings = EngineSettings(threads=args.threads)
     with Session() as session:

@@ -153,6 +153,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/core/test_matrix_presets.py::test_plain_decoding_that_differs_from_itself_voids_the_rest",),
     ),
     Mutation(
+        "one resolution: what the machine decides (no repack where the probe crashed) is dropped",
+        "specview/core/resolve.py",
+        "            if get_setting(cfg, d.setting) is None:",
+        "            if False:",
+        ("tests/core/test_repack.py",),
+    ),
+    Mutation(
         "drafters axis: TYPE:MODEL runs as draft-simple",
         "specview/core/matrix/spec.py",
         "            return t, name[len(t) + 1:]",

@@ -54,32 +54,18 @@ def demo_paths():
 
 
 # -- a CPU whose repacked kernels crash (the AMX bug) ------------------------------------------------
-def _repack_crashes_here() -> str:
-    """specview's own probe (run in a worker, cached): why repacked weights crash on this CPU, or ""."""
+def _machine_decisions() -> list[str]:
+    """What specview decides for this machine when a run leaves a setting unset (no repack where the crash probe
+    crashed): every Session the tests build asks the same door, so nothing here patches a default."""
     try:
-        from specview.backends.llama_cpp.probe import repack_default
+        from specview.core.config import EngineSettings
+        from specview.core.resolve import resolve_engine
 
-        no_repack, why = repack_default(run=True)
+        _, decisions = resolve_engine(EngineSettings(), backend="llama.cpp")
     except Exception as exc:  # no llama.cpp here: the tests that need it say so themselves
-        return "" if "llama" in str(exc).lower() else f"probe failed: {exc}"
-    return why if no_repack else ""
-
-
-_REPACK_CRASH = _repack_crashes_here()
-if _REPACK_CRASH:
-    # As specview does for a user who did not choose: every EngineSettings the tests build defaults to no repack,
-    # so an in-process Session cannot take the test run down; the tests that ask for repack on choose it.
-    from dataclasses import fields as _fields
-
-    from specview.core.config import EngineSettings as _ES
-
-    _names = [f.name for f in _fields(_ES) if f.init]
-    _defaults = list(_ES.__init__.__defaults__)
-    _defaults[_names.index("no_repack") - (len(_names) - len(_defaults))] = True
-    _ES.__init__.__defaults__ = tuple(_defaults)
+        return [] if "llama" in str(exc).lower() else [f"probe failed: {exc}"]
+    return [f"{d.setting}={d.value}: {d.why}" for d in decisions]
 
 
 def pytest_report_header(config):
-    if _REPACK_CRASH:
-        return [f"specview: {_REPACK_CRASH}; the tests' engine settings default to no repack"]
-    return []
+    return [f"specview decides on this machine: {line}" for line in _machine_decisions()]

@@ -127,7 +127,7 @@ def search(run: Callable[[RunConfig], Trace], candidates: Sequence[Candidate] = 
 
 def find_fork(session: Any, candidates: Sequence[Candidate] = CANDIDATES, *, threads: int = 0,
               **overrides: Any) -> Fork:
-    """:func:`search` on a :class:`~specview.core.arms.session.Session`; a test fails (not errors) when nothing forks."""
+    """:func:`search` on a :class:`~specview.core.session.Session`; a test fails (not errors) when nothing forks."""
     try:
         return search(session.run, candidates, threads=threads, **overrides)
     except NoFork as exc:

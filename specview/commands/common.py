@@ -13,7 +13,7 @@ from dataclasses import MISSING, Field, replace
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..core.config import EngineSettings, RunConfig, declared, default_of
+from ..core.config import EngineSettings, RunConfig, declared, default_of, typed_default
 from ..core.errors import ConfigError, SpecviewError
 
 GROUP_TITLES = {
@@ -27,7 +27,7 @@ SPECIAL = {"prompt", "prompt_tokens", "backend"}
 
 
 def _value_type(f: Field) -> Any:
-    d = default_of(f)
+    d = typed_default(f)
     if isinstance(d, bool):
         return bool
     if isinstance(d, float) or str(f.type).startswith("float"):
@@ -205,33 +205,9 @@ def given_settings(args: argparse.Namespace, cls: type) -> dict[str, Any]:
 
 
 def engine_settings(args: argparse.Namespace, base: EngineSettings | None = None) -> EngineSettings:
-    """The engine settings the flags give; where a command names its engine, with this machine's defaults
-    for what was not given (no repack where the crash probe crashed: :func:`machine_defaults`)."""
-    given = given_settings(args, EngineSettings)
-    settings = replace(base or EngineSettings(), **given)
-    if getattr(args, "backend", None) is None:
-        return settings
-    return machine_defaults(settings, given=given, backend=args.backend)
-
-
-def machine_defaults(settings: EngineSettings, *, given: Iterable[str], backend: str | None) -> EngineSettings:
-    """``settings`` with the defaults this machine needs for the settings not ``given``.
-
-    Today one: on a llama.cpp build whose multi-token decode of a repacked
-    quantized model crashed here (the AMX bug), ``no_repack`` defaults to on,
-    with the reason recorded (``no_repack_reason``).  An explicit setting wins.
-    """
-    from ..backends.llama_cpp.probe import LLAMA_ENGINES, apply_repack_default
-
-    if backend not in LLAMA_ENGINES or "no_repack" in set(given):
-        return settings
-    return apply_repack_default(settings, given=False, backend=backend)
-
-
-def repack_default(backend: str | None) -> tuple[bool, str]:
-    """(no_repack, why) this machine picks for ``backend`` when the user does not say (False, "" mostly)."""
-    s = machine_defaults(EngineSettings(), given=(), backend=backend or "llama.cpp")
-    return s.no_repack, s.repack_note
+    """The engine settings the flags give; what they leave unset the engine decides for this machine when it
+    runs (:mod:`specview.core.resolve`)."""
+    return replace(base or EngineSettings(), **given_settings(args, EngineSettings))
 
 
 def cli_error(exc: ConfigError) -> SpecviewError:

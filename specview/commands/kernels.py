@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..core.config import DEMO_TARGET, EngineSettings, RunConfig, declared
 from ..core.errors import ConfigError, SpecviewError
-from .common import Progress, add_engine_choice, add_setting_flags, cli_error, given_settings, machine_defaults
+from .common import Progress, add_engine_choice, add_setting_flags, cli_error, given_settings
 
 DEFAULT_POSITIONS = 128
 
@@ -80,8 +80,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def settings_from_args(args: argparse.Namespace) -> list[EngineSettings]:
     """One EngineSettings per combination of the axis values given (--flash-attn, --no-repack): the map covers each.
 
-    Where --no-repack/--repack is not given, this machine's default applies (no repack where the crash probe
-    crashed: :func:`~specview.commands.common.machine_defaults`).
+    Where --no-repack/--repack is not given it stays unset, and the engine decides it for this machine when
+    the map runs (no repack where the crash probe crashed: :mod:`specview.core.resolve`).
     """
     import itertools
 
@@ -89,8 +89,7 @@ def settings_from_args(args: argparse.Namespace) -> list[EngineSettings]:
     names = [n for n in ("flash_attn", "no_repack") if n in given]
     lists = [list(dict.fromkeys(v for group in given.pop(n) for v in group)) for n in names]
     try:
-        base = machine_defaults(replace(EngineSettings(), **given), given=names,
-                                backend=getattr(args, "backend", None) or "llama.cpp")
+        base = replace(EngineSettings(), **given)
         return [replace(base, **dict(zip(names, combo))) for combo in itertools.product(*lists)]
     except ConfigError as exc:
         raise cli_error(exc) from None
@@ -162,8 +161,7 @@ def with_causes(km, session, progress: Progress):
     """``km`` with each differing width's cause located (``--locate``), on ``session``'s engine."""
     from ..core.kernels.causes import locate_causes
 
-    job = getattr(session, "job", None)
-    km = job(locate_causes, km, progress=progress) if job is not None else locate_causes(session, km, progress=progress)
+    km = session.job(locate_causes, km, progress=progress)
     for t in km.targets:
         progress(f"{t.label}: the locates of its differing widths took {t.locate_seconds:.1f} s")
     return km

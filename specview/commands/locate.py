@@ -115,10 +115,7 @@ def run_locate(runner: Any, req: dict[str, Any], progress: Any) -> Any:
     """The locate on ``runner``'s engine (in its worker process where it has one)."""
     from ..core.locate.find import locate
 
-    job = getattr(runner, "job", None)
-    if job is not None:
-        return job(locate, progress=progress, **req)
-    return locate(runner, progress=progress, **req)
+    return runner.job(locate, progress=progress, **req)
 
 
 def main(args: argparse.Namespace) -> int:

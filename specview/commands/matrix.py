@@ -19,8 +19,7 @@ from typing import Any
 from ..core.config import DEMO_DRAFT, DEMO_TARGET, EngineSettings, RunConfig, axes, field_of, settings_class
 from ..core.errors import ConfigError, SpecviewError
 from ..core.verdicts import cell_text
-from .common import (Progress, add_engine_choice, add_setting_flags, cli_error, given_settings, parse_tokens,
-                     repack_default)
+from .common import Progress, add_engine_choice, add_setting_flags, cli_error, given_settings, parse_tokens
 
 EXIT_IDENTICAL, EXIT_DIVERGED, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -177,17 +176,6 @@ def _prompts(args: argparse.Namespace, chat: bool) -> list:
     return given
 
 
-def _file_sets(path: str, name: str) -> bool:
-    """Whether the matrix file at ``path`` sets ``name`` itself (top level or its engine table)."""
-    from ..core.matrix.spec import MatrixError, read_toml, user_path
-
-    try:
-        d = read_toml(user_path(path), MatrixError)
-    except SpecviewError:
-        return False
-    return isinstance(d, dict) and (name in d or name in (d.get("engine") if isinstance(d.get("engine"), dict) else {}))
-
-
 def spec_from_args(args: argparse.Namespace):
     from ..core.matrix import MatrixSpec, builtin_prompts, load_spec, spec_from_dict
     from ..core.matrix.preset import is_preset_file
@@ -235,19 +223,12 @@ def spec_from_args(args: argparse.Namespace):
         else:
             setattr(spec, name, v)
     eng = given_settings(args, EngineSettings)
-    repack_given = "no_repack" in eng or (bool(args.config) and _file_sets(args.config, "no_repack"))
     for name in [n for n in eng if n in ax]:
         spec.set_axis(name, _flat(eng.pop(name)))
     try:
         spec.engine = replace(spec.engine, **eng)
     except ConfigError as exc:
         raise cli_error(exc) from None
-    if not repack_given:  # this machine's default (no repack where the crash probe crashed), said in one line
-        no_repack, why = repack_default(spec.backend)
-        if no_repack:
-            spec.set_axis("no_repack", [True])
-            spec.engine = replace(spec.engine, no_repack_reason=why)
-            Progress(getattr(args, "quiet", False))(why)
     if args.full_text:
         spec.stop_after_fork = None
     elif args.stop_after_fork is not None:
@@ -325,7 +306,7 @@ def every_drafter(spec) -> tuple[list[str], list[str]]:
             else:
                 left.append(f"{st} (no drafter: give one as {st}:FILE)")
         elif st == "draft-mtp":
-            no_head = [t for t in spec.targets if not _has_mtp_head(t)]
+            no_head = [t for t in spec.targets if not get_backend(spec.backend).has_mtp_heads(t)]
             if no_head:
                 left.append(f"draft-mtp ({no_head[0]} has no MTP head)")
             else:
@@ -336,26 +317,6 @@ def every_drafter(spec) -> tuple[list[str], list[str]]:
         raise SpecviewError(f"--drafters all: the {spec.backend} engine has no spec type with a drafter for these "
                             "targets (" + "; ".join(left) + ")")
     return out, left
-
-
-def _has_mtp_head(target: str) -> bool:
-    """Whether a GGUF target carries multi-token-prediction layers (``ARCH.nextn_predict_layers`` > 0)."""
-    from ..core.demo import is_demo_name
-
-    if is_demo_name(target):
-        return False  # SmolLM2 has none
-    try:
-        from ..backends.llama_cpp.model import vocab_model
-
-        m = vocab_model(target)
-        try:
-            arch = m.meta("general.architecture") or ""
-            n = m.meta(f"{arch}.nextn_predict_layers")
-        finally:
-            m.close()
-        return bool(n) and int(n) > 0
-    except (SpecviewError, ValueError):
-        return False
 
 
 def dry_run(spec, cells) -> None:
@@ -394,6 +355,8 @@ def main(args: argparse.Namespace) -> int:
 
     progress = Progress(args.quiet)
     spec = spec_from_args(args)
+    for d in spec.decide():  # this machine's decisions for the axes left unset (no repack where it crashed)
+        progress(d.why)
     cells = expand(spec)
     if args.dry_run:
         dry_run(spec, cells)

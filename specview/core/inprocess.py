@@ -1,6 +1,6 @@
 """In-process engines (llama.cpp, MLX), and the one place that decides where their runner lives.
 
-An in-process engine's models load into a :class:`~specview.core.arms.session.Session`.
+An in-process engine's models load into a :class:`~specview.core.session.Session`.
 That Session runs in a worker process of its own (:mod:`specview.core.worker`)
 whenever the engine can be made there, that is, when it is known by dotted
 path (built-in engines, plug-ins, ``register_backend(name, "module:Class")``),
@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 
 from .registry import BUILTIN_BACKENDS, Backend, ProgressFn, Runner, dotted_paths
-from .arms.session import Session
+from .session import Session
 
 
 def worker_enabled() -> bool:

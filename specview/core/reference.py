@@ -238,7 +238,7 @@ def run_check(
 ) -> dict[str, Any]:
     """The backend check over ``prompts`` (name, token ids), each followed by ``continuation`` greedy tokens.
 
-    ``session`` loads the target (a :class:`~specview.core.arms.session.Session`).
+    ``session`` loads the target (a :class:`~specview.core.session.Session`).
     Returns a JSON-able dict: the pair, per-prompt and total figures, the
     limits, ``ok`` and the ``problems`` found.
     """

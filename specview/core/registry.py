@@ -11,7 +11,7 @@ A backend answers two questions:
 * **in-process engines** (llama.cpp, MLX): :meth:`Backend.resolve` turns a
   model name into something :meth:`Backend.load` accepts, and a loaded model
   opens engines (contexts) on its shared weights.  Their runner is the
-  :class:`~specview.core.arms.session.Session`.
+  :class:`~specview.core.session.Session`.
 * **every engine**: :meth:`Backend.runner` returns the :class:`Runner` that
   the CLI, the matrix and the app drive: ``run(cfg)`` gives a trace,
   ``diagnose(trace)`` explains a fork.  An engine that is a separate process
@@ -90,11 +90,6 @@ class Runner(ABC):
         self.close()
 
 
-def holds_models(runner: Any) -> bool:
-    """True for a runner whose models live in this process (a Session): it can be handed to core code as is."""
-    return hasattr(runner, "model") and hasattr(runner, "engine")
-
-
 class Backend(ABC):
     """One engine: its name, what it can run, and the runner that runs it."""
 
@@ -134,6 +129,43 @@ class Backend(ABC):
         """Two names with the same key share one loaded model."""
         return (name, settings.gpu_layers)
 
+    # -- what this machine decides (specview.core.resolve asks, once per run, cell or job) -------------
+    def decide(self, cfg: RunConfig, *, measure: bool = True) -> list[Any]:
+        """Decisions for the settings ``cfg`` leaves unset, on this machine and for this run's models.
+
+        ``measure=False``: only what is known without running anything new (a cached probe).
+        The default decides the engine settings alone (:meth:`decide_engine`).
+        """
+        return self.decide_engine(cfg.engine, measure=measure)
+
+    def decide_engine(self, settings: EngineSettings, *, measure: bool = True) -> list[Any]:
+        """Decisions for the engine settings ``settings`` leaves unset (none by default)."""
+        return []
+
+    def default_target(self, settings: EngineSettings, *, default: str, progress: ProgressFn | None = None,
+                       measure: bool = True) -> Any:
+        """The target to run when the user named none (``default`` is the demo's): None keeps ``default``."""
+        return None
+
+    # -- what the front ends ask of a model (they import no backend) ---------------------------
+    def has_mtp_heads(self, target: str) -> bool:
+        """Whether ``target`` carries multi-token-prediction heads (``draft-mtp`` can draft from it)."""
+        return False
+
+    def demo_models(self, *, derive: list[str] | None = None, progress: ProgressFn | None = None
+                    ) -> tuple[str, list[dict[str, Any]]]:
+        """(the demo cache folder, one row per demo name) after deriving the quantizations in ``derive``."""
+        raise BackendUnavailable(f"the {self.name} engine has no demo models of its own")
+
+    def model_variants(self, path: str) -> tuple[list[Any], list[Any]]:
+        """(the precisions of this model the user has, those it can derive): for the app's quantization flip."""
+        return [], []
+
+    def derive_variant(self, source: str, quant: str, *, dest: str | None = None,
+                       progress: ProgressFn | None = None) -> str:
+        """Write the ``quant`` copy of ``source`` (to ``dest`` where the model kind takes one); return its path."""
+        raise BackendUnavailable(f"the {self.name} engine derives no quantizations")
+
     def environment(self) -> dict[str, Any]:
         """Versions and devices, merged into every trace's ``environment`` block."""
         return {}
@@ -142,6 +174,12 @@ class Backend(ABC):
         """Environment variables the engine's worker process must have before the engine's library loads
         (knobs ggml reads once at start-up); a change starts a new worker."""
         return {}
+
+    def death_causes(self, settings: EngineSettings | None) -> Any:
+        """What this engine knows of how its worker dies, for the account of a dead one: a
+        :class:`specview.core.worker.death.DeathCauses` (its known causes, and the settings they read), or None
+        (only the causes every engine shares: the OOM killer)."""
+        return None
 
     def setup_facts(self, settings: EngineSettings, *, deep: bool = True) -> list[Fact]:
         """What ``specview doctor`` says of this engine: a list of :class:`specview.core.facts.Fact`.
@@ -156,7 +194,7 @@ class Backend(ABC):
     @abstractmethod
     def runner(self, *, progress: ProgressFn | None = None) -> Runner:
         """A runner for this engine (in-process engines subclass
-        :class:`~specview.core.arms.session.InProcessBackend`, whose runner is a Session)."""
+        :class:`~specview.core.session.InProcessBackend`, whose runner is a Session)."""
 
 
 _FACTORIES: dict[str, Callable[[], Backend]] = {}
@@ -244,6 +282,20 @@ def get_backend(name: str) -> Backend:
         b = _FACTORIES[name]()
         _INSTANCES[name] = b
     return b
+
+
+def backend_for_models(model_kind: str) -> Backend:
+    """The first built-in in-process engine whose models are of ``model_kind`` ("gguf" files, MLX "folder"s):
+    the one that lists and derives their quantizations."""
+    _discover()
+    for name in backend_names():
+        try:
+            be = get_backend(name)
+        except BackendUnavailable:
+            continue
+        if be.in_process and be.model_kind == model_kind:
+            return be
+    raise BackendUnavailable(f"no engine here reads {model_kind} models")
 
 
 def backend_problem(name: str) -> str | None:

@@ -39,10 +39,8 @@ def run_preset(w: Any, name: str, *, out_dir: Any = None) -> Any:
 
     try:
         spec = load_preset(name)
-        spec.engine = replace(w.build_config().engine)
+        spec.engine = replace(w.build_config().engine)  # what the panel leaves unset the matrix decides, once
         spec.diagnose = bool(w.diagnose.isChecked())
-        if spec.engine.no_repack:  # the panel's (or this machine's) no-repack reaches every part
-            spec.set_axis("no_repack", [True])
     except SpecviewError as exc:
         w.show_error(str(exc))
         return None

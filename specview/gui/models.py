@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.paths import cache_dir
+from ..core.registry import backend_for_models
 
 # higher precision first; a file can be derived from any file ranked above it
 PRECISION_ORDER = ("F32", "BF16", "F16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_1", "Q5_0", "Q4_K_M",
@@ -116,12 +117,9 @@ def derived_path(src: Path, quant: str) -> Path:
 def mlx_siblings(folder: str | os.PathLike[str]) -> list[QuantChoice]:
     """The precisions of the MLX model in ``folder`` the user has, plus the 8- and 4-bit copies
     mlx-lm's conversion can derive from its unquantized folder (cached by specview)."""
-    from ..backends import mlx
-
     try:
-        have = mlx.list_variants(folder)
-        derivable = mlx.derivable_variants(folder)
-    except Exception:  # noqa: BLE001 - not an MLX folder (yet): no choices, the run will say why
+        have, derivable = backend_for_models("folder").model_variants(str(folder))
+    except Exception:  # noqa: BLE001 - not an MLX folder (yet), or no MLX here: no choices, the run will say why
         return []
     out = [QuantChoice(v.label + (" (derived)" if v.derived else ""), str(v.path), True) for v in have]
     out += [QuantChoice(d.label, "", False, source=str(d.source)) for d in derivable]
@@ -143,15 +141,9 @@ def derive(choice: QuantChoice, model_kind: str, progress: Callable[[str], None]
     say = progress or (lambda msg: None)
     if choice.source is None:
         raise ValueError(f"{choice.quant}: nothing to derive it from")
+    be = backend_for_models(model_kind)
     if model_kind == "folder":
-        from ..backends.mlx import derive_quantized
-
         say(f"deriving {choice.quant} from {Path(choice.source).name} with mlx-lm's conversion")
-        bits = int(choice.quant.lower().removesuffix("bit"))
-        return str(derive_quantized(choice.source, bits, progress=say))
-    from ..backends.llama_cpp import quantize
-
+        return be.derive_variant(choice.source, choice.quant, progress=say)
     say(f"deriving {choice.quant} from {Path(choice.source).name} -> {choice.path}")
-    Path(choice.path).parent.mkdir(parents=True, exist_ok=True)
-    quantize(choice.source, choice.path, choice.quant)
-    return choice.path
+    return be.derive_variant(choice.source, choice.quant, dest=choice.path, progress=say)

@@ -10,7 +10,7 @@ from typing import Any
 from PySide6.QtCore import QSignalBlocker
 from PySide6.QtWidgets import QCheckBox, QComboBox, QDoubleSpinBox, QLineEdit, QSpinBox, QWidget
 
-from ..core.config import check_value, default_of
+from ..core.config import check_value, typed_default
 from ..core.errors import ConfigError
 from ..core.registry import get_backend
 
@@ -54,7 +54,7 @@ class SettingControl:
     def __init__(self, cls: type, f: Field, on_change):
         self.cls, self.field, self.name = cls, f, f.name
         meta = f.metadata
-        d = default_of(f)
+        d = typed_default(f)
         self.default = d
         tip = _tooltip(f)
         label = meta.get("label") or f.name

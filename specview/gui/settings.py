@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import fields, replace
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from ..core.config import EngineSettings, RunConfig
 from ..core.demo import DEMO_PROMPT
 from ..core.errors import SpecviewError
 from ..core.paths import settings_dir
+from ..core.resolve import DECIDED_KEY, resolve
 
 #: the app's own settings (not part of a run), with their defaults
 APP_DEFAULTS: dict[str, Any] = {
@@ -33,24 +34,22 @@ RECENT_MAX = 12
 
 
 def default_run() -> dict[str, Any]:
-    """The run the app opens with: the demo target and draft on the demo prompt, with this machine's defaults.
+    """The run the app opens with: the demo target and draft on the demo prompt, with this machine's decisions.
 
-    Where a multi-token decode with repacked weights crashed this llama.cpp
-    build (the AMX probe, run once and cached), no repack is on, with its
-    reason; where the demo pick was made on this build (``specview run``
-    makes it), the demo quantization that can fork here is the target.
+    What the machine decides (:mod:`specview.core.resolve`: no repack where a multi-token decode of repacked
+    weights crashed this llama.cpp build; the demo quantization that can fork here, where ``specview run``
+    measured it) is taken from what is already known, so opening the app never waits; the decisions and
+    their reasons are kept under ``decided``, and a setting the user leaves alone stays the machine's.
     """
     cfg = RunConfig(prompt=DEMO_PROMPT)
     try:
-        from ..backends.llama_cpp.demo_pick import cached_pick
-        from ..backends.llama_cpp.probe import apply_repack_default
-
-        eng = apply_repack_default(cfg.engine, given=False, backend=cfg.backend)
-        pick = cached_pick(eng, cfg.target)
-        cfg = replace(cfg, engine=eng, target=pick.target if pick is not None else cfg.target)
-    except Exception:  # noqa: BLE001 - a probe that cannot run leaves llama.cpp's own defaults
-        pass
-    return cfg.to_dict()
+        resolved = resolve(cfg, default_target=True, measure=False)
+    except Exception:  # noqa: BLE001 - a backend that cannot answer leaves llama.cpp's own defaults
+        return cfg.to_dict()
+    d = resolved.config.to_dict()
+    if resolved.decisions:
+        d[DECIDED_KEY] = resolved.to_dict()
+    return d
 
 
 def default_settings_path() -> Path:

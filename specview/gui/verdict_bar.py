@@ -205,7 +205,7 @@ def backend_failure(diag: dict | None) -> str | None:
 def kernel_line(pred: Any, trace: Trace) -> tuple[str, bool]:
     """(rich text, contradiction?) of what the kernel map shown in the app says about ``trace``'s run.
 
-    ``pred`` is a :class:`~specview.core.kernels.map.evidence.KernelPrediction`.  A fork
+    ``pred`` is a :class:`~specview.core.kernels.evidence.KernelPrediction`.  A fork
     in a run the map proves lossless contradicts it: that line is the loud one.
     """
     from ..core.kernels.evidence import DIFFER, NOT_COVERED, NOT_DETERMINISTIC, contradiction_text

@@ -2,7 +2,7 @@
 
 Every run, matrix and diagnosis goes through the runner of the chosen engine,
 ``get_backend(cfg.backend).runner(progress=...)`` (for the in-process engines a proxy
-whose :class:`~specview.core.arms.session.Session` lives in a worker process, a server runner for
+whose :class:`~specview.core.session.Session` lives in a worker process, a server runner for
 llama-server, a plug-in's own):
 the worker never asks which engine it is.  llama.cpp contexts must not cross
 threads, so every model load, derivation, run and diagnosis happens here, and

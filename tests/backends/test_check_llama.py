@@ -23,7 +23,7 @@ from specview.core import diagnose as dmod
 from specview.core import reference
 from specview.core.config import EngineSettings, RunConfig
 from specview.core.registry import get_backend, register_backend, unregister_backend
-from specview.core.arms.session import Session
+from specview.core.session import Session
 
 PROMPT = "the cat sat on the"
 

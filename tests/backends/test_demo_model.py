@@ -8,7 +8,7 @@ import pytest
 from specview.backends.llama_cpp import default_threads
 from specview.backends.llama_cpp import demo
 from forks import find_fork
-from specview.core.arms.session import RunConfig, Session
+from specview.core.session import RunConfig, Session
 
 pytestmark = pytest.mark.demo
 

@@ -28,7 +28,7 @@ from specview.core.config import RunConfig
 from specview.core.demo import DEMO_PROMPT
 from specview.core.engine import EngineSettings
 from specview.core.registry import register_backend, unregister_backend
-from specview.core.arms.session import Session
+from specview.core.session import Session
 from specview.core.trace import Trace
 
 pytestmark = pytest.mark.demo

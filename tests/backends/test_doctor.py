@@ -13,7 +13,7 @@ from specview.backends.llama_cpp.backend import cpu_features, setup_facts
 from specview.backends.llama_cpp.lib import ggml_devices
 from specview.backends.llama_cpp.model import LlamaModel, layer_placement
 from specview.core.config import EngineSettings, RunConfig, default_threads
-from specview.core.arms.session import Session
+from specview.core.session import Session
 
 CPU_ONLY = [{"name": "CPU", "description": "a CPU", "type": "CPU"}]
 WITH_GPU = CPU_ONLY + [{"name": "Vulkan0", "description": "Radeon 8060S", "type": "GPU"}]

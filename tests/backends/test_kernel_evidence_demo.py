@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from specview.core.config import EngineSettings
-from specview.core.kernels.map.evidence import DIFFER, NOT_COVERED, PROVEN, STATUSES
-from specview.core.kernels.map.map import kernel_map
+from specview.core.kernels.evidence import DIFFER, NOT_COVERED, PROVEN, STATUSES
+from specview.core.kernels.map import kernel_map
 from specview.core.matrix import MatrixSpec, builtin_prompts, load_matrix, run_matrix
 from specview.core.report.write import write_report
-from specview.core.arms.session import Session
+from specview.core.session import Session
 from specview.core.trace import Trace
 
 pytestmark = pytest.mark.demo

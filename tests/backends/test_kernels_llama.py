@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from specview.core.config import EngineSettings
-from specview.core.kernels.map.map import KernelMap, block_starts, kernel_map, tokens_needed
-from specview.core.arms.session import Session
+from specview.core.kernels.map import KernelMap, block_starts, kernel_map, tokens_needed
+from specview.core.session import Session
 
 
 def direct_rows(model, settings: EngineSettings, prompt: list[int], width: int, positions: int):

@@ -8,7 +8,7 @@ from specview.backends.llama_cpp import LlamaEngine, LlamaModel, ModelStore, def
 from specview.core.arms.drafters import ModelDrafter
 from specview.core.engine import EngineSettings, IncompatibleVocab, ModelFileError, check_draft_compatible
 from specview.core.arms.generate import GenOptions, run_to_end, speculative_greedy, vanilla_greedy
-from specview.core.arms.session import RunConfig, Session
+from specview.core.session import RunConfig, Session
 
 S = EngineSettings(n_ctx=512, n_batch=64, n_ubatch=64)
 

@@ -23,7 +23,7 @@ from specview.core.config import EngineSettings, RunConfig
 from specview.core.errors import ConfigError, ContextOverflow, SpecviewError
 from specview.core.arms.generate import GenOptions, run_to_end, speculative_greedy, vanilla_greedy
 from specview.core.arms.drafters import ModelDrafter
-from specview.core.arms.session import Session
+from specview.core.session import Session
 from c_api_greedy import c_api_greedy
 from tinymodel import write_tiny_llama
 
@@ -236,7 +236,7 @@ def test_core_and_this_backend_import_with_qt_and_llama_cpp_hidden(tmp_path):
         "            raise ImportError(f'{name} is hidden for this check')\n"
         "        return None\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import specview.core.arms.session, specview.core.diagnose, specview.core.matrix, specview.core.demo\n"
+        "import specview.core.session, specview.core.diagnose, specview.core.matrix, specview.core.demo\n"
         "import specview.backends.llama_cpp as lc\n"
         "from specview.backends.llama_cpp import demo\n"
         "from specview.core.registry import get_backend\n"

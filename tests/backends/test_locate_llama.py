@@ -11,8 +11,8 @@ from specview.backends.llama_cpp.engine import LlamaEngine
 from specview.backends.llama_cpp.graph import ObservedEngine
 from specview.backends.llama_cpp.model import LlamaModel
 from specview.core.config import EngineSettings
-from specview.core.locate.find.find import Located, compare_values, locate, token_axis
-from specview.core.arms.session import Session
+from specview.core.locate.find import Located, compare_values, locate, token_axis
+from specview.core.session import Session
 
 # one thread: the threadpool's spin-waits make two-thread passes crawl on a busy machine; FA off names kq-*
 TINY = EngineSettings(threads=1, flash_attn="off", kv_type="f32")
@@ -296,7 +296,7 @@ def test_with_ub_1_nothing_differs(session):
 
 def test_a_width_the_kernel_map_calls_bit_identical_has_identical_logits(session):
     """Width 1 is the map's control; any other width it calls bit-identical must give identical logits here."""
-    from specview.core.kernels.map.map import kernel_map
+    from specview.core.kernels.map import kernel_map
 
     km = kernel_map(session, ["demo:Q4_K_M"], ["essay"], widths=[1, 2, 3], positions=4, settings=DEMO)
     t = km.targets[0]
@@ -362,7 +362,7 @@ def test_the_command_writes_shows_and_refuses_what_it_cannot_observe(tiny_target
 
 
 def test_a_trace_locates_its_own_fork(session):
-    from specview.core.locate.find.find import fork_of
+    from specview.core.locate.find import fork_of
     from forks import find_fork
 
     fork = find_fork(session, threads=1)

@@ -24,7 +24,7 @@ from plants_mlx import NAME, PATH  # noqa: E402
 from specview.backends.mlx import MLXEngine, MLXModel, write_random_model  # noqa: E402
 from specview.backends.mlx.layers import PER_LAYER_NOTE, LayerEngine  # noqa: E402
 from specview.core.config import EngineSettings  # noqa: E402
-from specview.core.locate.find.find import Located, locate  # noqa: E402
+from specview.core.locate.find import Located, locate  # noqa: E402
 from specview.core.registry import get_backend, register_backend, unregister_backend  # noqa: E402
 from specview.core.worker import WorkerRunner  # noqa: E402
 

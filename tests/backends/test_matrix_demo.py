@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from specview.core.matrix import MatrixSpec, builtin_prompts, cell_config, expand, load_matrix, run_matrix
-from specview.core.arms.session import Session
+from specview.core.session import Session
 from specview.core.trace import Trace
 
 pytestmark = pytest.mark.demo

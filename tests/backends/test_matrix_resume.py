@@ -18,7 +18,7 @@ from tinymodel import write_tiny_llama
 from specview import cli
 from specview.core.config import EngineSettings, RunConfig
 from specview.core.matrix import load_matrix
-from specview.core.arms.session import Session
+from specview.core.session import Session
 
 PROMPT = "the cat sat on the"
 

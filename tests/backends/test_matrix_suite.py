@@ -12,7 +12,7 @@ import pytest
 
 from forks import find_fork
 from specview.core.matrix import MatrixSpec, PromptSpec, expand, rates, run_matrix
-from specview.core.arms.session import Session
+from specview.core.session import Session
 
 pytestmark = pytest.mark.demo
 

@@ -35,7 +35,7 @@ from specview.backends.mlx import (  # noqa: E402
 from specview.core.arms.drafters import ModelDrafter  # noqa: E402
 from specview.core.engine import EngineSettings, EvalError, IncompatibleVocab, ModelFileError, SpecviewError  # noqa: E402
 from specview.core.arms.generate import GenOptions, run_to_end, speculative_greedy, vanilla_greedy  # noqa: E402
-from specview.core.arms.session import RunConfig, Session  # noqa: E402
+from specview.core.session import RunConfig, Session  # noqa: E402
 from specview.core.trace import Trace  # noqa: E402
 
 PROMPT_TEXT = "the quick brown fox"

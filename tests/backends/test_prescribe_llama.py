@@ -8,9 +8,9 @@ positions the claim names.
 from __future__ import annotations
 
 from specview.core.config import EngineSettings, RunConfig
-from specview.core.kernels.map.map import kernel_map
+from specview.core.kernels.map import kernel_map
 from specview.core.prescribe import prescribe
-from specview.core.arms.session import Session
+from specview.core.session import Session
 
 
 def check_claims(session: Session, km, pres, draft: str) -> int:

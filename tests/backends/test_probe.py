@@ -7,6 +7,7 @@ import functools
 import plants_probe
 
 from specview.backends.llama_cpp import probe
+from specview.core.config import EngineSettings
 from specview.core.worker import run_isolated
 
 
@@ -31,8 +32,8 @@ def test_a_crash_in_the_worker_is_cached_and_makes_no_repack_the_default(monkeyp
         return run_isolated(plants_probe.segv, timeout=timeout)
 
     monkeypatch.setattr(probe, "run_probe", functools.partial(probe.run_probe, isolate=isolate))
-    no_repack, why = probe.repack_default()
-    assert no_repack is True and "SIGSEGV" in why
+    d = probe.repack_decision(EngineSettings())
+    assert d.setting == "no_repack" and d.value is True and "SIGSEGV" in d.why
     cached = probe.cached_result()
     assert cached["crashed"] is True and cached["signal"] == "SIGSEGV"
     facts = {f.name: f for f in probe.setup_facts("CPU : AVX2 = 1 | AMX_INT8 = 1 |", deep=False)}

@@ -23,7 +23,7 @@ from specview.core.arms import generate
 from specview.core.config import EngineSettings, RunConfig
 from specview.core.prompts import builtin_prompts
 from specview.core.registry import register_backend, unregister_backend
-from specview.core.arms.session import Session
+from specview.core.session import Session
 from specview.core.trace import Trace
 
 FAULTS = ("keep-rejected", "drop-accepted", "accept-unpicked")

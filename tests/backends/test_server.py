@@ -24,7 +24,7 @@ from specview.backends.llama_server import ServerError, ServerRunner, binary as 
 from specview.backends.llama_server import backend as sbe
 from specview.core.config import EngineSettings, RunConfig
 from specview.core.registry import get_backend
-from specview.core.arms.session import Session
+from specview.core.session import Session
 from specview.core.trace import Trace
 
 pytestmark = [pytest.mark.demo, pytest.mark.slow]

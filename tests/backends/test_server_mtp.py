@@ -33,7 +33,7 @@ def mtp_model(tmp_path_factory) -> Path:
 
 
 def test_draft_mtp_runs_through_the_engine_on_a_tiny_mtp_model(mtp_model):
-    from specview.core.arms.session import Session
+    from specview.core.session import Session
 
     binary = find_binary()
     eng = EngineSettings(threads=1, n_ctx=512, server_bin=binary)

@@ -44,7 +44,7 @@ def test_the_core_imports_without_qt() -> None:
         "            raise ImportError(f'{name} is hidden for this check')\n"
         "        return None\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import specview.core.arms.session, specview.core.diagnose, specview.core.matrix, specview.core.report\n"
+        "import specview.core.session, specview.core.diagnose, specview.core.matrix, specview.core.report\n"
         "import specview.cli\n"
         "assert not any(m.split('.')[0] in ('PySide6', 'pyqtgraph') for m in sys.modules)\n"
         "print('ok')\n"

@@ -42,7 +42,7 @@ def test_raw_tokens_bypass_the_tokenizer(capsys, tiny_dir, tmp_path):
 
 def test_divergence_exits_1_with_the_fork_in_context(capsys, tiny_dir, tmp_path, monkeypatch):
     # tiny F32 models never fork, so plant one in the speculative arm the command receives
-    from specview.core.arms.session import Session
+    from specview.core.session import Session
 
     real = Session.run
 

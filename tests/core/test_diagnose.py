@@ -27,7 +27,7 @@ from specview.core.arms import generate
 from specview.core.engine import Engine, EngineSettings, SpecviewError, VocabInfo
 from specview.core.registry import LoadedModel, register_backend
 from specview.core.inprocess import InProcessBackend
-from specview.core.arms.session import RunConfig, Session
+from specview.core.session import RunConfig, Session
 from specview.core.trace import Trace
 from specview.core.verdicts import RULES
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from specview.core.config import EngineSettings, RunConfig
 from specview.core.diagnose.words import identical_words, verify_widths, widths_words
-from specview.core.arms.session import Session
+from specview.core.session import Session
 
 
 def run(tiny_target, tiny_draft, **kw):

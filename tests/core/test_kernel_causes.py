@@ -9,10 +9,10 @@ import numpy as np
 from specview.core.config import EngineSettings
 from fakes import ToyText
 from specview.core.engine import Engine
-from specview.core.kernels.map.causes import (first_differing, groups_line, locate_causes, prescription_lines, remedies,
+from specview.core.kernels.causes import (first_differing, groups_line, locate_causes, prescription_lines, remedies,
                                          width_groups)
-from specview.core.kernels.map.map import KernelMap, kernel_map
-from specview.core.locate.find.find import GraphEngine, GraphNode, MicroBatch, NodeSource
+from specview.core.kernels.map import KernelMap, kernel_map
+from specview.core.locate.find import GraphEngine, GraphNode, MicroBatch, NodeSource
 from specview.core.report.kernels import target_facts, width_rows
 
 N_VOCAB, N_EMBD = 16, 4
@@ -105,6 +105,9 @@ class Session:
 
     def engine(self, role, model, settings, n_ctx):
         return self.plain
+
+    def job(self, fn, *args, **kwargs):  # a Session's one door: the job runs here, where the models are
+        return fn(self, *args, **kwargs)
 
 
 def located_map(widths=range(1, 7)):

@@ -12,10 +12,10 @@ from dataclasses import replace
 import pytest
 
 from specview.core.config import EngineSettings, RunConfig
-from specview.core.kernels.map.evidence import (DIFFER, NOT_COVERED, NOT_DETERMINISTIC, PROVEN, KernelPrediction,
+from specview.core.kernels.evidence import (DIFFER, NOT_COVERED, NOT_DETERMINISTIC, PROVEN, KernelPrediction,
                                            citation, citation_text, contradiction_text, load_kernel_map, predict,
                                            predict_config, predict_trace)
-from specview.core.kernels.map.map import KernelMap, KernelMapError, kernel_map
+from specview.core.kernels.map import KernelMap, KernelMapError, kernel_map
 from test_kernels import PROMPTS, toy  # noqa: F401  (the fixture)
 
 FACTS = {"path": "/models/a.gguf", "file": "a.gguf", "file_size": 1000, "quantization": "Q4_K_M", "n_params": 7,

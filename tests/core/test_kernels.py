@@ -11,12 +11,12 @@ import pytest
 from fakes import DispatchToy, KernelToy, ToyModel
 from specview.core.config import EngineSettings
 from specview.core.errors import BackendUnavailable, Cancelled, ConfigError
-from specview.core.kernels.map.map import (KernelMap, KernelMapError, block_starts, kernel_map, parse_widths,
+from specview.core.kernels.map import (KernelMap, KernelMapError, block_starts, kernel_map, parse_widths,
                                    passes_needed, tokens_needed)
-from specview.core.kernels.map.text import target_table
+from specview.core.kernels.text import target_table
 from specview.core.registry import register_backend, unregister_backend
 from specview.core.inprocess import InProcessBackend
-from specview.core.arms.session import Session
+from specview.core.session import Session
 
 PROMPTS = [[1, 5, 9, 11], [1, 7, 3, 30, 2, 8]]
 

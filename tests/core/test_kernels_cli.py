@@ -7,7 +7,7 @@ import json
 import pytest
 
 from specview.cli import main
-from specview.core.kernels.map.map import KernelMap
+from specview.core.kernels.map import KernelMap
 from specview.core.registry import register_backend, unregister_backend
 from test_prescribe import UbBackend
 

@@ -9,7 +9,7 @@ import pytest
 
 from fakes import ToyText
 from specview.core.engine import Engine
-from specview.core.locate.find.find import (GraphEngine, GraphNode, Located, LocateError, MicroBatch, NotObservable,
+from specview.core.locate.find import (GraphEngine, GraphNode, Located, LocateError, MicroBatch, NotObservable,
                                   compare_values, layer_of, locate, token_axis)
 
 N_VOCAB, N_EMBD, N_KV, N_HEAD = 16, 4, 8, 2

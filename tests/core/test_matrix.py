@@ -554,9 +554,9 @@ def test_a_cell_config_is_the_shared_settings_plus_its_axis_values():
 # ---------------------------------------------------------------------------
 from fakes import FakeLoaded, FaultyBackend  # noqa: E402
 from specview.core.config import EngineSettings, resolve_threads  # noqa: E402
-from specview.core.kernels.map.map import kernel_map  # noqa: E402
+from specview.core.kernels.map import kernel_map  # noqa: E402
 from specview.core.inprocess import InProcessBackend
-from specview.core.arms.session import Session  # noqa: E402
+from specview.core.session import Session  # noqa: E402
 from test_kernels import ToyLoaded  # noqa: E402
 
 TOY_PROMPTS = [PromptSpec("p1", tokens=(1, 5, 9, 11)), PromptSpec("p2", tokens=(1, 7, 3, 30, 2, 8))]

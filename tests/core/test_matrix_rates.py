@@ -21,7 +21,7 @@ from specview.core.matrix import (MatrixSpec, PromptSpec, expand, format_rates, 
 from specview.core.matrix.rates import GAP_EDGES, gap_bin, severity
 from specview.core.prompts import SUITE_CATEGORIES, suite_prompts
 from specview.core.registry import get_backend, register_backend, unregister_backend
-from specview.core.arms.session import Session
+from specview.core.session import Session
 
 
 # ---------------------------------------------------------------------------

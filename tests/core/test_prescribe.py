@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from fakes import FakeEngine
 from specview.core.config import EngineSettings, RunConfig
-from specview.core.kernels.map.map import kernel_map
+from specview.core.kernels.map import kernel_map
 from specview.core.prescribe import Prescription, prescribe, suite_rates, wilson
 from specview.core.registry import register_backend, unregister_backend
 from specview.core.inprocess import InProcessBackend
-from specview.core.arms.session import Session
+from specview.core.session import Session
 from test_kernels import PROMPTS, ToyLoaded
 
 POSITIONS = 24
@@ -161,5 +160,6 @@ def test_claim_settings_are_the_mapped_ones(session):
                     settings=EngineSettings(flash_attn="on"), backend="prescribe-toy")
     pres = prescribe(session, km, draft="dispatch:99:0", candidates=[3], max_tokens=8)
     c = next(c for c in pres.lossless if c.kind == "n_max")
-    assert c.measurement.settings == replace(EngineSettings(), flash_attn="on")
+    assert c.measurement.settings == km.targets[0].settings  # as the map recorded them: decided for this machine
+    assert c.measurement.settings.flash_attn == "on"
     assert "-fa on" in pres.text()

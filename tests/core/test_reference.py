@@ -13,7 +13,7 @@ from specview.core import reference as ref
 from specview.core.config import EngineSettings, RunConfig
 from specview.core.errors import SpecviewError
 from specview.core.registry import register_backend, unregister_backend
-from specview.core.arms.session import Session
+from specview.core.session import Session
 
 PROMPTS = [("a", [1, 5, 9, 11, 4]), ("b", [1, 7, 3, 30, 2, 8, 12])]
 

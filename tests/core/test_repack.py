@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import functools
 import json
+from dataclasses import fields
 
 import pytest
 
 from specview.backends.llama_cpp import probe
 from specview.cli import build_parser, main
 from specview.commands import common, kernels
-from specview.commands.run import config_from_args
+from fakes import FakeBackend
+from specview.commands.run import resolved_from_args
 from specview.core.config import EngineSettings, RunConfig, axes
+from specview.core.registry import register_backend, unregister_backend
+from specview.core.resolve import decided, resolve, resolve_engine
 from specview.core.llama_flags import engine_flags, server_argv
 
 RUN_PROBE = probe.run_probe
@@ -81,41 +85,58 @@ def test_the_model_cache_key_tells_repacked_from_plain_weights():
     assert be.model_key("a.gguf", EngineSettings()) != be.model_key("a.gguf", EngineSettings(no_repack=True))
 
 
-def test_the_reason_travels_with_the_settings_but_not_into_their_identity():
-    a = EngineSettings(no_repack=True, no_repack_reason="because")
-    b = EngineSettings(no_repack=True)
-    assert a == b and hash(a) == hash(b)  # contexts and vanilla caches are shared
-    assert EngineSettings.from_dict(a.to_dict()).no_repack_reason == "because"
-    assert a.repack_note == "because"
-    assert EngineSettings(no_repack=False, no_repack_reason="stale").repack_note == ""
+def test_the_reason_travels_with_the_resolved_config_not_on_the_settings(crashed_here):
+    assert "no_repack_reason" not in {f.name for f in fields(EngineSettings)}
+    cfg = RunConfig(prompt="x")
+    assert cfg.engine.no_repack is None  # unset: the machine decides when the run is resolved
+    r = resolve(cfg)
+    assert r.config.engine.no_repack is True and "SIGSEGV" in r.why("no_repack")
+    assert r.to_dict() == {"no_repack": {"value": True, "why": r.why("no_repack")}}
+    assert resolve(r) is r  # resolving a resolved config changes nothing
+    # a trace's config block carries the reason beside the value; an old trace kept it in the engine block
+    block = dict(r.config.to_dict(), decided=r.to_dict())
+    assert decided(block, "no_repack") == r.why("no_repack")
+    assert RunConfig.from_dict(block) == r.config  # read back: the value, not the reason
+    old = RunConfig(prompt="x", engine=EngineSettings(no_repack=True)).to_dict()
+    old["engine"]["no_repack_reason"] = "crashed long ago"
+    assert decided(old, "no_repack") == "crashed long ago" and RunConfig.from_dict(old).engine.no_repack is True
+
+
+def test_unset_settings_take_their_plain_value_where_nothing_decides(monkeypatch):
+    monkeypatch.setattr(probe, "probe_needed", lambda flags=None: False)
+    r = resolve(RunConfig(prompt="x"))
+    assert r.config.engine.no_repack is False and r.decisions == ()
 
 
 # -- the machine's default ------------------------------------------------------------------
 def test_a_crashed_probe_makes_runs_default_to_no_repack_and_say_why(crashed_here, tiny_target):
-    cfg = config_from_args(_run_args("-m", str(tiny_target), "--spec-type", "ngram-simple"))
-    assert cfg.engine.no_repack is True
-    assert "SIGSEGV" in cfg.engine.no_repack_reason and "#20824" in cfg.engine.no_repack_reason
-    assert RunConfig.from_dict(cfg.to_dict()).engine.no_repack_reason == cfg.engine.no_repack_reason
+    r = resolved_from_args(_run_args("-m", str(tiny_target), "--spec-type", "ngram-simple"))
+    assert r.config.engine.no_repack is True
+    assert "SIGSEGV" in r.why("no_repack") and "#20824" in r.why("no_repack")
 
 
 @pytest.mark.parametrize("flag, want", [("--repack", False), ("-nr", True)])
 def test_an_explicit_choice_wins_over_the_probe(crashed_here, tiny_target, flag, want):
-    cfg = config_from_args(_run_args("-m", str(tiny_target), "--spec-type", "ngram-simple", flag))
-    assert cfg.engine.no_repack is want
-    assert cfg.engine.no_repack_reason == ""
+    r = resolved_from_args(_run_args("-m", str(tiny_target), "--spec-type", "ngram-simple", flag))
+    assert r.config.engine.no_repack is want
+    assert r.why("no_repack") == "" and r.decisions == ()
 
 
 def test_no_crash_no_default(monkeypatch, tmp_path, tiny_target):
     monkeypatch.setenv("SPECVIEW_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(probe, "probe_needed", lambda flags=None: True)
     probe.CACHE.put(probe.identity_key(probe.build_identity()), {"crashed": False, "ok": True})
-    cfg = config_from_args(_run_args("-m", str(tiny_target), "--spec-type", "ngram-simple"))
-    assert cfg.engine.no_repack is False
+    r = resolved_from_args(_run_args("-m", str(tiny_target), "--spec-type", "ngram-simple"))
+    assert r.config.engine.no_repack is False and r.decisions == ()
 
 
 def test_other_engines_are_left_alone(crashed_here):
-    s = common.machine_defaults(EngineSettings(), given=(), backend="mlx")
-    assert s.no_repack is False
+    register_backend("repack-toy", FakeBackend)
+    try:
+        s, decisions = resolve_engine(EngineSettings(), backend="repack-toy")
+    finally:
+        unregister_backend("repack-toy")
+    assert s.no_repack is False and decisions == ()
 
 
 def test_a_run_prints_and_records_the_reason(crashed_here, tiny_target, tmp_path, capsys):
@@ -125,8 +146,26 @@ def test_a_run_prints_and_records_the_reason(crashed_here, tiny_target, tmp_path
     assert code in (0, 1)
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("repack ")]
     assert len(lines) == 1 and "SIGSEGV" in lines[0]
-    eng = json.loads(out.read_text())["config"]["engine"]
-    assert eng["no_repack"] is True and "SIGSEGV" in eng["no_repack_reason"]
+    cfg = json.loads(out.read_text())["config"]
+    assert cfg["engine"]["no_repack"] is True and "SIGSEGV" in cfg["decided"]["no_repack"]["why"]
+    assert "no_repack_reason" not in cfg["engine"]
+
+
+@pytest.mark.parametrize("in_worker", [False, True])
+def test_a_session_built_in_code_gets_the_machines_decision(crashed_here, tiny_target, in_worker, monkeypatch):
+    """The library use: no CLI and no app, only a Session (here, or behind the registry's worker) and a config."""
+    from specview.core.session import Session
+    from specview.core.registry import get_backend
+
+    monkeypatch.setenv("SPECVIEW_WORKER", "1" if in_worker else "0")
+    cfg = RunConfig(target=str(tiny_target), spec_type="ngram-simple", prompt="hello", max_tokens=4)
+    runner = get_backend("llama.cpp").runner() if in_worker else Session()
+    with runner:
+        trace = runner.run(cfg)
+        assert type(runner).__name__ == ("WorkerRunner" if in_worker else "Session")
+    assert trace.config["engine"]["no_repack"] is True
+    assert "SIGSEGV" in decided(trace.config, "no_repack")
+    assert trace.models["target"]["no_repack"] is True  # the model really was loaded without repacking
 
 
 def test_the_report_and_the_card_rows_say_it():
@@ -134,11 +173,15 @@ def test_the_report_and_the_card_rows_say_it():
 
     from specview.core.report.facts import config_facts
 
-    cfg = RunConfig(prompt="x", engine=EngineSettings(no_repack=True, no_repack_reason="crashed here")).to_dict()
+    cfg = RunConfig(prompt="x", engine=EngineSettings(no_repack=True)).to_dict()
+    cfg["decided"] = {"no_repack": {"value": True, "why": "crashed here"}}
     env = {"setup": {"machine.cpu_features": ["AVX2", "AMX"]}, "cpu": "Xeon"}
     rows = dict(config_facts(SimpleNamespace(config=cfg, environment=env)))
     assert rows["weight repack"] == "off (--no-repack): crashed here"
     assert rows["CPU features"] == "AVX2, AMX"
+    asked = RunConfig(prompt="x", engine=EngineSettings(no_repack=True)).to_dict()
+    assert dict(config_facts(SimpleNamespace(config=asked, environment={})))["weight repack"] == \
+        "off (--no-repack, as asked)"
     rows = dict(config_facts(SimpleNamespace(config=RunConfig(prompt="x").to_dict(), environment={})))
     assert rows["weight repack"].startswith("on") and "CPU features" not in rows
 
@@ -156,8 +199,8 @@ def test_the_probe_runs_once_per_build_and_cpu(monkeypatch, tmp_path):
         raise EngineCrashed("worker died", crash={"signal": "SIGSEGV", "exitcode": -11})
 
     monkeypatch.setattr(probe, "run_probe", functools.partial(RUN_PROBE, isolate=isolate))
-    assert probe.repack_default()[0] is True
-    assert probe.repack_default()[0] is True
+    assert probe.repack_decision(EngineSettings()).value is True
+    assert probe.repack_decision(EngineSettings()).value is True
     assert len(calls) == 1  # the second answer came from the cache
     ident = dict(probe.build_identity(), libllama_mtime=0)  # another build
     monkeypatch.setattr(probe, "build_identity", lambda flags=None: ident)
@@ -168,7 +211,7 @@ def test_where_the_probe_is_not_needed_it_never_runs(monkeypatch):
     monkeypatch.setattr(probe, "probe_needed", lambda flags=None: False)
     monkeypatch.setattr(probe, "run_probe", lambda **kw: pytest.fail("the probe ran"))
     assert probe.probe_result() is None
-    assert probe.repack_default() == (False, "")
+    assert probe.repack_decision(EngineSettings()) is None
 
 
 def test_amx_is_read_from_the_cpu_flags():

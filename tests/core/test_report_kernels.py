@@ -15,7 +15,7 @@ from pathlib import Path
 import markdown_it
 from specview import cli
 from specview.core.config import RunConfig
-from specview.core.kernels.map.map import KernelMap, kernel_map
+from specview.core.kernels.map import KernelMap, kernel_map
 from specview.core.report import kernels_html, kernels_markdown, trace_html, trace_markdown, trace_kernel_section
 from specview.core.report.write import write_report
 from test_kernels import PROMPTS, toy  # noqa: F401  (the fixture)

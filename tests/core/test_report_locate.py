@@ -9,7 +9,7 @@ from test_report import hostile_trace
 
 from specview.core.config import EngineSettings
 from specview.core.errors import SpecviewError
-from specview.core.locate.find.find import Located, LogitsDiff, NodeDiff, NodeSource
+from specview.core.locate.find import Located, LogitsDiff, NodeDiff, NodeSource
 from specview.core.report.facts import verdict_facts
 from specview.core.report.write import read_input, write_report
 

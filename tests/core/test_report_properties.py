@@ -33,7 +33,7 @@ from specview.core.matrix import (MatrixRun, MatrixSpec, expand, format_rates, g
                                   validate_matrix)
 from specview.core.matrix.cells import cell_config
 from specview.core.prompts import prompt_from_file, read_toml, suite_from_dict
-from specview.core.kernels.map.evidence import STATUSES, kernel_map_from_json
+from specview.core.kernels.evidence import STATUSES, kernel_map_from_json
 from specview.core.report import (kernels_html, kernels_markdown, matrix_html, matrix_markdown, trace_html,
                                   trace_kernel_section, trace_markdown)
 from specview.core.report.write import read_input

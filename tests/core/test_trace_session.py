@@ -9,7 +9,7 @@ import pytest
 from fakes import FakeBackend
 from specview.core.engine import SpecviewError
 from specview.core.registry import get_backend, register_backend
-from specview.core.arms.session import RunConfig, Session
+from specview.core.session import RunConfig, Session
 from specview.core.trace import TOP_LEVEL_KEYS, Trace, TraceError, write_atomic
 
 

@@ -53,7 +53,7 @@ def test_the_llama_cpp_engine_asks_its_process_for_them():
 
 
 def test_a_kernel_map_row_names_its_knobs():
-    from specview.core.kernels.map.text import settings_label
+    from specview.core.kernels.text import settings_label
 
     labels = {settings_label(EngineSettings(**{k: True})) for k in KNOBS if k != "vk_visible_devices"}
     assert len(labels) == 4 and "" not in labels  # rows of a map over the knobs stay apart

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 from specview.core.config import EngineSettings
-from specview.core.locate.find.find import Located, LogitsDiff, NodeDiff, NodeSource
-from specview.core.locate.find.plot import graph_record
+from specview.core.locate.find import Located, LogitsDiff, NodeDiff, NodeSource
+from specview.core.locate.plot import graph_record
 from specview.gui.card import ForkCard, fork_card_png, verdict_lines
 from specview.gui.verdict_bar import LOCATE_LINK
 

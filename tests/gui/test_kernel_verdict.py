@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from test_kernels_tab import TIMEOUT, choose, toy, toy_window  # noqa: F401  (toy is a fixture)
 
-from specview.core.kernels.map.evidence import DIFFER, NOT_COVERED, PROVEN, KernelPrediction
+from specview.core.kernels.evidence import DIFFER, NOT_COVERED, PROVEN, KernelPrediction
 from specview.gui.verdict_bar import kernel_line, trace_verdict
 
 

@@ -21,11 +21,11 @@ from PySide6.QtGui import QColor
 from PySide6.QtTest import QTest
 
 from specview.core.config import EngineSettings
-from specview.core.kernels.map.map import KernelMap, kernel_map
+from specview.core.kernels.map import KernelMap, kernel_map
 from specview.core.prompts import builtin_prompts
 from specview.core.registry import Backend, register_backend, unregister_backend
 from specview.core.inprocess import InProcessBackend
-from specview.core.arms.session import Session
+from specview.core.session import Session
 from specview.gui.kernels import cell_look, is_kernel_map_file, row_claim
 from specview.gui.kernels.view import (
     CONTROL_FAILED,

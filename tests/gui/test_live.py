@@ -19,7 +19,7 @@ from PySide6.QtGui import QTextCursor
 from PySide6.QtTest import QTest
 
 from specview.core.arms.generate import GenOptions, run_to_end, vanilla_greedy
-from specview.core.arms.session import Session
+from specview.core.session import Session
 from specview.gui import models as gmodels
 from specview.gui.panes import Tints
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from specview.core.config import EngineSettings
-from specview.core.locate.find.find import Located, LogitsDiff, NodeDiff, NodeSource
-from specview.core.locate.find.plot import graph_record
+from specview.core.locate.find import Located, LogitsDiff, NodeDiff, NodeSource
+from specview.core.locate.plot import graph_record
 from specview.gui.export import locate_plot_png
 from specview.gui.locate import LocatePlot, LocateTab
 from specview.gui.verdict_bar import LOCATE_LINK

@@ -15,7 +15,7 @@ from PySide6.QtWidgets import QDialogButtonBox
 
 from specview.core.config import EngineSettings
 from specview.core.matrix import MatrixSpec, PromptSpec, load_matrix, run_matrix
-from specview.core.arms.session import Session
+from specview.core.session import Session
 from specview.core.trace import Trace
 
 RUN_TIMEOUT = 300_000  # ms; the waits end on signals

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 from specview.backends.llama_cpp import probe
 from specview.core.config import EngineSettings, RunConfig
+from specview.core.resolve import resolve
 from specview.gui import settings as gui_settings
 
 
@@ -19,18 +20,21 @@ def _machine_that_crashed(monkeypatch, tmp_path):
 def test_the_app_opens_with_no_repack_and_says_why_where_the_probe_crashed(make_window, monkeypatch, tmp_path):
     _machine_that_crashed(monkeypatch, tmp_path)
     run = gui_settings.default_run()
-    assert run["engine"]["no_repack"] is True and "SIGSEGV" in run["engine"]["no_repack_reason"]
+    assert run["engine"]["no_repack"] is True and "SIGSEGV" in run["decided"]["no_repack"]["why"]
     w = make_window()
     c = w.controls
     c.set_state(run)
     assert c["no_repack"].isChecked()
     assert not c.repack_note.isHidden() and "SIGSEGV" in c.repack_note.text()
-    assert "SIGSEGV" in c.config().engine.no_repack_reason  # the run (and its trace) keep the reason
+    # left alone, the setting stays the machine's: the run resolves it again, and its trace keeps the reason
+    assert c.config().engine.no_repack is None
+    assert "SIGSEGV" in resolve(c.config()).why("no_repack")
     c["no_repack"].setChecked(False)  # the user's own choice wins, and no machine reason is left behind
     assert c.repack_note.isHidden()
     assert c.config().engine.no_repack is False
     c["no_repack"].setChecked(True)
-    assert c.repack_note.isHidden() and c.config().engine.no_repack_reason == ""
+    assert c.repack_note.isHidden() and c.config().engine.no_repack is True
+    assert resolve(c.config()).decisions == ()
 
 
 def test_elsewhere_the_app_opens_with_llama_cpps_default(make_window, monkeypatch, tmp_path):
@@ -45,7 +49,8 @@ def test_elsewhere_the_app_opens_with_llama_cpps_default(make_window, monkeypatc
 def test_the_fork_card_names_repack_and_the_cpu_features():
     from specview.gui.card import settings_rows
 
-    cfg = RunConfig(prompt="x", engine=EngineSettings(no_repack=True, no_repack_reason="it crashed")).to_dict()
+    cfg = dict(RunConfig(prompt="x", engine=EngineSettings(no_repack=True)).to_dict(),
+               decided={"no_repack": {"value": True, "why": "it crashed"}})
     trace = SimpleNamespace(config=cfg, models={}, environment={"cpu": "Xeon",
                                                                  "setup": {"machine.cpu_features": ["AVX-512", "AMX"]}})
     rows = dict(settings_rows(trace))

@@ -162,7 +162,7 @@ def test_a_reopened_token_id_trace_runs_on_those_ids(fake_engine, make_window, q
 def test_a_reopened_trace_reruns_identically_on_llama_cpp(tiny_dir, make_window, qtbot, tmp_path):
     """The real engine: a trace made with -b 128 -ub 1 --kv-type bf16 -fa off on raw token ids, opened and run again,
     is the same run (same settings, same prompt ids, same tokens)."""
-    from specview.core.arms.session import Session
+    from specview.core.session import Session
 
     cfg = RunConfig(target=str(tiny_dir / "target.gguf"), draft=str(tiny_dir / "draft.gguf"), n_max=3,
                     prompt=None, prompt_tokens=(1, 270, 280, 290), chat=False, max_tokens=24, ignore_eos=True,

@@ -126,7 +126,7 @@ def test_kernel_map_on_vulkan_finds_the_mat_vec_to_mat_mat_boundary(env, tmp_pat
     # progress names the width at hand and counts every pass the map needs (passes_needed), to the last
     done = re.findall(r"kernel map: \S+, \S+: (\d+)/(\d+) passes \(width (\d+)\), .*done in", res.stderr)
     assert len(done) == 1 and done[0][0] == done[0][1] and int(done[0][2]) in MAP_WIDTHS, res.stderr
-    from specview.core.kernels.map.map import passes_needed
+    from specview.core.kernels.map import passes_needed
 
     assert int(done[0][1]) == passes_needed(MAP_WIDTHS, 2, 1), res.stderr
 

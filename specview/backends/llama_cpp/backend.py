@@ -5,16 +5,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ...core.config import ConfigError, EngineSettings, environment_settings
+from ...core.config import ConfigError, EngineSettings, RunConfig, environment_settings
 from ...core.doctor import gpu_build_advice
 from ...core.engine import WrappedModel
 from ...core.errors import SpecviewError
 from ...core.facts import Fact
+from ...core.demo import is_demo_name
 from ...core.inprocess import InProcessBackend
+from ...core.resolve import Decision, resolve_engine
 from . import demo
 from .engine import LlamaEngine
 from .lib import LIB_PATH_VARIABLE, _lib, apply_environment, builds_backend, llama_environment
-from .model import LlamaModel
+from .memory import ATTENTION, AUTO, check_mode, decide_rollback, file_architecture, memory_kind
+from .model import LlamaModel, has_mtp_heads
+from .demo_pick import cached_pick, pick_demo_target
+from .probe import repack_decision
 from .probe import setup_facts as probe_facts
 
 
@@ -44,11 +49,83 @@ class LlamaBackend(InProcessBackend):
     def resolve(self, name: str, *, progress=None) -> str:
         return str(demo.resolve(name, progress=progress))
 
+    def decide(self, cfg: RunConfig, *, measure: bool = True) -> list[Decision]:
+        """The engine's decisions, and how a rejected draft leaves the target's memory (:mod:`.memory`): what
+        llama-server does for the target's architecture and this spec type, read from the files' headers."""
+        out = self.decide_engine(cfg.engine, measure=measure)
+        if cfg.engine.rollback is None:
+            archs = self._architectures(cfg)
+            if any(memory_kind(a) != ATTENTION for a in archs if a):  # a KV cache alone: seq_rm, nothing to say
+                value, why = decide_rollback(*archs, cfg.spec_type, cfg.n_max)
+                out.append(Decision("rollback", value, why))
+        return out
+
+    def check(self, cfg: RunConfig) -> None:
+        """A rollback the target's (or the draft model's) memory cannot run is refused before anything loads."""
+        super().check(cfg)
+        mode = cfg.engine.rollback
+        if mode in (None, AUTO):
+            return
+        target, draft = self._architectures(cfg)
+        for arch, role in ((target, "target"), (draft, "draft model")):
+            if arch is None:
+                continue
+            try:
+                check_mode(mode, arch)
+            except ConfigError as exc:
+                raise ConfigError(f"{exc} (the {role})", setting="rollback") from None
+
+    def _architectures(self, cfg: RunConfig) -> tuple[str | None, str | None]:
+        """The target's and the draft model's architectures (None: none, or unreadable), from their headers."""
+        def arch(name: str | None) -> str | None:
+            if not name:
+                return None
+            try:  # a demo name: the shipped file's (its quantizations share it); nothing is derived here
+                return file_architecture(demo.shipped_path() if is_demo_name(name) else demo.resolve(name))
+            except SpecviewError:
+                return None
+
+        return arch(cfg.target), arch(cfg.draft) if cfg.uses_draft_model else None
+
+    def decide_engine(self, settings: EngineSettings, *, measure: bool = True) -> list[Decision]:
+        """No repack where a multi-token decode of repacked weights crashed this build on this CPU."""
+        d = repack_decision(settings, measure=measure)
+        return [d] if d is not None else []
+
+    def default_target(self, settings: EngineSettings, *, default: str, progress=None,
+                       measure: bool = True) -> Decision | None:
+        """The demo quantization whose verify passes can fork on this build (measured once, cached)."""
+        if not is_demo_name(default):
+            return None
+        pick = pick_demo_target(settings, default=default, progress=progress) if measure else \
+            cached_pick(settings, default)
+        return Decision("target", pick.target, pick.reason) if pick is not None else None
+
+    def has_mtp_heads(self, target: str) -> bool:
+        return has_mtp_heads(target)
+
+    def demo_models(self, *, derive: list[str] | None = None, progress=None) -> tuple[str, list[dict[str, Any]]]:
+        """The demo cache folder and its names (``demo:QUANT`` and the tiny drafters), after deriving ``derive``."""
+        for q in derive or ():
+            demo.resolve(f"demo:{q}", progress=progress)
+        return str(demo.demo_dir()), demo.available()
+
+    def derive_variant(self, source: str, quant: str, *, dest: str | None = None, progress=None) -> str:
+        """``dest`` written as ``quant`` from ``source`` with llama.cpp's own quantizer."""
+        from .quantize import quantize
+
+        if dest is None:
+            raise ConfigError("a GGUF quantization needs the file to write", setting="target")
+        Path(dest).parent.mkdir(parents=True, exist_ok=True)
+        return str(quantize(source, dest, quant))
+
     def model_key(self, name: str, settings: EngineSettings) -> tuple:
         # repacked and plain weights live in different buffers: a model loaded one way cannot serve the other
+        settings = resolve_engine(settings, backend=self.name)[0]
         return (str(Path(name).expanduser().resolve()), settings.gpu_layers, settings.no_repack)
 
     def load(self, name: str, settings: EngineSettings) -> LlamaLoaded:
+        settings = resolve_engine(settings, backend=self.name)[0]  # a load never runs on an undecided setting
         late = apply_environment(self.worker_env(settings))
         if late:
             raise ConfigError(
@@ -68,6 +145,13 @@ class LlamaBackend(InProcessBackend):
         """ggml's start-up knobs these settings ask for (``GGML_VK_*``): the engine's process must have them in its
         environment before llama.cpp loads, since ggml-vulkan reads them once, when it starts."""
         return settings.environment()
+
+    def death_causes(self, settings: EngineSettings | None) -> Any:
+        """llama.cpp's known ways to kill its worker (:mod:`.crashes`: the AMX kernels, a Vulkan driver, a
+        failed GGML_ASSERT), read against whether ``settings`` repack the weights."""
+        from .crashes import death_causes
+
+        return death_causes(settings)
 
     def setup_facts(self, settings: EngineSettings, *, deep: bool = True) -> list[Fact]:
         return setup_facts(settings, deep=deep)

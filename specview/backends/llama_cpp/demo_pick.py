@@ -108,7 +108,7 @@ def measure(quants: list[str], settings: dict[str, Any], *, positions: int = POS
     """
     from ...core.kernels.map import map_target
     from ...core.prompts import PromptSpec
-    from ...core.arms.session import Session
+    from ...core.session import Session
 
     eng = EngineSettings.from_dict(settings)
     out: dict[str, dict[str, Any]] = {}
@@ -132,7 +132,7 @@ def measure(quants: list[str], settings: dict[str, Any], *, positions: int = POS
 def settings_key(settings: EngineSettings) -> dict[str, Any]:
     """The settings that pick kernels (as the kernel map keys them), with the thread count resolved."""
     d = settings.context_key.to_dict()
-    for k in ("no_repack_reason", "server_bin", "server_args"):
+    for k in ("server_bin", "server_args"):
         d.pop(k, None)
     d["threads"] = resolve_threads(settings.threads)
     return d

@@ -286,6 +286,25 @@ def vocab_model(path: str | os.PathLike[str]) -> LlamaModel:
     return LlamaModel(path, vocab_only=True)
 
 
+def has_mtp_heads(target: str | os.PathLike[str]) -> bool:
+    """Whether a GGUF file carries multi-token-prediction layers (``ARCH.nextn_predict_layers`` > 0), from its
+    header; a demo name, or a file that cannot be read, has none."""
+    from ...core.demo import is_demo_name
+
+    if is_demo_name(str(target)):
+        return False  # SmolLM2 has none
+    try:
+        m = vocab_model(target)
+        try:
+            arch = m.meta("general.architecture") or ""
+            n = m.meta(f"{arch}.nextn_predict_layers")
+        finally:
+            m.close()
+        return bool(n) and int(n) > 0
+    except (SpecviewError, ValueError):
+        return False
+
+
 class ModelStore:
     """Loads each (file, GPU layers, no repack) once and hands out the shared weights.
 

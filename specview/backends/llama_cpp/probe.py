@@ -11,7 +11,7 @@ quantized model with repacking on.  It runs in a throwaway worker process
 (:func:`specview.core.worker.run_isolated`), so a crash costs that process
 only, and its result is cached per llama.cpp build and CPU.  The probe is
 needed, and run, only on x86 CPUs with AMX; elsewhere the question does not
-arise.  Where it crashed, runs default to no repack (:func:`repack_default`)
+arise.  Where it crashed, runs default to no repack (:func:`repack_decision`)
 and say so; an explicit ``--no-repack`` / ``--repack`` always wins.
 """
 
@@ -21,7 +21,6 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,6 +29,7 @@ from ...core.doctor import AMX_FLAGS, cpu_flags, cpu_name, has_amx, is_x86
 from ...core.errors import EngineCrashed, SpecviewError
 from ...core.facts import Fact
 from ...core.paths import cache_dir
+from ...core.resolve import Decision
 
 #: the engines whose weights llama.cpp's CPU backend repacks (both run the same ggml code)
 LLAMA_ENGINES = ("llama.cpp", "llama-server")
@@ -214,26 +214,19 @@ def reason_text(result: dict[str, Any]) -> str:
             "--repack turns repacking back on")
 
 
-def repack_default(*, run: bool = True) -> tuple[bool, str]:
-    """(no_repack, why) for a run whose user did not set it: (True, reason) where the probe crashed."""
-    r = probe_result(run=run)
-    if r and r.get("crashed"):
-        return True, reason_text(r)
-    return False, ""
+def repack_decision(settings: EngineSettings, *, measure: bool = True) -> Decision | None:
+    """The machine's ``no_repack`` for settings that leave it unset: on, with why, where the probe crashed.
 
-
-def apply_repack_default(settings: EngineSettings, *, given: bool, backend: str | None = "llama.cpp",
-                         run: bool = True) -> EngineSettings:
-    """``settings`` with this machine's no-repack default where the user did not set it (``given``).
-
-    An explicit choice always wins; other engines (MLX) are left alone.
+    ``measure=False`` reads only a cached probe result.  This is the one place
+    the no-repack default is decided; both llama.cpp engines ask it through
+    their backend's ``decide_engine`` (:mod:`specview.core.resolve`).
     """
-    if given or (backend is not None and backend not in LLAMA_ENGINES):
-        return settings
-    no_repack, why = repack_default(run=run)
-    if not no_repack:
-        return settings
-    return replace(settings, no_repack=True, no_repack_reason=why)
+    if settings.no_repack is not None:
+        return None
+    r = probe_result(run=measure)
+    if r and r.get("crashed"):
+        return Decision("no_repack", True, reason_text(r))
+    return None
 
 
 # -- what doctor says ---------------------------------------------------------------------------

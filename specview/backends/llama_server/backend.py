@@ -35,7 +35,8 @@ from ...core.errors import Cancelled, ConfigError, ModelFileError, SpecviewError
 from ...core.arms.generate import context_needed
 from ...core.llama_flags import UB1_REFUSED, server_argv, split_server_args, uses_draft_file
 from ...core.registry import Backend, Runner, get_backend
-from ...core.arms.session import host_environment, prompt_record, round_up
+from ...core.resolve import DECIDED_KEY, Decision, Resolved, resolve
+from ...core.session import host_environment, prompt_record, round_up
 from ...core.trace import ArmResult, Trace
 from ..local_server.process import ServerError
 from .binary import find_server_bin, server_info
@@ -131,6 +132,18 @@ class ServerBackend(Backend):
                                   setting="p_min")
         split_server_args(cfg.engine.server_args)
 
+    def decide_engine(self, settings: EngineSettings, *, measure: bool = True) -> list[Decision]:
+        """As for the llama.cpp engine: the same ggml CPU code repacks the weights (the AMX probe decides)."""
+        from ..llama_cpp.probe import repack_decision
+
+        d = repack_decision(settings, measure=measure)
+        return [d] if d is not None else []
+
+    def has_mtp_heads(self, target: str) -> bool:
+        from ..llama_cpp.model import has_mtp_heads
+
+        return has_mtp_heads(target)
+
     def resolve(self, name: str, *, progress: ProgressFn | None = None) -> str:
         """GGUF names resolve as for the llama.cpp engine (a path, or a ``demo:QUANT`` name)."""
         return get_backend("llama.cpp").resolve(name, progress=progress)
@@ -175,6 +188,7 @@ class ServerRunner(Runner):
         self.server_bin = server_bin or ""
         self.server_args = server_args or ""
         self.pool = ServerPool(progress=self.progress)
+        self._decided: dict[str, Any] = {}  # what the machine decided for the last run (its trace says why)
         self.vanilla_runs = 0
         self.speculative_runs = 0
         self._vocab: dict[str, Any] = {}
@@ -188,9 +202,14 @@ class ServerRunner(Runner):
         return self.pool.starts
 
     # -- what a run needs ------------------------------------------------------------
-    def _defaults(self, cfg: RunConfig) -> RunConfig:
+    def _defaults(self, cfg: RunConfig | Resolved) -> RunConfig:
+        """``cfg`` resolved for this machine (:mod:`specview.core.resolve`), with this runner's binary and flags
+        where it names none; the decisions are kept for the trace (``self._decided``)."""
         from dataclasses import replace
 
+        resolved = resolve(cfg)
+        self._decided = resolved.to_dict()
+        cfg = resolved.config
         eng = cfg.engine
         if (not eng.server_bin and self.server_bin) or (not eng.server_args and self.server_args):
             eng = replace(eng, server_bin=eng.server_bin or self.server_bin,
@@ -467,6 +486,8 @@ class ServerRunner(Runner):
         if srv is not None and "-c" in srv.args:
             n_ctx = int(srv.args[srv.args.index("-c") + 1])  # a reused server may have a larger context
         config = dict(plan.config, n_ctx_used=n_ctx)
+        if self._decided:
+            config[DECIDED_KEY] = dict(self._decided)
         return Trace(config=config, environment=env,
                      models={"target": _facts(self.vocab(plan.target)),
                              "draft": _facts(self.vocab(plan.draft)) if plan.draft else None},

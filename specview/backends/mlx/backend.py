@@ -64,6 +64,19 @@ class MLXBackend(InProcessBackend):
                 f"({type(exc).__name__}: {exc}). Check the id and your connection, or give a local MLX folder."
             ) from exc
 
+    def model_variants(self, path: str) -> tuple[list[Any], list[Any]]:
+        """The precisions of the MLX model folder ``path`` the user has, and those mlx-lm's conversion can derive."""
+        from .variants import derivable_variants, list_variants
+
+        return list_variants(path), derivable_variants(path)
+
+    def derive_variant(self, source: str, quant: str, *, dest: str | None = None,
+                       progress: Callable[[str], None] | None = None) -> str:
+        """``quant`` ("8bit", "4bit") from the unquantized folder ``source`` (into specview's cache; ``dest`` unused)."""
+        from .variants import derive_quantized
+
+        return str(derive_quantized(source, int(quant.lower().removesuffix("bit")), progress=progress))
+
     def model_key(self, name: str, settings: EngineSettings) -> tuple:
         return (str(Path(name).expanduser().resolve()),)
 

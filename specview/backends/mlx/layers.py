@@ -11,7 +11,7 @@ Nothing is recomputed: the values are the ones the pass hands on, so observing
 cannot change the numbers (and :func:`specview.core.locate.find.locate` checks the
 logits against an unobserved engine anyway, bit for bit).
 
-The nodes are reported as :class:`~specview.core.locate.find.graphdiff.GraphNode` in
+The nodes are reported as :class:`~specview.core.locate.graphdiff.GraphNode` in
 ggml's shape order (``[features, n_tokens, 1, 1]``), so the core compares them
 exactly as it compares llama.cpp's: ``embd`` (op ``embedding``), ``blk.N``
 (op ``layer``: the block's output, the residual stream it hands on), ``norm``

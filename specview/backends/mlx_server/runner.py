@@ -20,6 +20,7 @@ from ...core.arms.reuse import replay
 from ...core.config import RunConfig
 from ...core.errors import Cancelled, ConfigError
 from ...core.registry import CancelFn, EventFn, ProgressFn, Runner
+from ...core.resolve import resolve
 from ...core.trace import ArmResult, Trace
 from ..local_server import openai
 from ..local_server.process import ServerError
@@ -136,6 +137,7 @@ class MLXServerRunner(Runner):
     def run(self, cfg: RunConfig, *, on_event: EventFn | None = None, cancel: CancelFn | None = None,
             reuse_vanilla: bool = True) -> Trace:
         cancel = cancel or (lambda: False)
+        cfg = resolve(cfg).config  # settings left unset take their plain values (nothing here is machine-decided)
         self.backend.check(cfg)
         say = self.progress
         target = self.folder(cfg.target)
@@ -241,7 +243,7 @@ class MLXServerRunner(Runner):
 
     def _trace(self, cfg: RunConfig, program: list[str], target: str, draft: str | None, vm: Any, dm: Any,
                tokens: list[int], vanilla: ArmResult, speculative: ArmResult, info: dict[str, Any] | None) -> Trace:
-        from ...core.arms.session import host_environment, prompt_record
+        from ...core.session import host_environment, prompt_record
 
         fp = None
         for s in self._servers.values():

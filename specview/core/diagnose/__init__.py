@@ -20,7 +20,7 @@ The method (``docs/diagnosis.md`` has the user's version):
 * **The backend check** (:mod:`specview.core.reference`), when it runs, first:
   a backend that computes the model wrongly is flagged before any fork is read.
 
-Everything runs on the :class:`~specview.core.arms.session.Session`'s already
+Everything runs on the :class:`~specview.core.session.Session`'s already
 loaded models; nothing is loaded twice.
 """
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Sequence
 
-from ..config import EngineSettings
+from ..config import settings_label  # noqa: F401  (re-exported: the settings part of every label)
 from ..errors import ConfigError
 
 # the map's classes (specview.core.kernels.map) are duck-typed here: kernels imports this module, not the reverse
@@ -55,21 +55,6 @@ def parse_widths(text: str) -> tuple[int, ...]:
             raise ConfigError(f"{part!r}: widths are >= 1 and ranges run low-high", setting="widths")
         out.update(range(a, b + 1))
     return tuple(sorted(out))
-
-
-def settings_label(settings: EngineSettings) -> str:
-    """The settings that differ from the defaults, short: ``fa on, ub 1`` ('' for the defaults)."""
-    short = {"flash_attn": "fa", "n_ubatch": "ub", "n_batch": "b", "threads": "t", "kv_type": "kv",
-             "gpu_layers": "ngl", "no_repack": "nr", "no_op_offload": "nopo", "vk_disable_mmvq": "vk-no-mmvq",
-             "vk_force_mmvq": "vk-mmvq", "vk_disable_f16": "vk-no-f16", "vk_disable_coopmat": "vk-no-coopmat",
-             "vk_visible_devices": "vk-devices"}
-    base = EngineSettings()
-    parts = []
-    for name, abbr in short.items():
-        v = getattr(settings, name)
-        if v != getattr(base, name):
-            parts.append(abbr if v is True else f"{abbr} {v}")
-    return ", ".join(parts)
 
 
 def cell(st: WidthStats | None) -> str:

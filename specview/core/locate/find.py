@@ -26,7 +26,7 @@ The result (:class:`Located`) names the first differing node with its op, the
 types, shapes and buffers of its inputs (the weight's buffer says CPU,
 CPU_REPACK, AMX, Vulkan0 ...), the size of the difference, how it grows layer
 by layer and how many of the vocabulary's logits differ.  JSON schema
-``specview.locate/1``; the text form is :func:`specview.core.locate.find.text.text`.
+``specview.locate/1``; the text form is :func:`specview.core.locate.text.text`.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ from typing import Any
 import numpy as np
 
 from ..config import EngineSettings
+from ..config import fill_plain
+from ..resolve import resolve_settings
 from ..errors import BackendUnavailable, Cancelled, ConfigError, SpecviewError
 from ..arms.generate import prefill
 from .graphdiff import (  # noqa: F401  (re-exported: what an observing engine reports, and the diff)
@@ -198,7 +200,7 @@ class Located:
             lg["margin_single"] = float("inf") if lg.get("margin_single") is None else float(lg["margin_single"])
             return cls(
                 target=str(d["target"]), backend=str(d["backend"]),
-                settings=EngineSettings.from_dict(d.get("settings") or {}), model=dict(d.get("model") or {}),
+                settings=fill_plain(EngineSettings.from_dict(d.get("settings") or {})), model=dict(d.get("model") or {}),
                 position=int(d["position"]), width=int(d["width"]), row=int(d["row"]), n_prompt=int(d["n_prompt"]),
                 single_tokens=[int(t) for t in d["single_tokens"]], batch_tokens=[int(t) for t in d["batch_tokens"]],
                 selection=str(d["selection"]), observer_exact=bool(d["observer_exact"]),
@@ -242,7 +244,7 @@ def locate(session: Any, target: str, *, width: int, row: int = 0, position: int
     """
     say = progress or (lambda msg: None)
     cancel = cancel or (lambda: False)
-    settings = settings or EngineSettings()
+    settings = resolve_settings(settings or EngineSettings(), backend=backend)  # decided, as the locate records it
     if width < 1 or not 0 <= row < width:
         raise ConfigError(f"row must be between 0 and width - 1 = {width - 1} (got row {row}, width {width})",
                           setting="row")
@@ -376,7 +378,7 @@ def _pair(plain: Any, obs: Any, n: int, start: int, position: int, batch: list[i
 def departure(session: Any, trace: Any, *, progress: ProgressFn | None = None,
               cancel: CancelFn | None = None) -> dict[str, Any]:
     """Where the trace's fork pass first departs from the single-token pass: :meth:`Located.summary` and its
-    compared nodes' |Δ| (``graph``, :func:`~specview.core.locate.find.plot.graph_record`), or ``{"skipped": why}``
+    compared nodes' |Δ| (``graph``, :func:`~specview.core.locate.plot.graph_record`), or ``{"skipped": why}``
     when it cannot be located (an engine that cannot be observed, a fork no verify pass chose)."""
     from .plot import graph_record
 
@@ -413,7 +415,11 @@ def fork_of(trace: Any) -> dict[str, Any]:
     width, row = int(step.batch_size), int(step.batch_index)
     teacher = list(trace.vanilla.tokens[:k])
     rnd = next((r for r in spec.rounds if r.first_step == k - row and r.batch_size == width), None)
-    if rnd is not None and len(rnd.draft_tokens) == width - 1:
+    replayed = next((r for r in spec.rounds if r.first_step == k - row and r.replay == width
+                     and r.rollback == "checkpoint"), None)
+    if replayed is not None:  # a replay after a checkpoint restore chose it: that pass carried the arm's own tokens
+        teacher = teacher[:k - row] + [int(t) for t in spec.tokens[k - row:k - row + width - 1]]
+    elif rnd is not None and len(rnd.draft_tokens) == width - 1:
         teacher = teacher[:k - row] + [int(t) for t in rnd.draft_tokens]
     return {"target": cfg.target, "settings": cfg.engine, "backend": cfg.backend,
             "prompt_tokens": [int(t) for t in trace.prompt["tokens"]], "position": k, "width": width, "row": row,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..kernels.text import settings_label
+from ..config import settings_label
 
 # the objects are specview.core.locate.find's Located, NodeDiff and NodeSource (not imported: locate imports this)
 Located = NodeDiff = NodeSource = Any

@@ -134,7 +134,7 @@ def describe(params: CellParams) -> str:
             d += f" {name}={v:g}" if isinstance(v, float) else f" {name}={v}"
     # a true/false axis is named only where it is on ("nr"), so the common case keeps its label short
     eng = " · ".join(axis_short(a) if getattr(params, a) is True else f"{axis_short(a)}={getattr(params, a)}"
-                     for a in engine_axes() if getattr(params, a) is not False)
+                     for a in engine_axes() if getattr(params, a) not in (False, None))
     line = " · ".join(x for x in (model_label(params.target), d, eng, params.prompt) if x != "")
     return f"{params.part}: {line}" if params.part else line
 

@@ -43,7 +43,7 @@ PREDICTION_FIELDS = {"status": STR, "target": STR, "settings": STR, "n_max": INT
                      "safe_n_max": INT, "first_differing": INT, "identical_share": NUM, "max_delta": NUM,
                      "flips": INT, "missing": LIST, "evidence": STR, "map_file": STR, "map_reach": INT, "reach": INT,
                      "caveats": LIST, "reason": STR}
-#: the cited map (:func:`~specview.core.kernels.map.evidence.citation`) and each of its ``targets``
+#: the cited map (:func:`~specview.core.kernels.evidence.citation`) and each of its ``targets``
 CITATION_FIELDS = {"file": STR, "schema": STR, "backend": STR, "widths": LIST, "positions": INT, "prompts": LIST,
                    "targets": LIST, "environment": DICT}
 CITED_TARGET_FIELDS = {"label": STR, "target": STR, "deterministic": BOOL, "safe_widths": LIST, "safe_n_max": INT,

@@ -1,9 +1,9 @@
 """A matrix that cites a kernel map: each cell's prediction, and the plain words that compare them with the cells.
 
 The matrix file records the map it cites under ``kernel_map`` (its file and
-what it proves, :func:`~specview.core.kernels.map.evidence.citation`) and, per
+what it proves, :func:`~specview.core.kernels.evidence.citation`) and, per
 cell, the map's prediction for that cell under ``kernel_prediction``
-(:class:`~specview.core.kernels.map.evidence.KernelPrediction` as JSON).  The
+(:class:`~specview.core.kernels.evidence.KernelPrediction` as JSON).  The
 prediction is made when the cell finishes, from its trace: the target's file
 facts, the thread count it used and its environment.  The summary and the
 rates read only the file.

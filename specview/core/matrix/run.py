@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ... import __version__
-from ..config import RunConfig
+from ..config import RunConfig, get_setting
 from ..errors import EngineCrashed, SpecviewError
 from ..kernels.evidence import environment_differences
 from ..registry import Runner, get_backend
+from ..resolve import Resolved
 from ..trace import Trace, json_safe, write_atomic
 from ..verdicts import cell_label
 from .cells import CellParams, cell_config, cell_record, describe, error_record, expand
@@ -130,6 +131,11 @@ class _StopAfterFork:
 CRASH_KEYS = ("signal", "exitcode", "hung", "activity", "native_function", "known_cause", "log")
 
 
+def cell_decisions(spec: MatrixSpec, cfg: RunConfig) -> Resolved:
+    """A cell's config with the matrix's own decisions (:meth:`MatrixSpec.decide`) where the cell kept them."""
+    return Resolved(cfg, tuple(d for d in spec.decided if get_setting(cfg, d.setting) == d.value))
+
+
 def run_cell(runner: Runner, cfg: RunConfig, *, cancel: Callable[[], bool] | None = None) -> Trace:
     """One run on ``runner``; with ``cfg.stop_after_fork`` set, the speculative arm stops that many tokens after
     its fork (its stop reason is then ``"after-fork"``)."""
@@ -223,6 +229,8 @@ def run_matrix(
     spec.validate()
     say = progress or (lambda msg: None)
     cancel = cancel or (lambda: False)
+    for d in spec.decide():  # this machine's decisions for the axes left unset, said once
+        say(d.why)
     cells = expand(spec)
     run = MatrixRun(spec=spec, cells=cells, out=Path(out) if out is not None else None,
                     kernel_map=spec.load_kernel_map() if spec.kernel_map else None)
@@ -298,7 +306,7 @@ def _run_cells(spec: MatrixSpec, runner: Runner, run: MatrixRun, cells: list[Cel
             category = spec.prompt_named(params.prompt).category
             try:
                 cfg = cell_config(spec, params)
-                trace = run_cell(runner, cfg, cancel=cancel)
+                trace = cell_decisions(spec, cfg).record(run_cell(runner, cfg, cancel=cancel))
                 if _cancelled(trace):
                     run.status = "interrupted"
                     break

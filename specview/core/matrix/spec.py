@@ -143,6 +143,26 @@ class _SpecMethods:
         for part in self.parts:
             part[name] = list(values)
 
+    def decide(self, *, measure: bool = True) -> list[Any]:
+        """What this machine decides for the engine axes the spec leaves unset, asked once for the whole matrix.
+
+        Each decision becomes a one-value axis (so every part's cells, and their labels, carry it) and is
+        kept in ``decided`` with its reason, which each cell's trace then records.
+        """
+        from ..resolve import resolve_engine
+
+        free = [a for a in axes() if settings_class(a) is EngineSettings and getattr(self.engine, a) is None
+                and set(self.axis_values(a)) == {None} and all(set(p.get(a, [None])) == {None} for p in self.parts)]
+        if not free:
+            return []
+        _, decisions = resolve_engine(replace(self.engine, **{a: None for a in free}), backend=self.backend,
+                                      measure=measure)
+        out = [d for d in decisions if d.setting in free]
+        for d in out:
+            self.set_axis(d.setting, [d.value])
+        self.decided = tuple(self.decided) + tuple(out)
+        return out
+
     def prompt_named(self, name: str) -> PromptSpec:
         for p in self.prompts:
             if p.name == name:
@@ -302,6 +322,8 @@ def _spec_fields() -> list[tuple[str, Any, Any]]:
         ("parts", list, field(default_factory=list)),
         ("preset", Any, field(default=None)),
         ("source", Any, field(default=None, compare=False, repr=False)),
+        # what this machine decided for the axes left unset (:meth:`_SpecMethods.decide`), with the reasons
+        ("decided", tuple, field(default=(), compare=False, repr=False)),
     ]
     return out
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..llama_flags import llama_commands, ngl_text
+from ..resolve import decided
 from ..verdicts import COLOURS, WORDS, category
 from .escape import num, text, visible
 
@@ -168,7 +169,7 @@ def config_facts(trace: Any) -> list[tuple[str, str]]:
         ("KV cache type", g(eng, "kv_type")),
         ("GPU layers", ngl_text(eng.get("gpu_layers")) if _small_int(eng.get("gpu_layers")) else "n/a"),
         ("threads", text(eng.get("threads")) or "all cores"),
-        ("weight repack", repack_text(eng)),
+        ("weight repack", repack_text(cfg)),
     ]
     feats = cpu_features_text(obj(trace.environment))
     if feats:
@@ -180,12 +181,13 @@ def config_facts(trace: Any) -> list[tuple[str, str]]:
     return rows
 
 
-def repack_text(eng: dict[str, Any]) -> str:
-    """How the run held its weights: repacked (llama.cpp's default) or not (``--no-repack``), and why."""
-    if eng.get("no_repack") is not True:
+def repack_text(cfg: dict[str, Any]) -> str:
+    """How the run held its weights: repacked (llama.cpp's default) or not (``--no-repack``), and why
+    (a trace's ``config`` block: the machine's reason is in its ``decided`` block)."""
+    if obj(cfg.get("engine")).get("no_repack") is not True:
         return "on (llama.cpp's default)"
-    why = eng.get("no_repack_reason")
-    return f"off (--no-repack): {text(why)}" if isinstance(why, str) and why else "off (--no-repack, as asked)"
+    why = decided(cfg, "no_repack")
+    return f"off (--no-repack): {text(why)}" if why else "off (--no-repack, as asked)"
 
 
 def cpu_features_text(env: dict[str, Any]) -> str:

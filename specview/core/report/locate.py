@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Collection, Mapping
 
 from ... import __version__
-from ..kernels.text import settings_label
+from ..config import settings_label
 from ..locate.text import describe
 from .escape import esc, md_text, text
 from .html import HtmlWriter, _page

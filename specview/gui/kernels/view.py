@@ -8,7 +8,7 @@ other cells are tinted from light to strong by how far the metric says that
 width is from single-token passes.  The row labels say what the row proves
 ("proven lossless up to n_max 2", "nothing proven", "not deterministic").
 Selecting a cell shows that target's per-width table and, in plain words, what
-it proves (:func:`specview.core.kernels.map.text.verdict_line`).
+it proves (:func:`specview.core.kernels.text.verdict_line`).
 
 The colours and texts come from pure functions (:func:`cell_look`,
 :func:`row_claim`), so they can be checked against the map's own figures.

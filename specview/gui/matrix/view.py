@@ -10,7 +10,7 @@ shrinks to one line when every setting ran on one prompt.
 A standalone widget.  Give it a matrix document (``setMatrix``), stream cells
 into it as they finish (``addCell``), or open a saved file (``loadFile``).
 Double-clicking a cell (or pressing Enter on it) emits ``sigOpenCell`` with the
-cell's :class:`~specview.core.arms.session.RunConfig`, and ``sigOpenTrace`` with the
+cell's :class:`~specview.core.session.RunConfig`, and ``sigOpenTrace`` with the
 path of its saved trace when the matrix was run with ``--traces``, so the main
 window can open it in the side-by-side view.  ``sigOpenRun`` carries both at once
 (the config, and the trace path or ``None``), for a receiver that chooses between them.

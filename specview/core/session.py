@@ -15,18 +15,19 @@ import platform
 import time
 from typing import Any, Callable
 
-from ... import __version__
-from .. import activity
-from .compare import compare_arms
-from .reuse import replay
-from .drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
-from ..config import RunConfig
-from ..engine import Engine, EngineSettings, check_draft_compatible
-from .generate import Event, GenOptions, context_needed, run_to_end, speculative_greedy, vanilla_greedy
-from ..doctor import cpu_name, environment_facts, machine_facts
-from ..engine import LoadedModel
-from ..registry import Backend, Runner, get_backend
-from ..trace import ArmResult, Trace
+from .. import __version__
+from . import activity
+from .arms.compare import compare_arms
+from .arms.reuse import replay
+from .arms.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
+from .config import RunConfig
+from .engine import Engine, EngineSettings, check_draft_compatible
+from .arms.generate import Event, GenOptions, context_needed, run_to_end, speculative_greedy, vanilla_greedy
+from .doctor import cpu_name, environment_facts, machine_facts
+from .engine import LoadedModel
+from .registry import Backend, Runner, get_backend
+from .resolve import resolve, resolve_engine, resolve_settings
+from .trace import ArmResult, Trace
 
 ProgressFn = Callable[[str], None]
 EventFn = Callable[[str, Event], None]  # (arm name, event)
@@ -44,12 +45,14 @@ class Session(Runner):
         self._models: dict[tuple, LoadedModel] = {}
         self._engines: dict[tuple, Engine] = {}
         self._vanilla: dict[tuple, tuple[ArmResult, int]] = {}
+        self._settings: dict[EngineSettings, EngineSettings] = {}  # as given -> as resolved
         self.loads = 0
         self.vanilla_runs = 0
         self.speculative_runs = 0
 
     # -- models ----------------------------------------------------------------
     def model(self, backend: str, name: str, settings: EngineSettings) -> LoadedModel:
+        settings = self.settings_for(backend, settings)
         be = get_backend(backend)
         resolved = be.resolve(name, progress=self.progress)
         key = (backend, *be.model_key(resolved, settings))
@@ -61,6 +64,14 @@ class Session(Runner):
             self._models[key] = m
             self.loads += 1
         return m
+
+    def settings_for(self, backend: str, settings: EngineSettings) -> EngineSettings:
+        """``settings`` with what this machine decides for those left unset (asked once per settings)."""
+        got = self._settings.get(settings)
+        if got is None:
+            got = self._settings[settings] = resolve_engine(settings, backend=backend)[0]
+            self._settings[got] = got
+        return got
 
     def engine(self, role: str, model: LoadedModel, settings: EngineSettings, n_ctx: int) -> Engine:
         """A context for ``role`` ("vanilla", "speculative", "draft", ...) on ``model``, reused when it fits."""
@@ -113,12 +124,15 @@ class Session(Runner):
             self.model(cfg.backend, cfg.draft, cfg.engine)
 
     def job(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``fn(self, *args, **kwargs)``: this Session is where the models live."""
+        """``fn(self, *args, **kwargs)``: this Session is where the models live.  A ``settings=`` argument
+        (one EngineSettings or a list) is resolved for ``backend=`` first, as a run's are."""
+        if "settings" in kwargs and kwargs.get("backend"):
+            kwargs["settings"] = resolve_settings(kwargs["settings"], backend=kwargs["backend"])
         return fn(self, *args, **kwargs)
 
     def diagnose(self, trace: Trace, cfg: RunConfig, *, controls: bool = False,
                  progress: ProgressFn | None = None, cancel: Callable[[], bool] | None = None) -> dict[str, Any]:
-        from ..diagnose import diagnose
+        from .diagnose import diagnose
 
         return diagnose(self, cfg, trace, controls=controls, progress=progress or self.progress, cancel=cancel)
 
@@ -133,11 +147,16 @@ class Session(Runner):
     ) -> Trace:
         """Run (or reuse) the vanilla arm and run the speculative arm; return the trace.
 
+        ``cfg`` is resolved first (:func:`specview.core.resolve.resolve`): settings it leaves unset
+        take what this machine decides, and the trace's ``config.decided`` says why.
+
         ``on_record("head", trace)`` gets the trace's config, models and prompt (its arms still empty)
         before the first token, and ``on_record("arm", arm)`` each arm when it ends: what a caller needs
         to keep a run whose engine dies half-way (:mod:`specview.core.worker`).
         """
         cancel = cancel or (lambda: False)
+        resolved = resolve(cfg)  # what this machine decides for the settings left unset, with why
+        cfg = resolved.config
         get_backend(cfg.backend).check(cfg)
         target = self.model(cfg.backend, cfg.target, cfg.engine)
         tokens = self.prompt_tokens(cfg, target)
@@ -148,6 +167,7 @@ class Session(Runner):
         # the trace's config, environment, models and prompt, once: the arms fill in as they end
         trace = self.build_trace(cfg, target, dmodel, tokens, n_ctx, ArmResult(name="vanilla"),
                                  ArmResult(name="speculative", drafter=drafter.spec_type))
+        resolved.record(trace)
         if on_record is not None:
             on_record("head", trace)
 
@@ -184,7 +204,9 @@ class Session(Runner):
         trace.config["threads_used"] = getattr(used, "threads", None)
         if used is not None:  # what llama.cpp made of n_ctx/n_batch/n_ubatch (it pads and clamps them)
             trace.config["context_used"] = {"n_ctx": used.n_ctx, "n_batch": used.n_batch,
-                                            "n_ubatch": getattr(used, "n_ubatch", None)}
+                                            "n_ubatch": getattr(used, "n_ubatch", None),
+                                            # how its memory rolled back (auto decided by the context itself)
+                                            "rollback": getattr(used, "rollback", None)}
         return trace
 
     def build_trace(self, cfg: RunConfig, target: LoadedModel, dmodel: LoadedModel | None, tokens: list[int],
