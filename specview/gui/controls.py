@@ -39,6 +39,7 @@ from PySide6.QtWidgets import (
 
 from ..core.config import (DEMO_DRAFT, DEMO_DRAFTERS, DEMO_TARGET, DRAFT_FILE_TYPES, EngineSettings, RunConfig,
                            declared, demo_drafter)
+from ..core.resolve import DECIDED_KEY, decided
 from ..core.demo import is_demo_name
 from ..core.errors import ConfigError, SpecviewError
 from ..core.registry import (
@@ -238,8 +239,13 @@ class RunControls(QWidget):
         """The controls as a :meth:`RunConfig.to_dict`-shaped dict (not checked: it may not be a valid run yet)."""
         d = copy.deepcopy(self._base)
         d.setdefault("engine", {})
+        machine = d.pop(DECIDED_KEY, None) or {}
         for name, ctl in self.settings.items():
-            (d if ctl.cls is RunConfig else d["engine"])[name] = ctl.value()
+            src = d if ctl.cls is RunConfig else d["engine"]
+            v = ctl.value()
+            if (name in machine and machine[name].get("value") == v) or (src.get(name, v) is None and v == ctl.default):
+                v = None  # unset, or the machine's decision, left alone: the run decides it (and its trace says why)
+            src[name] = v
         d["backend"] = self.backend_name()
         d["target"] = self.target.value()
         d["draft"] = self.draft.value() or None
@@ -355,10 +361,8 @@ class RunControls(QWidget):
     # -- changes ------------------------------------------------------------------------------
     def repack_reason(self) -> str:
         """The machine's reason for no repack shown under the engine settings ("" when the user chose, or none)."""
-        eng = self._base.get("engine") if isinstance(self._base.get("engine"), dict) else {}
-        reason = eng.get("no_repack_reason")
         on = "no_repack" in self.settings and self.settings["no_repack"].value() is True
-        return reason if on and isinstance(reason, str) else ""
+        return decided(self._base, "no_repack") if on else ""
 
     def _show_repack_note(self) -> None:
         reason = self.repack_reason()
@@ -366,12 +370,13 @@ class RunControls(QWidget):
         self.repack_note.setVisible(bool(reason))
 
     def _changed(self, name: str) -> None:
-        if name == "no_repack" and not self._quiet:  # the user's own choice: no machine reason any more
-            self._base.setdefault("engine", {})["no_repack_reason"] = ""
+        ctl = self.settings.get(name)
+        if not self._quiet and ctl is not None:  # the user's own choice from now on: no longer unset or decided
+            (self._base if ctl.cls is RunConfig else self._base.setdefault("engine", {}))[name] = ctl.value()
+            (self._base.get(DECIDED_KEY) or {}).pop(name, None)
         self._show_repack_note()
         if self._quiet:
             return
-        ctl = self.settings.get(name)
         if ctl is not None and ctl.field.metadata.get("only_for"):
             # an engine-specific setting (a binary, its flags) can change what the engine offers
             self._refresh_engine(keep=self.spec_type.currentData())

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from PySide6.QtWidgets import QCheckBox, QComboBox, QDoubleSpinBox, QLineEdit, QSpinBox
 
-from specview.core.config import EngineSettings, RunConfig, declared, default_of
+from specview.core.config import EngineSettings, RunConfig, declared, typed_default
 from specview.core.registry import backend_names
 
 
@@ -18,7 +18,7 @@ def gui_settings():
 
 def other_value(f):
     """A value the declaration accepts that is not the default (so a round trip that drops it fails)."""
-    d, meta = default_of(f), f.metadata
+    d, meta = typed_default(f), f.metadata  # a setting the machine may decide: typed by its plain value
     if isinstance(d, bool):
         return not d
     if meta.get("choices"):
@@ -38,7 +38,7 @@ def test_every_declared_setting_has_its_control(make_window):
     assert {"n_batch", "n_ubatch", "kv_type", "serial_verify", "threads", "flash_attn"} <= names
     for _cls, f in gui_settings():
         widget = w.controls[f.name]
-        d, meta = default_of(f), f.metadata
+        d, meta = typed_default(f), f.metadata
         assert widget.objectName() == f.name
         assert meta["help"] in widget.toolTip()
         if isinstance(d, bool):
