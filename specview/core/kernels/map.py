@@ -213,31 +213,16 @@ def passes_needed(widths: Sequence[int], positions: int, n_prompts: int) -> int:
     return per * n_prompts
 
 
-def kernel_map(
-    session_or_runner: Any,
-    targets: Sequence[str],
-    prompts: Sequence[Any],
-    widths: Sequence[int] = DEFAULT_WIDTHS,
-    positions: int = DEFAULT_POSITIONS,
-    settings: EngineSettings | Sequence[EngineSettings] | None = None,
-    *,
-    backend: str = "llama.cpp",
-    top_k: int = DEFAULT_TOP_K,
-    progress: ProgressFn | None = None,
-    cancel: CancelFn | None = None,
-    on_fraction: Callable[[float], None] | None = None,
-    stop_at_difference: bool = False,
-) -> KernelMap:
-    """Map every target (under every settings given) over ``prompts`` at ``widths``.
+def kernel_map(session_or_runner: Any, targets: Sequence[str], prompts: Sequence[Any],
+               widths: Sequence[int] = DEFAULT_WIDTHS, positions: int = DEFAULT_POSITIONS,
+               settings: EngineSettings | Sequence[EngineSettings] | None = None, *, backend: str = "llama.cpp",
+               **options: Any) -> KernelMap:
+    """Map every target (under every settings given) over ``prompts`` at ``widths``: :func:`map_in_session`
+    (which says what ``options`` are) run as a job of ``session_or_runner``.
 
     ``session_or_runner`` is the runner whose models to use (a Session, or a
-    runner whose Session lives in its worker process: the map runs there, as
-    its job), or None (a new runner for ``backend``, closed afterwards).
-    ``progress`` gets one line per target and prompt; ``on_fraction`` the share of
-    forward passes done; ``cancel`` is checked between forward passes and raises
-    :class:`~specview.core.errors.Cancelled`.  ``stop_at_difference`` stops
-    measuring a width at its first differing row: the safe widths are answered
-    as fully, for less (see :func:`map_target`).
+    runner whose Session lives in its worker process: the map runs there), or
+    None (a new runner for ``backend``, closed afterwards).
     """
     from ..registry import get_backend
 
@@ -250,8 +235,7 @@ def kernel_map(
     runner = session_or_runner if session_or_runner is not None else get_backend(backend).runner()
     try:
         return runner.job(map_in_session, targets, prompts, widths, positions, settings=settings, backend=backend,
-                          top_k=top_k, progress=progress, cancel=cancel, on_fraction=on_fraction,
-                          stop_at_difference=stop_at_difference)
+                          **options)
     except BackendUnavailable as exc:  # a runner that runs no jobs: its engine computes passes specview cannot split
         raise BackendUnavailable(_not_in_process(backend)) from exc
     finally:
@@ -274,7 +258,14 @@ def map_in_session(
     on_fraction: Callable[[float], None] | None = None,
     stop_at_difference: bool = False,
 ) -> KernelMap:
-    """:func:`kernel_map` as a job: ``session`` is the Session where the models live."""
+    """The kernel map, as a job: ``session`` is the Session where the models live.
+
+    ``progress`` gets one line per target and prompt; ``on_fraction`` the share of
+    forward passes done; ``cancel`` is checked between forward passes and raises
+    :class:`~specview.core.errors.Cancelled`.  ``stop_at_difference`` stops
+    measuring a width at its first differing row: the safe widths are answered
+    as fully, for less (see :func:`map_target`).
+    """
     t0 = time.perf_counter()
     widths = tuple(sorted({int(w) for w in widths} | {1}))
     if widths[0] < 1:
