@@ -30,7 +30,7 @@ from specview.backends.mlx.backend import MLXLoaded  # noqa: E402
 from specview.backends.mlx.rollback import KEEP, describe, is_snapshot, leaves  # noqa: E402
 from specview.core.arms.drafters import ModelDrafter  # noqa: E402
 from specview.core.arms.generate import GenOptions, run_to_end, speculative_greedy, vanilla_greedy  # noqa: E402
-from specview.core.arms.session import RunConfig, Session  # noqa: E402
+from specview.core.session import RunConfig, Session  # noqa: E402
 from specview.core.engine import EvalError  # noqa: E402
 
 ARCHS = ("lfm2", "qwen3_5")
