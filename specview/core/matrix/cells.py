@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 from dataclasses import field, make_dataclass, replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from ..config import DRAFT_PARAM_TYPES, RunConfig, axes, with_setting
 from .spec import (NON_MODEL_DRAFTERS, MatrixSpec, axis_fields, axis_short, cell_settings, draft_axes, drafter_parts,
@@ -192,6 +193,9 @@ def cell_record(index: int, params: CellParams, trace: Any, seconds: float,
         "mean_accepted": _r(s.mean_accepted),
         "n_drafted": s.n_drafted,
         "n_accepted": s.n_accepted,
+        # which text the speculative arm gave, in 16 hex digits: two cells whose settings differ in one way (the
+        # rollback) can be told to give the same or other text without keeping every token
+        "speculative_digest": token_digest(s.tokens),
         "vanilla_tokens_per_s": _r(v.tokens_per_s, 3),
         "speculative_tokens_per_s": _r(s.tokens_per_s, 3),
         "speedup": _r(speed, 4),
@@ -204,6 +208,11 @@ def cell_record(index: int, params: CellParams, trace: Any, seconds: float,
         "trace": None,
     }
     return rec
+
+
+def token_digest(tokens: Sequence[int]) -> str:
+    """A short hash of a token sequence (the same tokens, the same digest on every machine)."""
+    return hashlib.sha256(",".join(str(int(t)) for t in tokens).encode()).hexdigest()[:16]
 
 
 def error_record(index: int, params: CellParams, message: str, seconds: float, config: dict | None,

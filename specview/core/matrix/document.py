@@ -33,6 +33,7 @@ CELL_FIELDS: dict[str, str] = {
     "n_drafted": INT, "n_accepted": INT, "vanilla_tokens_per_s": NUM, "speculative_tokens_per_s": NUM,
     "speedup": NUM, "target_quant": STR, "draft_quant": STR, "prompt_tokens": INT, "category": STR,
     "seconds": NUM, "config": DICT, "trace": STR, "fork": DICT, "stop_reason": LIST, "kernel_prediction": DICT,
+    "speculative_digest": STR,
 }
 FORK_FIELDS = {"vanilla_token": INT, "speculative_token": INT, "vanilla_piece": STR, "speculative_piece": STR,
                "vanilla_margin": NUM}

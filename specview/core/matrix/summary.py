@@ -194,6 +194,7 @@ def _summary(doc: dict[str, Any]) -> list[str]:
         lines.extend(_determinants(ok))
         lines.extend(_by_setting(ok))
         lines.extend(_flips(ok))
+    lines.extend(_rollback_texts(ok))
     if forks:
         # a file may lack a fork's index (it is checked only where present): such a cell sorts last
         first = min(forks, key=lambda c: c["first_mismatch"] if isinstance(c.get("first_mismatch"), int) else 1 << 63)
@@ -207,6 +208,33 @@ def _summary(doc: dict[str, Any]) -> list[str]:
             f"{describe(CellParams.from_json(c['params']))}: {c.get('error')}" for c in errors[:3])
             + (" ..." if len(errors) > 3 else "") + ".")
     return lines
+
+
+def _rollback_texts(ok: Sequence[dict[str, Any]]) -> list[str]:
+    """Whether two ways of rolling a hybrid target's memory back give the same speculative text.
+
+    Snapshots and checkpoint-and-replay are numerics paths of their own (a replayed state comes from a pass of
+    another width): among pairs of cells differing only in the rollback, the speculative arms' texts are
+    compared (their digests), whether or not either forks from vanilla.
+    """
+    others = [a for a in ALL_AXES if a != "rollback"]
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for c in ok:
+        if c["params"].get("rollback") is not None and c.get("speculative_digest"):
+            groups.setdefault(tuple(c["params"].get(a) for a in others), []).append(c)
+    pairs = [(a, b) for g in groups.values() for a, b in itertools.combinations(g, 2)
+             if a["params"]["rollback"] != b["params"]["rollback"]]
+    if not pairs:
+        return []
+    differ = [(a, b) for a, b in pairs if a["speculative_digest"] != b["speculative_digest"]]
+    if not differ:
+        return [f"The rollbacks compared ({_join(sorted({str(c['params']['rollback']) for p in pairs for c in p}))}) "
+                f"give the same speculative text in all {_plural(len(pairs), 'pair')} of cells."]
+    a, b = differ[0]
+    return [f"The rollback changes the text: {len(differ)} of {_plural(len(pairs), 'pair')} of cells that differ "
+            f"only in it give other speculative text (first: {describe(CellParams.from_json(a['params']))} "
+            f"against rollback={b['params']['rollback']}); a replayed or restored state is a numerics path of "
+            "its own."]
 
 
 def _outcome(c: dict[str, Any]) -> bool:
