@@ -4,6 +4,8 @@
 
 Prints, for the same config (both arms, events streamed to a callback as the app
 and the CLI take them):
+  * what the wire costs: an Events message of 256 Steps through pickle and back, per Step
+    (the tokens stream this way, one such message every ~20 ms at most);
   * the worker's start (spawn to ready), best and worst of --repeats (goal < 1 s);
   * the wall time of a run through the worker against the same run on a Session in
     this process, best of --repeats each, alternating (goal: under 3% slower);
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pickle
 import time
 
 os.environ.setdefault("GGML_NO_BACKTRACE", "1")
@@ -34,7 +37,7 @@ def main() -> int:
     from specview.backends.llama_cpp import default_threads, demo
     from specview.core.config import EngineSettings, RunConfig
     from specview.core.registry import get_backend
-    from specview.core.arms.session import Session
+    from specview.core.session import Session
     from specview.core.worker import WorkerRunner
 
     threads = args.threads or default_threads()
@@ -42,10 +45,11 @@ def main() -> int:
     cfg = RunConfig(target=args.target, draft=args.draft, prompt=demo.DEMO_PROMPT, max_tokens=args.tokens,
                     ignore_eos=True, engine=settings)
 
+    wire_us = wire_cost()
     starts = []
     for _ in range(args.repeats):
         r = WorkerRunner("llama.cpp")
-        r._ensure({})
+        r.call(os.getpid, env={})  # starts the worker: last_start_s is the start alone, not the call
         starts.append(r.last_start_s or 0.0)
         r.close()
 
@@ -97,6 +101,7 @@ def main() -> int:
     ratio = best["worker"] / best["in-process"]
     print(f"target {args.target}, draft {args.draft}, {args.tokens} tokens per arm, {threads} thread(s), "
           f"best of {args.repeats}")
+    print(f"wire: {wire_us:.2f} us a Step, an Events message of 256 through pickle and back")
     print(f"worker start:          best {min(starts):.3f} s, worst {max(starts):.3f} s   (goal < 1 s)")
     print(f"run through the worker: {best['worker']:.3f} s; in process: {best['in-process']:.3f} s; "
           f"{(ratio - 1) * 100:+.1f}%   (goal < +3%)")
@@ -105,6 +110,22 @@ def main() -> int:
           f"{van_tps / ref_tps:.3f}x   (goal >= 0.95; same tokens: {same})")
     ok = max(starts) < 1.0 and ratio < 1.03 and van_tps / ref_tps >= 0.95 and same
     return 0 if ok else 1
+
+
+def wire_cost(n: int = 256, repeats: int = 200) -> float:
+    """Microseconds a Step costs on the wire: one Events message of ``n`` Steps, pickled and unpickled."""
+    from specview.core.trace import Step
+    from specview.core.worker.wire import Events
+
+    steps = [("on_event", ("vanilla", Step(index=i, token=1000 + i, piece=" word", pos=40 + i, top_ids=list(range(8)),
+                                            top_logits=[float(-k) for k in range(8)], margin=1.25)))
+             for i in range(n)]
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        pickle.loads(pickle.dumps(Events(1, steps)))  # as multiprocessing.connection sends it
+        best = min(best, time.perf_counter() - t0)
+    return best / n * 1e6
 
 
 if __name__ == "__main__":

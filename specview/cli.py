@@ -14,6 +14,7 @@ import os
 import sys
 
 from . import __version__
+from .core.worker.shared import WORKER_ARG  # the first argument that makes the frozen app an engine worker
 
 COMMANDS = {
     "run": ("specview.commands.run", "run both arms on a target and compare them (the main job)"),
@@ -32,8 +33,6 @@ COMMANDS = {
 EXIT_IDENTICAL = 0
 EXIT_DIVERGED = 1
 EXIT_ERROR = 2
-#: the first argument that makes the frozen app an engine worker (specview.core.worker.child.FROZEN_ARG)
-WORKER_ARG = "--specview-engine-worker"
 
 
 def _load(name: str):

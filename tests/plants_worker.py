@@ -10,6 +10,10 @@ engine in the worker count: the target's, the drafter's, both arms'):
 * ``abort`` ``os.abort()`` (what a failed GGML_ASSERT does),
 * ``exit``  ``os._exit(3)`` (a library that exits the process),
 * ``hang``  a pass that never returns.
+
+It also holds module-level functions the tests send to a worker as a job or
+a probe: being in the planted engine's module, a probe's death is read with
+that engine's known causes (llama.cpp's, which it inherits).
 """
 
 from __future__ import annotations
@@ -69,3 +73,18 @@ class PlantedLlama(LlamaBackend):
 
     def load(self, name, settings):
         return PlantedLoaded(super().load(name, settings).model)
+
+
+def environ_of(session, name, *, settings=None):
+    """A job: the worker's value of the environment variable ``name`` (its environment comes from ``settings``)."""
+    return os.environ.get(name)
+
+
+def environ_of_positional(session, settings, name):
+    """The same job, with its settings passed by position: they do not choose the worker's environment."""
+    return os.environ.get(name)
+
+
+def probe_crash():
+    """A probe of this engine's native code that dies by SIGSEGV."""
+    ctypes.string_at(0)

@@ -11,19 +11,23 @@ no process is left, and that the next request gets a fresh worker.
 from __future__ import annotations
 
 import os
+import pickle
+import shlex
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+import typing
 
 import pytest
 
+import plants_worker
 from plants_worker import NAME, PATH
-from specview.core.config import RunConfig
+from specview.core.config import EngineSettings, RunConfig
 from specview.core.errors import EngineCrashed
 from specview.core.registry import get_backend, register_backend, unregister_backend
-from specview.core.arms.session import Session
+from specview.core.session import Session
 from specview.core.worker import WorkerRunner, live_workers, run_isolated
 
 PROMPT = "the cat sat on the mat and"
@@ -225,6 +229,105 @@ def test_run_isolated_returns_or_says_how_it_died():
         run_isolated(_probe_crash)
     assert info.value.signal == "SIGSEGV"
     assert live_workers() == []
+
+
+def test_a_probe_is_read_with_the_known_causes_of_the_engine_whose_code_it_probes(planted):
+    """The generic proxy knows no engine's causes: the engine whose package holds the probe contributes them."""
+    from specview.backends.llama_cpp import probe
+    from specview.core.worker.proxy import engine_of
+
+    assert engine_of(probe.probe_multi_token_decode) == "llama.cpp"
+    assert engine_of(plants_worker.probe_crash) == NAME
+    assert engine_of(_probe_crash) is None
+    with pytest.raises(EngineCrashed) as theirs:
+        run_isolated(plants_worker.probe_crash)
+    with pytest.raises(EngineCrashed) as nobodys:
+        run_isolated(_probe_crash)
+    assert theirs.value.signal == nobodys.value.signal == "SIGSEGV"
+    # llama.cpp's causes read whether the weights are repacked, and the account records what they read
+    assert "no_repack" in theirs.value.crash and "no_repack" not in nobodys.value.crash
+    assert live_workers() == []
+
+
+@pytest.mark.skipif(os.name != "posix", reason="the frozen app's stand-in is a shell script")
+def test_the_frozen_app_becomes_a_worker_by_its_first_argument(monkeypatch, tmp_path):
+    """The frozen app is one executable: started with the worker argument first, its CLI hands over to the
+    worker's loop (a stand-in here: a script that runs ``python -m specview.cli`` with the same arguments)."""
+    exe = tmp_path / "specview-app"
+    exe.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m specview.cli "$@"\n')
+    exe.chmod(0o755)
+    monkeypatch.setattr(sys, "frozen", True, raising=False)
+    monkeypatch.setattr(sys, "executable", str(exe))
+    assert run_isolated(_probe_value, 6) == 42
+    assert live_workers() == []
+
+
+def test_a_job_takes_its_settings_by_name():
+    """``settings=`` decides the worker's environment (the first of a kernel map's list); a job without it, or
+    with settings by position, runs on the live worker as it is."""
+    var = "SPECVIEW_TEST_N_CTX"
+    with WorkerRunner(None, env_for=lambda s: {var: str(s.n_ctx)}) as r:
+        assert r.job(plants_worker.environ_of, var, settings=EngineSettings(n_ctx=256)) == "256"
+        assert r.job(plants_worker.environ_of, var, settings=[EngineSettings(n_ctx=512), EngineSettings(n_ctx=64)]) \
+            == "512"
+        assert r.starts == 2  # another environment: another worker
+        assert r.job(plants_worker.environ_of, var) == "512"
+        assert r.job(plants_worker.environ_of_positional, EngineSettings(n_ctx=1024), var) == "512"
+        assert r.starts == 2
+    assert live_workers() == []
+
+
+def test_every_message_crosses_the_pipe_as_itself():
+    from specview.core.trace import Step
+    from specview.core.worker import wire
+
+    step = Step(index=0, token=5, piece=" a", pos=7, top_ids=[5, 6], top_logits=[1.5, None], margin=0.25)
+    msgs = [wire.Run(1, "cfg", {"cancel": wire.Callback("cancel"), "on_event": wire.Callback("on_event")}),
+            wire.Diagnose(2, "trace", "cfg", {"controls": True}), wire.Preload(3, "cfg"),
+            wire.Job(4, "mod", "fn", (1, 2), {"settings": None}), wire.Call(5, "mod", "fn", (), {}), wire.Cancel(6),
+            wire.Close(), wire.Ready(123), wire.Events(7, [("on_event", ("vanilla", step))]),
+            wire.Progress(7, "loading target.gguf"), wire.Record(7, "head", {"a": 1}),
+            wire.Result(7, [1, 2], {"loads": 1}), wire.Error(7, ValueError("bad"), {"loads": 2})]
+    assert {type(m) for m in msgs} == {*typing.get_args(wire.Request), *typing.get_args(wire.Reply),
+                                       wire.Cancel, wire.Close}
+    for m in msgs:
+        back = pickle.loads(pickle.dumps(m))
+        assert type(back) is type(m)
+        if isinstance(m, wire.Error):
+            assert type(back.error) is ValueError and back.error.args == ("bad",) and back.counters == m.counters
+        else:
+            assert back == m
+    assert pickle.loads(pickle.dumps(msgs[8])).events[0][1][1].top_logits == [1.5, None]
+
+
+def test_a_deaths_known_cause_is_the_engines_own_or_one_every_engine_shares():
+    from specview.backends.llama_cpp.crashes import death_causes
+    from specview.core.worker.death import account
+    from specview.core.worker.native import MARK
+
+    amx = frozenset({"avx2", "amx_int8", "amx_tile"})
+
+    def acc(sig, engine, *, flags=amx, log="", activity="a 4-token pass at position 31 of target.gguf"):
+        return account(exitcode=-int(sig), activity=activity, log=log, log_path=None, engine=engine, flags=flags)
+
+    llama = death_causes(EngineSettings(no_repack=False))
+    segv = acc(signal.SIGSEGV, llama)
+    assert segv["known_cause"]["id"] == "amx-repack" and segv["known_cause"]["retry"] == {"no_repack": True}
+    assert segv["no_repack"] is False  # what the match read, kept in the account
+    assert acc(signal.SIGSEGV, death_causes(EngineSettings(no_repack=True)))["known_cause"] is None
+    assert acc(signal.SIGSEGV, llama, flags=frozenset({"avx2"}))["known_cause"] is None
+    assert acc(signal.SIGSEGV, llama, activity="a 1-token pass at position 31 of target.gguf")["known_cause"] is None
+    # without the engine's causes the same death has no cause: the generic account knows no llama.cpp
+    generic = acc(signal.SIGSEGV, None)
+    assert generic["known_cause"] is None and "no_repack" not in generic
+    vulkan = f"\n{MARK} SIGSEGV; native frames:\n/usr/lib/libvulkan_lvp.so(lvp_CmdDispatch+0x1c) [0x7f0a1b2c]\n"
+    assert acc(signal.SIGSEGV, llama, flags=frozenset(), log=vulkan)["known_cause"]["id"] == "vulkan-driver"
+    abort = "llama.cpp/ggml.c:1234: GGML_ASSERT(n_tokens <= n_batch) failed\n"
+    assert acc(signal.SIGABRT, llama, log=abort)["known_cause"]["id"] == "ggml-assert"
+    assert acc(signal.SIGABRT, None, log=abort)["known_cause"] is None
+    # SIGKILL from outside is every engine's
+    assert acc(signal.SIGKILL, llama)["known_cause"]["id"] == acc(signal.SIGKILL, None)["known_cause"]["id"] \
+        == "oom-killer"
 
 
 def test_a_matrix_outlives_a_crashing_engine_and_exits_2(planted, tiny_target, tiny_draft, tmp_path, capsys):

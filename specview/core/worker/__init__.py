@@ -1,35 +1,50 @@
 """The process boundary: every in-process engine's Session runs in a worker process of its own.
 
-``proxy`` is the parent's Runner, ``child`` the worker's loop, ``wire`` what
-crosses the pipe, ``death`` the account of a worker that died, ``native`` the
-dying worker's own account of its native frames.  The registry decides where a
-runner lives (:func:`specview.core.registry.runner_for`); nothing above it
-knows a process is there.
+``proxy`` is the parent's Runner, ``child`` the worker's loop, ``wire`` the
+typed messages that cross the pipe, ``shared`` what else both sides know (the
+worker's first argument, the activity file), ``death`` the account of a worker
+that died, ``native`` the dying worker's own account of its native frames.
+The parent never imports ``child``, nor the child ``proxy``.
+:class:`specview.core.inprocess.InProcessBackend` decides where a runner
+lives; nothing above it knows a process is there.
+
+Importing this package imports none of its modules: ``specview.cli`` reads
+:data:`.shared.WORKER_ARG` on every start, and a worker starts without the
+proxy's imports.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+TYPE_CHECKING = False  # not typing's: importing typing would cost the CLI's start more than all the rest
+if TYPE_CHECKING:
+    from typing import Any, Callable
 
-from .proxy import CRASHED, WorkerRunner, live_workers, worker_timeout
+    from .proxy import CRASHED, WorkerRunner, live_workers, worker_timeout
 
 __all__ = ["CRASHED", "WorkerRunner", "live_workers", "run_isolated", "worker_timeout"]
 
 
+def __getattr__(name: str) -> Any:
+    if name in ("CRASHED", "WorkerRunner", "live_workers", "worker_timeout"):
+        from . import proxy
+
+        return getattr(proxy, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def run_isolated(fn: Callable[..., Any], *args: Any, timeout: float | None = None, env: dict[str, str] | None = None,
                  **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)`` in a fresh worker process that is stopped afterwards.
+    """``fn(*args, **kwargs)`` in a fresh worker process started with ``env``, stopped afterwards.
 
     For probes of native code that may crash (the AMX probe): the result comes
-    back, or :class:`~specview.core.errors.EngineCrashed` says how the worker died.
+    back, or :class:`~specview.core.errors.EngineCrashed` says how the worker
+    died, with the known causes of the engine whose package holds ``fn``.
     ``fn`` must be a module-level function; its arguments and result must pickle.
     """
-    env = dict(env or {})
-    runner = WorkerRunner(None, timeout=timeout, env_for=lambda _s: env)
+    from .proxy import WorkerRunner, engine_of
+
+    runner = WorkerRunner(engine_of(fn), timeout=timeout)
     try:
-        # any settings value makes the runner ask env_for, which gives ``env`` whatever it is handed
-        return runner._call("call", (fn.__module__, fn.__qualname__, *args), kwargs, during=f"running {fn.__name__}",
-                            settings=env)
+        return runner.call(fn, args, kwargs, env=dict(env or {}))
     finally:
         runner.close()
-

@@ -1,9 +1,11 @@
-"""The worker's side: one real :class:`~specview.core.arms.session.Session`, requests in, events out.
+"""The worker's side: one real :class:`~specview.core.session.Session`, requests in, replies out.
 
-It runs in a process of its own, started by spawn (never fork: the parent may
-hold Qt, OpenMP or a GPU driver), and owns every native handle: models,
-contexts, the GPU device.  It starts with the environment the engine asked for (``GGML_VK_*``,
-``OMP_*``, which ggml reads once at start-up), and it
+It is a fresh interpreter the parent starts with :class:`subprocess.Popen`
+(``python -m specview.core.worker.child FD SETUP``, or the frozen app with
+:data:`~.shared.WORKER_ARG` first), never a fork (the parent may hold Qt,
+OpenMP or a GPU driver), and it owns every native handle: models, contexts,
+the GPU device.  It starts with the environment the engine asked for
+(``GGML_VK_*``, ``OMP_*``, which ggml reads once at start-up), and it
 * writes stdout and stderr to a log file the parent reads after a death
   (llama.cpp's own messages, a ``GGML_ASSERT`` line, the Python and native
   frames :mod:`faulthandler` and :mod:`.native` print);
@@ -13,60 +15,29 @@ contexts, the GPU device.  It starts with the environment the engine asked for (
   terminal's process group, so Ctrl+C reaches only the parent, which decides.
 
 What it is doing (loading which file, a T-token pass at position P of which
-model) is written before each step to a small file the parent maps
-(:mod:`specview.core.activity`), with a counter the parent's deadline watches.
+model) is written before each step to the :class:`~.shared.ActivityFile` the
+parent maps (:mod:`specview.core.activity`), with a counter the parent's
+deadline watches.  What crosses the pipe is :mod:`.wire`'s messages.
 """
 
 from __future__ import annotations
 
 import faulthandler
-import mmap
 import os
 import queue
 import signal
-import struct
 import sys
 import threading
 import time
 import traceback
 from typing import Any
 
-from .wire import CANCEL, Callback, function_at, portable_error
+from .shared import ActivityFile
+from .wire import (CANCEL, Call, Callback, Cancel, Close, Diagnose, Error, Events, Job, Preload,
+                   Progress, Ready, Record, Request, Result, Run, Setup, function_at, portable_error)
 
-ACTIVITY_SIZE = 4096
 EVENT_BATCH_S = 0.02  # a streamed token reaches the parent at most this late (a frame is 16 ms)
 EVENT_BATCH_N = 256
-_HEADER = struct.Struct("<QI")  # counter, text length
-
-
-class ActivityFile:
-    """The shared record of what the worker is doing: a counter and a line of text, in a mapped file."""
-
-    def __init__(self, path: str, *, create: bool = False):
-        if create:
-            with open(path, "wb") as fh:
-                fh.write(b"\0" * ACTIVITY_SIZE)
-        self._fh = open(path, "r+b")
-        self._map = mmap.mmap(self._fh.fileno(), ACTIVITY_SIZE)
-        self.count = 0
-
-    def write(self, text: str) -> None:
-        data = text.encode("utf-8", "replace")[: ACTIVITY_SIZE - _HEADER.size]
-        self.count += 1
-        self._map[_HEADER.size:_HEADER.size + len(data)] = data
-        self._map[:_HEADER.size] = _HEADER.pack(self.count, len(data))
-
-    def read(self) -> tuple[int, str]:
-        count, n = _HEADER.unpack(self._map[:_HEADER.size])
-        n = min(n, ACTIVITY_SIZE - _HEADER.size)
-        return count, self._map[_HEADER.size:_HEADER.size + n].decode("utf-8", "replace")
-
-    def close(self) -> None:
-        try:
-            self._map.close()
-            self._fh.close()
-        except (OSError, ValueError):
-            pass
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -95,11 +66,11 @@ def _watch_crashes() -> None:
 
 
 class _Calls:
-    """The reader thread: queues calls for the main thread, flags cancels, exits the process on EOF."""
+    """The reader thread: queues requests for the main thread, flags cancels, exits the process on EOF."""
 
     def __init__(self, conn: Any):
         self.conn = conn
-        self.calls: "queue.Queue[tuple]" = queue.Queue()
+        self.calls: "queue.Queue[Request | Close]" = queue.Queue()
         self.cancelled: set[int] = set()
         self.lock = threading.Lock()
         self._held: list[tuple[str, tuple]] = []
@@ -116,14 +87,14 @@ class _Calls:
             except Exception:  # a message that cannot be unpickled here
                 traceback.print_exc()
                 continue
-            if msg[0] == "cancel":
-                self.cancelled.add(msg[1])
+            if type(msg) is Cancel:
+                self.cancelled.add(msg.cid)
             else:
                 self.calls.put(msg)
-                if msg[0] == "close":
+                if type(msg) is Close:
                     return
 
-    def send(self, msg: tuple) -> None:
+    def send(self, msg: Any) -> None:
         """Send ``msg`` after the events still held back, so the parent sees everything in order."""
         with self.lock:
             self._flush()
@@ -141,46 +112,41 @@ class _Calls:
 
     def _flush(self, now: float | None = None) -> None:
         if self._held:
-            self.conn.send(("events", self._held_cid, self._held))
+            self.conn.send(Events(self._held_cid, self._held))
             self._held = []
         self._sent = time.perf_counter() if now is None else now
 
 
-FROZEN_ARG = "--specview-engine-worker"  # the frozen app's first argument that makes it a worker
-
-
-def main(conn: Any, parent_pid: int, activity_path: str, registrations: dict[str, str],
-         progress_wanted: bool) -> None:
-    """The worker's loop: requests in, events and results out, until ``close`` or the parent goes."""
-    _die_with_parent(parent_pid)
+def main(conn: Any, setup: Setup) -> None:
+    """The worker's loop: requests in, replies out, until :class:`~.wire.Close` or the parent goes."""
+    _die_with_parent(setup.parent)
     _watch_crashes()
-    act = ActivityFile(activity_path)
+    act = ActivityFile(setup.activity)
     from .. import activity
     from ..registry import register_backend
-    from ..arms.session import Session
+    from ..session import Session
 
     activity.set_sink(act.write)
-    for name, path in registrations.items():
+    for name, path in setup.registrations.items():
         register_backend(name, path)
     calls = _Calls(conn)
     current = {"id": 0}
 
     def progress(msg: str) -> None:
-        if progress_wanted:
-            calls.send(("event", current["id"], "__progress__", (msg,)))
+        if setup.progress:
+            calls.send(Progress(current["id"], msg))
 
     session = Session(progress=progress)
-    calls.send(("ready", os.getpid()))
+    calls.send(Ready(os.getpid()))
     while True:
-        msg = calls.calls.get()
-        if msg[0] == "close":
+        req = calls.calls.get()
+        if type(req) is Close:
             break
-        _, cid, method, args, kwargs = msg
+        cid = req.cid
         current["id"] = cid
+        out: Result | Error
         try:
-            kwargs = _bind(kwargs, cid, calls)
-            value = _dispatch(session, method, args, kwargs, cid, calls)
-            out: tuple = ("result", cid, value, _counters(session))
+            out = Result(cid, _perform(session, req, calls), _counters(session))
         except BaseException as exc:  # noqa: BLE001 - every failure goes back to the caller
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
@@ -189,13 +155,13 @@ def main(conn: Any, parent_pid: int, activity_path: str, registrations: dict[str
                     exc.add_note("worker traceback:\n" + "".join(traceback.format_exception(exc)))
                 except Exception:
                     pass
-            out = ("error", cid, portable_error(exc), _counters(session))
+            out = Error(cid, portable_error(exc), _counters(session))
         activity.doing("idle, between requests")
         try:
             calls.send(out)
         except Exception as exc:  # a result that cannot be pickled: say so instead of hanging the parent
-            calls.send(("error", cid, portable_error(TypeError(f"the worker's result cannot be sent: {exc}")),
-                        _counters(session)))
+            calls.send(Error(cid, portable_error(TypeError(f"the worker's result cannot be sent: {exc}")),
+                             _counters(session)))
     session.close()
     act.close()
 
@@ -205,6 +171,7 @@ def _counters(session: Any) -> dict[str, int]:
 
 
 def _bind(kwargs: dict[str, Any], cid: int, calls: _Calls) -> dict[str, Any]:
+    """The request's keyword arguments with each :class:`~.wire.Callback` marker made a stub that sends back."""
     out = {}
     for k, v in kwargs.items():
         if isinstance(v, Callback):
@@ -217,34 +184,32 @@ def _bind(kwargs: dict[str, Any], cid: int, calls: _Calls) -> dict[str, Any]:
     return out
 
 
-def _dispatch(session: Any, method: str, args: tuple, kwargs: dict[str, Any], cid: int, calls: _Calls) -> Any:
-    if method == "run":
-        (cfg,) = args
-        return session.run(cfg, on_record=lambda kind, value: calls.send(("record", cid, kind, value)), **kwargs)
-    if method == "diagnose":
-        trace, cfg = args
-        result = session.diagnose(trace, cfg, **kwargs)
-        return result, trace
-    if method == "preload":
-        (cfg,) = args
-        session.preload(cfg)
+def _perform(session: Any, req: Request, calls: _Calls) -> Any:
+    """What ``req`` asks of the Session (or, for a :class:`~.wire.Call`, of a plain function)."""
+    cid = req.cid
+    if isinstance(req, Run):
+        return session.run(req.cfg, on_record=lambda kind, value: calls.send(Record(cid, kind, value)),
+                           **_bind(req.kwargs, cid, calls))
+    if isinstance(req, Diagnose):
+        result = session.diagnose(req.trace, req.cfg, **_bind(req.kwargs, cid, calls))
+        return result, req.trace
+    if isinstance(req, Preload):
+        session.preload(req.cfg)
         return None
-    if method in ("job", "call"):
-        module, qualname, *rest = args
-        fn = function_at(module, qualname)
-        return fn(session, *rest, **kwargs) if method == "job" else fn(*rest, **kwargs)
-    raise ValueError(f"unknown worker request {method!r}")
+    if isinstance(req, Job):
+        return function_at(req.module, req.qualname)(session, *req.args, **_bind(req.kwargs, cid, calls))
+    if isinstance(req, Call):
+        return function_at(req.module, req.qualname)(*req.args, **_bind(req.kwargs, cid, calls))
+    raise TypeError(f"unknown worker request {type(req).__name__}")
 
 
 def entry(argv: list[str]) -> None:
-    """``python -m specview.core.worker.child FD SETUP``: FD is the socket to the parent, SETUP a JSON object."""
-    import json
+    """``python -m specview.core.worker.child FD SETUP``: FD is the socket to the parent, SETUP a
+    :class:`~.wire.Setup` as JSON."""
     import multiprocessing.connection
 
-    fd, setup = int(argv[0]), json.loads(argv[1])
-    conn = multiprocessing.connection.Connection(fd)
-    main(conn, int(setup["parent"]), setup["activity"], dict(setup.get("registrations") or {}),
-         bool(setup.get("progress", True)))
+    fd, setup = int(argv[0]), Setup.from_arg(argv[1])
+    main(multiprocessing.connection.Connection(fd), setup)
 
 
 if __name__ == "__main__":

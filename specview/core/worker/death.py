@@ -3,18 +3,24 @@
 :func:`account` reads what is left of a worker (its exit status, the last
 activity it recorded, the tail of its log with the native and Python frames
 the dying process printed) and returns a JSON-ready dict; :func:`message`
-words it.  Known causes are a small table: each entry says what it matches
-(the signal, a native frame, what the worker was doing, the machine) and what
-to try.  A matching cause is a hypothesis the message states as such, with the
-upstream report that describes it.
+words it.  A known cause (:class:`KnownCause`) says what it matches (the
+signal, a native frame, what the worker was doing, the machine's CPU flags)
+and what to try.  Each engine contributes its own
+(:meth:`specview.core.registry.Backend.death_causes`: llama.cpp's AMX
+kernels, a Vulkan driver, a failed assertion), read before the ones every
+engine shares (:data:`SHARED_CAUSES`: the OOM killer).  A matching cause is a
+hypothesis the message states as such, with the upstream report that
+describes it.
 """
 
 from __future__ import annotations
 
 import re
 import signal
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
 
+from ..doctor import cpu_flags
 from .native import MARK
 
 #: the runtime's own frames, skipped when naming the native function that crashed
@@ -93,95 +99,58 @@ def assert_line(log: str) -> str | None:
 
 
 # -- known causes ------------------------------------------------------------------------------
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for ln in fh:
-                if ln.startswith("flags"):
-                    return set(ln.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+@dataclass(frozen=True)
+class KnownCause:
+    """One known way a worker dies: ``match(account, cpu_flags)`` says whether this death is it."""
+
+    id: str
+    match: Callable[[dict[str, Any], frozenset[str]], bool]
+    cause: str  # what it is, with the upstream report that describes it
+    advice: str  # what to try
+    retry: dict[str, Any] | None = None  # the settings a retry would change
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "cause": self.cause, "advice": self.advice, "retry": self.retry}
 
 
-_PASS = re.compile(r"a (\d+)-token pass")
+@dataclass(frozen=True)
+class DeathCauses:
+    """What one engine knows of how its worker dies: its causes (the first that matches wins) and the values
+    of the settings they read, recorded in the account (so a saved account says what its match was read on)."""
+
+    causes: tuple[KnownCause, ...] = ()
+    recorded: dict[str, Any] = field(default_factory=dict)
 
 
-def _amx(acc: dict[str, Any], flags: set[str]) -> bool:
-    if acc.get("signal") not in ("SIGSEGV", "SIGBUS"):
-        return False
-    fn = (acc.get("native_function") or "") + " ".join(acc.get("native_frames") or [])
-    if "amx" in fn.lower():
-        return True
-    m = _PASS.search(acc.get("activity") or "")
-    multi = m is not None and int(m.group(1)) >= 2
-    return multi and any(f.startswith("amx") for f in flags) and not acc.get("no_repack")
-
-
-def _vulkan_driver(acc: dict[str, Any], flags: set[str]) -> bool:
-    frames = " ".join(acc.get("native_frames") or []) + (acc.get("native_function") or "")
-    return acc.get("signal") in ("SIGSEGV", "SIGBUS", "SIGABRT") and (
-        "libvulkan" in frames or "vk_icd" in frames or "lvp_" in frames or "radv" in frames)
-
-
-def _oom(acc: dict[str, Any], flags: set[str]) -> bool:
+def _oom(acc: dict[str, Any], flags: frozenset[str]) -> bool:
     return acc.get("signal") == "SIGKILL" and not acc.get("hung") and not acc.get("killed_by_specview")
 
 
-def _ggml_assert(acc: dict[str, Any], flags: set[str]) -> bool:
-    return acc.get("signal") == "SIGABRT" and bool(acc.get("assert"))
+#: the causes every engine's worker can die of, read after the engine's own
+SHARED_CAUSES: tuple[KnownCause, ...] = (
+    KnownCause(
+        "oom-killer", _oom,
+        cause="something outside the worker killed it with SIGKILL; most often the kernel's out-of-memory "
+              "killer (see `dmesg` or `journalctl -k` for 'Out of memory')",
+        advice="use a smaller model or a smaller context (-c), or free memory, and run again"),
+)
 
 
-KNOWN_CAUSES: list[dict[str, Any]] = [
-    {
-        "id": "amx-repack",
-        "match": _amx,
-        "cause": "ggml's AMX kernels crash on multi-token passes of quantized models on Intel CPUs with AMX "
-                 "(llama.cpp issue #20824, unfixed; also ollama #17205)",
-        "advice": "run with --no-repack (-nr): the weights then stay in the plain CPU buffer and the AMX "
-                  "kernels are not used",
-        "retry": {"no_repack": True},
-    },
-    {
-        "id": "vulkan-driver",
-        "match": _vulkan_driver,
-        "cause": "the crash is inside the Vulkan driver (Mesa's lavapipe 22.3 crashed this way; 25.0 ran)",
-        "advice": "update the GPU driver (Mesa from your distribution's backports), or run on the CPU with -ngl 0",
-        "retry": {"gpu_layers": 0},
-    },
-    {
-        "id": "oom-killer",
-        "match": _oom,
-        "cause": "something outside the worker killed it with SIGKILL; most often the kernel's out-of-memory "
-                 "killer (see `dmesg` or `journalctl -k` for 'Out of memory')",
-        "advice": "use a smaller model or a smaller context (-c), or free memory, and run again",
-        "retry": None,
-    },
-    {
-        "id": "ggml-assert",
-        "match": _ggml_assert,
-        "cause": "llama.cpp stopped on a failed assertion (GGML_ASSERT)",
-        "advice": "the assertion names what llama.cpp refused; if the model file and settings are valid, "
-                  "report it to llama.cpp with this trace",
-        "retry": None,
-    },
-]
-
-
-def known_cause(acc: dict[str, Any], flags: set[str] | None = None,
-                causes: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
-    flags = _cpu_flags() if flags is None else flags
-    for c in causes or KNOWN_CAUSES:
-        match: Callable[[dict[str, Any], set[str]], bool] = c["match"]
-        if match(acc, flags):
-            return {k: v for k, v in c.items() if k != "match"}
+def known_cause(acc: dict[str, Any], flags: frozenset[str] | None = None,
+                causes: Sequence[KnownCause] = SHARED_CAUSES) -> dict[str, Any] | None:
+    """The first of ``causes`` that matches the account ``acc`` on a CPU with ``flags`` (default: this one's)."""
+    flags = cpu_flags() if flags is None else frozenset(flags)
+    for c in causes:
+        if c.match(acc, flags):
+            return c.to_dict()
     return None
 
 
 def account(*, exitcode: int | None, activity: str, log: str, log_path: str | None, hung_s: float | None = None,
-            during: str = "", killed_by_specview: bool = False, no_repack: bool | None = None,
-            flags: set[str] | None = None) -> dict[str, Any]:
-    """What is known of a worker's death, as a JSON-ready dict (the trace's ``crash`` block)."""
+            during: str = "", killed_by_specview: bool = False, engine: DeathCauses | None = None,
+            flags: frozenset[str] | None = None) -> dict[str, Any]:
+    """What is known of a worker's death, as a JSON-ready dict (the trace's ``crash`` block); ``engine`` is what
+    the worker's engine knows of its deaths (None: only the shared causes are read)."""
     frames = native_frames(log)
     acc: dict[str, Any] = {
         "signal": signal_name(exitcode) if hung_s is None else "SIGKILL",
@@ -197,9 +166,11 @@ def account(*, exitcode: int | None, activity: str, log: str, log_path: str | No
         "assert": assert_line(log),
         "log_tail": log.splitlines()[-40:],
         "log": log_path,
-        "no_repack": no_repack,
     }
-    acc["known_cause"] = known_cause(acc, flags)
+    engine = engine or DeathCauses()
+    for k, v in engine.recorded.items():  # an engine adds to the account, never rewrites what the death says
+        acc.setdefault(k, v)
+    acc["known_cause"] = known_cause(acc, flags, (*engine.causes, *SHARED_CAUSES))
     return acc
 
 

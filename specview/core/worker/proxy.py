@@ -1,21 +1,24 @@
 """The parent's side: a :class:`~specview.core.registry.Runner` whose engine lives in a child process.
 
 :class:`WorkerRunner` forwards ``run``, ``diagnose``, ``job`` and ``preload``
-to a worker (:mod:`.child`) and turns what streams back into the same Step /
-Round / progress callbacks, Trace and errors a :class:`Session` gives, so
-nothing above the registry knows a process is there.  It survives every death
-of the worker: a signal (SIGSEGV, SIGABRT, SIGKILL), an early exit, or a worker
-that stops making progress for ``SPECVIEW_WORKER_TIMEOUT`` seconds (default
-600: a GPU driver may compile shaders for minutes on its first pass).  The
-death becomes one :class:`~specview.core.errors.EngineCrashed` that says what
-happened (:mod:`.death`) and carries the run computed so far, its arms stopped
-with reason ``"crashed"``.  The next request starts a fresh worker.
+(and :meth:`~WorkerRunner.call`, a plain function: a probe) to a worker
+(:mod:`.child`) as :mod:`.wire`'s messages, and turns what streams back into
+the same Step / Round / progress callbacks, Trace and errors a
+:class:`Session` gives, so nothing above the registry knows a process is
+there.  It survives every death of the worker: a signal (SIGSEGV, SIGABRT,
+SIGKILL), an early exit, or a worker that stops making progress for
+``SPECVIEW_WORKER_TIMEOUT`` seconds (default 600: a GPU driver may compile
+shaders for minutes on its first pass).  The death becomes one
+:class:`~specview.core.errors.EngineCrashed` that says what happened
+(:mod:`.death`, read with the known causes the engine contributes:
+:meth:`~specview.core.registry.Backend.death_causes`) and carries the run
+computed so far, its arms stopped with reason ``"crashed"``.  The next
+request starts a fresh worker.
 """
 
 from __future__ import annotations
 
 import atexit
-import json
 import multiprocessing.connection
 import os
 import shutil
@@ -29,12 +32,14 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..config import EngineSettings
 from ..errors import EngineCrashed
 from ..trace import CRASHED
-from ..registry import Runner
-from . import child as child_mod
-from .death import account, message
-from .wire import split_callbacks
+from ..registry import Runner, dotted_paths, get_backend
+from .death import DeathCauses, account, message
+from .shared import CHILD_MODULE, WORKER_ARG, ActivityFile
+from .wire import (Call, Cancel, Close, Diagnose, Error, Events, Job, Preload,
+                   Progress, Ready, Record, Request, Result, Run, Setup, split_callbacks)
 
 DEFAULT_TIMEOUT_S = 600.0
 START_TIMEOUT_S = 120.0
@@ -64,8 +69,9 @@ class _Died(Exception):
 class _Worker:
     """One child process, its pipe, its activity file and its log.
 
-    The child is a fresh interpreter (``python -m specview.core.worker.child``,
-    or the frozen app with a hidden first argument), never a fork, and never a
+    The child is a fresh interpreter started by :class:`subprocess.Popen`
+    (``python -m specview.core.worker.child``, or the frozen app with
+    :data:`~.shared.WORKER_ARG` first), never a fork, and never a
     re-import of the caller's main module: a script without a ``__main__``
     guard, the app and the test runner all start it the same way.  It runs in
     its own session (Ctrl+C reaches only the parent) with the environment the
@@ -76,16 +82,16 @@ class _Worker:
         self.env = dict(env)
         self.dir = tempfile.mkdtemp(prefix="specview-worker-")
         self.log_path = os.path.join(self.dir, "worker.log")
-        self.activity = child_mod.ActivityFile(self.activity_path, create=True)
+        self.activity = ActivityFile(self.activity_path, create=True)
         ours, theirs = socket.socketpair()
         self.conn = multiprocessing.connection.Connection(ours.detach())
-        setup = {"parent": os.getpid(), "activity": self.activity_path, "log": self.log_path,
-                 "registrations": registrations, "progress": progress_wanted}
+        setup = Setup(parent=os.getpid(), activity=self.activity_path, log=self.log_path,
+                      registrations=dict(registrations), progress=progress_wanted)
         if getattr(sys, "frozen", False):
-            cmd = [sys.executable, child_mod.FROZEN_ARG]
+            cmd = [sys.executable, WORKER_ARG]
         else:
-            cmd = [sys.executable, "-m", "specview.core.worker.child"]
-        cmd += [str(theirs.fileno()), json.dumps(setup)]
+            cmd = [sys.executable, "-m", CHILD_MODULE]
+        cmd += [str(theirs.fileno()), setup.to_arg()]
         full_env = {**os.environ, **self.env}
         # the child imports what this process can: specview itself, and an engine registered by dotted path
         # from a folder only this process put on sys.path (a plug-in under development, a test's planted engine)
@@ -143,7 +149,7 @@ class _Worker:
         """Ask the worker to free its models and exit; kill it if it does not within ``grace`` seconds."""
         if self.alive():
             try:
-                self.conn.send(("close",))
+                self.conn.send(Close())
             except (OSError, EOFError, ValueError):
                 pass
             self.join(grace)
@@ -229,7 +235,7 @@ class WorkerRunner(Runner):
                 except (EOFError, OSError):
                     w.join(5)
                     break
-                if msg[0] == "ready":
+                if type(msg) is Ready:
                     return
             elif not w.alive():
                 break
@@ -245,16 +251,23 @@ class WorkerRunner(Runner):
             w.stop()
 
     # -- one request -----------------------------------------------------------------------
-    def _call(self, method: str, args: tuple, kwargs: dict[str, Any], *, during: str, settings: Any = None,
-              on_record: Callable[[str, Any], None] | None = None, crash_trace: Callable[[dict], Any] | None = None
-              ) -> Any:
-        env = self.env_for(settings) if settings is not None else (self._worker.env if self._worker else {})
+    def _env(self, settings: EngineSettings | None) -> dict[str, str]:
+        """The worker environment for a request with these settings (none given: the live worker's)."""
+        if settings is not None:
+            return self.env_for(settings)
+        return self._worker.env if self._worker is not None else {}
+
+    def _request(self, make: Callable[[int, dict[str, Any]], Request], kwargs: dict[str, Any], *, during: str,
+                 env: dict[str, str], settings: EngineSettings | None = None,
+                 on_record: Callable[[str, Any], None] | None = None,
+                 crash_trace: Callable[[dict], Any] | None = None) -> Any:
+        """Send ``make(cid, kwargs without callables)`` to a worker with ``env``; its result, or how it died."""
         w = self._ensure(env)
         send, kept, cancel = split_callbacks(kwargs)
         self._ids += 1
         cid = self._ids
         try:
-            w.conn.send(("call", cid, method, args, send))
+            w.conn.send(make(cid, send))
             return self._wait(w, cid, kept, cancel, on_record)
         except _Died as died:
             self._worker = None
@@ -282,7 +295,7 @@ class WorkerRunner(Runner):
         while True:
             if cancel is not None and not cancel_sent and cancel():  # checked between messages too: a run
                 cancel_sent = True                                  # streams them without a pause
-                w.conn.send(("cancel", cid))
+                w.conn.send(Cancel(cid))
             if multiprocessing.connection.wait([w.conn], timeout=POLL_S):
                 try:
                     msg = w.conn.recv()
@@ -290,22 +303,22 @@ class WorkerRunner(Runner):
                     w.join(5)
                     raise _Died(w.exitcode) from None
                 last = time.monotonic()
-                kind = msg[0]
-                if len(msg) > 1 and msg[1] != cid:
+                kind = type(msg)
+                if getattr(msg, "cid", cid) != cid:
                     continue  # a late message of an earlier request
-                if kind == "event":
-                    self._deliver(kept, [(msg[2], msg[3])])
-                elif kind == "events":
-                    self._deliver(kept, msg[2])
-                elif kind == "record":
+                if kind is Events:
+                    self._deliver(kept, msg.events)
+                elif kind is Progress:
+                    self.progress(msg.text)
+                elif kind is Record:
                     if on_record is not None:
-                        on_record(msg[2], msg[3])
-                elif kind == "result":
-                    self._count(msg[3])
-                    return msg[2]
-                elif kind == "error":
-                    self._count(msg[3])
-                    raise msg[2]
+                        on_record(msg.kind, msg.value)
+                elif kind is Result:
+                    self._count(msg.counters)
+                    return msg.value
+                elif kind is Error:
+                    self._count(msg.counters)
+                    raise msg.error
                 continue
             if not w.alive():  # gone, and nothing left in the pipe (a message would have been read above)
                 raise _Died(w.exitcode)
@@ -319,7 +332,7 @@ class WorkerRunner(Runner):
 
     def _deliver(self, kept: dict[str, Callable], events: list[tuple[str, tuple]]) -> None:
         for name, a in events:
-            fn = self.progress if name == "__progress__" else kept.get(name)
+            fn = kept.get(name)
             if fn is not None:
                 fn(*a)
 
@@ -336,10 +349,23 @@ class WorkerRunner(Runner):
         w.dispose()
         return account(exitcode=died.exitcode, activity=activity, log=w.read_log(), log_path=w.log_path,
                        hung_s=died.hung_s, during=during, killed_by_specview=died.killed,
-                       no_repack=getattr(settings, "no_repack", None))
+                       engine=self._death_causes(settings))
+
+    def _death_causes(self, settings: EngineSettings | None) -> DeathCauses | None:
+        """What this runner's engine knows of how its worker dies (:meth:`Backend.death_causes`)."""
+        if self.backend is None:
+            return None
+        try:
+            return get_backend(self.backend).death_causes(settings)
+        except Exception:  # an engine that cannot say (gone from the registry, a bug in its hook) hides no death
+            return None
 
     # -- the Runner interface ---------------------------------------------------------------------
     def run(self, cfg: Any, *, on_event: Any = None, cancel: Any = None, reuse_vanilla: bool = True) -> Any:
+        from ..resolve import resolve
+
+        resolved = resolve(cfg)  # here, where a probe can run in a worker of its own: the Session gets it decided
+        cfg = resolved.config
         got = _Partial(cfg)
 
         def events(arm: str, ev: Any) -> None:
@@ -347,41 +373,68 @@ class WorkerRunner(Runner):
             if on_event is not None:
                 on_event(arm, ev)
 
-        return self._call("run", (cfg,), {"on_event": events, "cancel": cancel, "reuse_vanilla": reuse_vanilla},
-                          during=f"running {cfg.target}", settings=cfg.engine, on_record=got.record,
-                          crash_trace=got.trace)
+        def partial(crash: dict[str, Any]) -> Any:
+            return resolved.record(got.trace(crash))
+
+        return resolved.record(self._request(lambda cid, kw: Run(cid, cfg, kw),
+                                             {"on_event": events, "cancel": cancel, "reuse_vanilla": reuse_vanilla},
+                                             during=f"running {cfg.target}", env=self._env(cfg.engine),
+                                             settings=cfg.engine, on_record=got.record, crash_trace=partial))
 
     def diagnose(self, trace: Any, cfg: Any, *, controls: bool = False, progress: Any = None,
                  cancel: Any = None) -> dict[str, Any]:
-        result, back = self._call("diagnose", (trace, cfg),
-                                  {"controls": controls, "progress": progress, "cancel": cancel},
-                                  during=f"diagnosing the run of {cfg.target}", settings=cfg.engine)
+        result, back = self._request(lambda cid, kw: Diagnose(cid, trace, cfg, kw),
+                                     {"controls": controls, "progress": progress, "cancel": cancel},
+                                     during=f"diagnosing the run of {cfg.target}", env=self._env(cfg.engine),
+                                     settings=cfg.engine)
         trace.diagnosis = back.diagnosis
         return result
 
     def preload(self, cfg: Any) -> None:
-        self._call("preload", (cfg,), {}, during=f"loading {cfg.target}", settings=cfg.engine)
+        self._request(lambda cid, kw: Preload(cid, cfg), {}, during=f"loading {cfg.target}",
+                      env=self._env(cfg.engine), settings=cfg.engine)
 
     def job(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        module, qualname = fn.__module__, fn.__qualname__
-        if "<" in qualname:
-            raise TypeError(f"{qualname} cannot run in the engine's worker: give a module-level function")
-        settings = _settings_in(args, kwargs)
-        return self._call("job", (module, qualname, *args), kwargs,
-                          during=f"{fn.__name__.replace('_', ' ')}", settings=settings)
+        """``fn(session, *args, **kwargs)`` in the worker; the engine settings it runs on are passed by name,
+        ``settings=`` (an EngineSettings, or a list of them: the first decides the worker's environment)."""
+        module, qualname = _named(fn)
+        settings = _engine_settings(kwargs.get("settings"))
+        return self._request(lambda cid, kw: Job(cid, module, qualname, args, kw), kwargs,
+                             during=f"{fn.__name__.replace('_', ' ')}", env=self._env(settings), settings=settings)
+
+    def call(self, fn: Callable[..., Any], args: tuple = (), kwargs: dict[str, Any] | None = None, *,
+             env: dict[str, str] | None = None) -> Any:
+        """``fn(*args, **kwargs)`` in the worker, for a module-level function that needs no Session (a probe of
+        native code that may crash); ``env`` is the worker's environment (None: the live worker's, if any)."""
+        module, qualname = _named(fn)
+        return self._request(lambda cid, kw: Call(cid, module, qualname, tuple(args), kw), dict(kwargs or {}),
+                             during=f"running {fn.__name__}", env=self._env(None) if env is None else dict(env))
 
 
-def _settings_in(args: tuple, kwargs: dict[str, Any]) -> Any:
-    from ..config import EngineSettings, RunConfig
+def _named(fn: Callable[..., Any]) -> tuple[str, str]:
+    """``(module, qualname)``, the name a function crosses the pipe by: it must be a module-level one."""
+    module, qualname = fn.__module__, fn.__qualname__
+    if "<" in qualname:
+        raise TypeError(f"{qualname} cannot run in the engine's worker: give a module-level function")
+    return module, qualname
 
-    for v in (*args, *kwargs.values()):
-        if isinstance(v, EngineSettings):
-            return v
-        if isinstance(v, RunConfig):
-            return v.engine
-        if isinstance(v, (list, tuple)) and v and isinstance(v[0], EngineSettings):
-            return v[0]
-    return None
+
+def _engine_settings(value: Any) -> EngineSettings | None:
+    """The EngineSettings a job's ``settings=`` gives (the first of a list, as a kernel map takes them)."""
+    if isinstance(value, (list, tuple)):
+        value = value[0] if value else None
+    return value if isinstance(value, EngineSettings) else None
+
+
+def engine_of(fn: Callable[..., Any]) -> str | None:
+    """The engine whose package holds ``fn`` (its probes of its own native code), by the registry's dotted paths."""
+    module = fn.__module__
+    best: tuple[int, str | None] = (0, None)
+    for name, path in dotted_paths().items():
+        package = path.partition(":")[0]
+        if (module == package or module.startswith(package + ".")) and len(package) > best[0]:
+            best = (len(package), name)
+    return best[1]
 
 
 def _how(exitcode: int | None) -> str:
@@ -441,7 +494,7 @@ class _Partial:
             t.vanilla, t.speculative = v, s
             t.comparison = comparison
         else:
-            from ..arms.session import host_environment, prompt_record
+            from ..session import host_environment, prompt_record
             from ... import __version__
 
             t = Trace(config=self.cfg.to_dict(),
