@@ -258,6 +258,11 @@ def rebuild_rounds(chunks: Sequence[Chunk], n_tokens: int, *, prefill_chunk: int
     accepted = the rise of ``draft_n_accepted``, and it emitted accepted + 1
     tokens (fewer only when the run stopped inside it); a step with nothing
     drafted is a plain one-token pass.  Token 0 is the prompt's own (round 0).
+    On a target whose memory cannot drop positions (a hybrid) the server
+    restores a checkpoint after a partial acceptance and verifies the accepted
+    tokens and its own again (``spec_is_replay``): that step emits accepted + 2
+    tokens, from the replay pass of that width, and is recorded as such
+    (``rollback`` "checkpoint", ``replay`` its width).
 
     ``prefill_chunk`` is the size of the last prompt chunk (``-b``-sized chunks),
     round 0's ``batch_size``.  A token whose text was an incomplete UTF-8
@@ -294,6 +299,9 @@ def rebuild_rounds(chunks: Sequence[Chunk], n_tokens: int, *, prefill_chunk: int
         if drafted < 0 or accepted < 0 or accepted > drafted:
             return RoundsResult(None, None, f"the streamed draft counters go backwards at token {c0.n - 1}")
         size = accepted + 1
+        # a checkpoint replay (a hybrid target): the step emitted one token past accepted + 1
+        replayed = drafted > accepted and any(c.n - 1 == start + size for c in g)
+        size += replayed
         last = gi == len(groups) - 1
         if last:
             size = min(size, n_tokens - start)
@@ -306,10 +314,11 @@ def rebuild_rounds(chunks: Sequence[Chunk], n_tokens: int, *, prefill_chunk: int
         idx = len(rounds)
         ms = None if prev_ms is None else round(c0.predicted_ms - prev_ms, 3)
         rounds.append(Round(index=idx, drafted=drafted, accepted=min(accepted, size) if last else accepted,
-                            draft_ms=None, verify_ms=None, batch_size=T, first_step=start))
+                            draft_ms=None, verify_ms=None, batch_size=T, first_step=start,
+                            rollback="checkpoint" if replayed else "", replay=accepted + 2 if replayed else 0))
         step_ms.append(ms)
         for j in range(size):
-            per_token[start + j] = (idx, j < accepted, T, j)
+            per_token[start + j] = (idx, j < accepted, accepted + 2 if replayed else T, j)
         prev_d, prev_a, prev_ms = c0.draft_n, c0.draft_n_accepted, c0.predicted_ms
         start = end
     if start != n_tokens or any(x is None for x in per_token):
