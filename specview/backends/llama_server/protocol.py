@@ -131,25 +131,30 @@ def arm_from_response(name: str, resp: dict[str, Any], *, prompt_len: int, piece
     if not isinstance(tokens, list) or not tokens and probs:
         tokens = [int(p["id"]) for p in probs if isinstance(p, dict) and "id" in p]
     tokens = [int(t) for t in tokens]
-    arm = ArmResult(name=name)
     # llama-server leaves a token out of completion_probabilities while its text is an incomplete UTF-8
     # sequence (a byte token of a multi-byte character), so the entries are a subsequence of the tokens:
     # walk both, and a token without its entry gets no top-k rather than its neighbour's
+    entries: list[dict[str, Any] | None] = []
     p = 0
-    for i, tok in enumerate(tokens):
+    for tok in tokens:
         entry = None
         if p < len(probs) and isinstance(probs[p], dict) and int(probs[p].get("id", -1)) == tok:
             entry = probs[p]
             p += 1
-        arm.steps.append(make_step(i, tok, entry, prompt_len=prompt_len, piece=piece))
-    arm.tokens = tokens
-    arm.text = "".join(s.piece for s in arm.steps)
-    t = resp.get("timings") or {}
-    arm.prompt_ms = float(t.get("prompt_ms") or 0.0)
-    arm.gen_ms = float(t.get("predicted_ms") or 0.0)
-    arm.eval_ms = None
-    arm.stop_reason = stop_reason(resp)
-    return arm
+        entries.append(entry)
+    return _arm_of(name, tokens, entries, resp, stop_reason(resp), prompt_len=prompt_len, piece=piece)
+
+
+def _arm_of(name: str, tokens: list[int], entries: Sequence[dict[str, Any] | None], answer: dict[str, Any],
+            stop: str, *, prompt_len: int, piece: Callable[[int], str]) -> ArmResult:
+    """An arm of ``tokens``, each with its top-k entry (None: the server sent none for it), timed as ``answer``
+    (a whole answer, or a stream's last event) says; llama-server reports no time inside forward passes."""
+    steps = [make_step(i, tok, entry, prompt_len=prompt_len, piece=piece)
+             for i, (tok, entry) in enumerate(zip(tokens, entries))]
+    t = answer.get("timings") or {}
+    return ArmResult(name=name, tokens=tokens, text="".join(s.piece for s in steps), steps=steps,
+                     prompt_ms=float(t.get("prompt_ms") or 0.0), gen_ms=float(t.get("predicted_ms") or 0.0),
+                     eval_ms=None, stop_reason=stop)
 
 
 def stop_reason(resp: dict[str, Any]) -> str:
@@ -360,18 +365,10 @@ def arm_from_stream(name: str, sr: StreamResult, *, prompt_len: int, n_batch: in
                               "their ids need a non-streamed answer")
         tokens = [by_n[k].token for k in range(1, n_total + 1)]
     tokens = [int(t) for t in tokens]
-    arm = ArmResult(name=name)
-    for i, tok in enumerate(tokens):
-        c = by_n.get(i + 1)
-        entry = c.entry if c is not None and c.token == tok else None
-        arm.steps.append(make_step(i, tok, entry, prompt_len=prompt_len, piece=piece))
-    arm.tokens = tokens
-    arm.text = "".join(s.piece for s in arm.steps)
-    t = final.get("timings") or {}
-    arm.prompt_ms = float(t.get("prompt_ms") or 0.0)
-    arm.gen_ms = float(t.get("predicted_ms") or 0.0)
-    arm.eval_ms = None
-    arm.stop_reason = "cancelled" if sr.cancelled else stop_reason(final)
+    chunks = [by_n.get(i + 1) for i in range(len(tokens))]
+    entries = [c.entry if c is not None and c.token == tok else None for c, tok in zip(chunks, tokens)]
+    arm = _arm_of(name, tokens, entries, final, "cancelled" if sr.cancelled else stop_reason(final),
+                  prompt_len=prompt_len, piece=piece)
     last = ((prompt_len - 1) % n_batch) + 1 if prompt_len else 0
     rr = rebuild_rounds([c for c in sr.chunks if c.n <= len(tokens)], len(tokens), prefill_chunk=last)
     if rr.rounds is not None and rr.step_rounds is not None:
