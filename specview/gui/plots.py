@@ -24,6 +24,8 @@ from .plotdata import Series, _finite, at_risk_positions, envelope_series
 VANILLA_HUE = QColor(40, 110, 220)
 SPEC_HUE = QColor(235, 120, 20)
 ENVELOPE_HUE = QColor(150, 90, 210)
+#: what the acceptance plot reads of each round (``first``: its first step; ``replay``: its replay pass's width)
+COLUMNS = ("index", "first", "drafted", "accepted", "replay")
 MAX_BARS = 600  # above this many rounds the acceptance bars show means of bins of rounds
 WIDE_POINTS = 2000  # up to this many tokens the speculative margins are drawn with a wider stroke
 
@@ -138,8 +140,15 @@ class AcceptancePlot(TimedPlot):
         self.fork_line = pg.InfiniteLine(angle=90, movable=False)
         self.fork_line.setVisible(False)
         pi.addItem(self.fork_line, ignoreBounds=True)
+        # a round whose rejection was rolled back by a checkpoint restore and a replay pass (a hybrid target's
+        # recurrent memory): a mark above its bar, in the legend only while a run has one
+        self.replays = pg.ScatterPlotItem(symbol="t", size=7)  # named in the legend only while shown
+        self.replays.setObjectName("replays")
+        pi.addItem(self.replays)
+        self._replay_legend = False
+        self.n_replayed = 0
         self.rounds: list[Round] = []
-        self._cols: dict[str, Series] = {c: Series() for c in ("index", "first", "drafted", "accepted")}
+        self._cols: dict[str, Series] = {c: Series() for c in COLUMNS}
         self._last: Round | None = None
         self.bin = 1
         self._x_span = 0
@@ -161,6 +170,8 @@ class AcceptancePlot(TimedPlot):
         self.accepted.setBrush(pg.mkBrush(blend(base, DRAFT_HUE, 0.75 if is_dark(palette) else 0.6)))
         self.select_line.setPen(pg.mkPen(palette.color(QPalette.ColorRole.Highlight), width=2))
         self.fork_line.setPen(pg.mkPen(MISMATCH_HUE, width=2, style=Qt.PenStyle.DashLine))
+        self.replays.setPen(pg.mkPen(text, width=1))
+        self.replays.setBrush(pg.mkBrush(blend(base, text, 0.7)))
         for item in self.legend.items:
             item[1].setAttr("color", text.name())
             item[1].setText(item[1].text)
@@ -186,7 +197,7 @@ class AcceptancePlot(TimedPlot):
         """The rounds' numbers as arrays: only the new rounds are read while a run streams."""
         k = self._cols["index"].n
         if not (streaming and 0 < k <= len(rounds) and rounds[k - 1] is self._last):
-            self._cols = {c: Series(max(64, len(rounds))) for c in ("index", "first", "drafted", "accepted")}
+            self._cols = {c: Series(max(64, len(rounds))) for c in COLUMNS}
             k = 0
         tail = rounds[k:]
         for c in self._cols:
@@ -220,6 +231,7 @@ class AcceptancePlot(TimedPlot):
             self.show_empty(False)
             self.drafted.setData(x, d)
             self.accepted.setData(x, a)
+            self._show_replays(d_all)
             top = max(1.0, float(d.max()), float(a.max())) * 1.45
             if top != self._y_top:
                 self._y_top = top
@@ -232,6 +244,7 @@ class AcceptancePlot(TimedPlot):
         else:
             self.drafted.setData([], [])
             self.accepted.setData([], [])
+            self._show_replays(d_all)
             self._y_top = 0.0
             self._x_span = 0
             self.show_empty(True)
@@ -247,6 +260,8 @@ class AcceptancePlot(TimedPlot):
             if mean is not None:
                 self.summary += f" · mean length {mean:.2f}"
             self.summary += f" · {n} rounds"
+            if self.n_replayed:
+                self.summary += f" · {self.n_replayed} replayed"
             if self.bin > 1:
                 self.summary += f" (bars: means of {self.bin})"
         else:
@@ -255,6 +270,23 @@ class AcceptancePlot(TimedPlot):
         if title != self._title:  # frame lays the plot out again every frame
             self._title = title
             self.setTitle(title, size="9pt")
+
+    def _show_replays(self, drafted: np.ndarray) -> None:
+        """Mark the rounds that replayed (one mark per round; none while the bars are means of bins)."""
+        replay = self._cols["replay"].view()
+        self.n_replayed = int(np.count_nonzero(replay))
+        if self.n_replayed and self.bin == 1:
+            idx = np.flatnonzero(replay)
+            self.replays.setData(self._cols["index"].view()[idx].astype(float), drafted[idx] + 0.35)
+        else:
+            self.replays.setData([], [])
+        want = self.n_replayed > 0
+        if want != self._replay_legend:
+            if want:
+                self.legend.addItem(self.replays, "replayed")
+            else:
+                self.legend.removeItem(self.replays)
+            self._replay_legend = want
 
     def round_of_token(self, i: int) -> Round | None:
         """The round that made token ``i`` (the last round starting at or before it)."""
