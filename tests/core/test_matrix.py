@@ -499,7 +499,7 @@ def test_every_declared_setting_is_a_toml_key_checked_as_declared(tmp_path: Path
     assert {f.name for f in run_keys} >= {"max_tokens", "n_min", "top_k", "ignore_eos", "serial_verify"}
     assert {f.name for f in eng_keys} >= {"n_batch", "n_ubatch", "kv_type", "threads"}
     assert set(axes()) - {a for a in axes() if a.startswith("vk_")} == {"n_max", "p_min", "flash_attn", "no_repack",
-                                                                         "no_op_offload"}
+                                                                         "no_op_offload", "rollback"}
     lines, eng = [], []
     for f in run_keys:
         v = matrix_default(f)

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ...core.engine import Rollback
-from ...core.errors import ConfigError, EvalError, ModelFileError
+from ...core.errors import ConfigError, EvalError
 
 AUTO = "auto"
 SEQ_RM, SNAPSHOTS, CHECKPOINT = "seq-rm", "snapshots", "checkpoint"
@@ -118,7 +118,7 @@ def file_architecture(path: str | os.PathLike[str]) -> str | None:
 
     try:
         kv, _ = scan_header(path)
-    except (ModelFileError, OSError, ValueError):
+    except Exception:  # a damaged header (any way it breaks): the load says what is wrong with the file
         return None
     arch = kv.get("general.architecture")
     return arch if isinstance(arch, str) else None
