@@ -130,6 +130,11 @@ class ServerBackend(Backend):
                 raise ConfigError(f"p_min {cfg.p_min:g} with {Path(draft).name}: llama.cpp refuses it ({why}); "
                                   "a DSpark drafter without a confidence head cannot stop a draft early",
                                   setting="p_min")
+        if cfg.engine.rollback not in (None, "auto"):
+            raise ConfigError(f"rollback {cfg.engine.rollback}: llama-server picks its own (checkpoint and replay for "
+                              "draft-simple and the n-gram types, n_rs_seq snapshots for draft-mtp, draft-eagle3, "
+                              "draft-dflash and draft-dspark) and has no flag to change it; --rollback applies to "
+                              "--engine llama.cpp", setting="rollback")
         split_server_args(cfg.engine.server_args)
 
     def decide_engine(self, settings: EngineSettings, *, measure: bool = True) -> list[Decision]:
