@@ -284,6 +284,9 @@ class AcceptancePlot(TimedPlot):
         if want != self._replay_legend:
             if want:
                 self.legend.addItem(self.replays, "replayed")
+                label = self.legend.items[-1][1]  # in the legend's text colour, as apply_palette gives the others
+                label.setAttr("color", self.palette().color(QPalette.ColorRole.Text).name())
+                label.setText(label.text)
             else:
                 self.legend.removeItem(self.replays)
             self._replay_legend = want
