@@ -64,8 +64,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "rollback: the first rejected draft token stays in the KV cache",
         "specview/core/arms/generate.py",
-        "        engine.truncate(n_past + n_acc + 1)",
-        "        engine.truncate(min(n_past + n_acc + 2, n_past + T))",
+        "            done = engine.truncate(n_past + n_acc + 1)",
+        "            done = engine.truncate(min(n_past + n_acc + 2, n_past + T))",
         ("tests/core/test_generate.py::test_speculative_is_lossless_on_a_shape_independent_model",),
     ),
     Mutation(

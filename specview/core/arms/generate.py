@@ -189,6 +189,23 @@ def prefill(engine: Engine, prompt: Sequence[int], n_batch: int, cancel: CancelC
     return row, size
 
 
+def prefill_arm(engine: Engine, prompt: Sequence[int], opts: GenOptions, arm: ArmResult, cancel: CancelCheck,
+                then: Callable[[], None] | None = None):
+    """The prompt prefilled for ``arm`` (``then`` runs right after, inside the timing: the drafter's own prefill);
+    ``arm.prompt_ms`` is what it took.  Returns :func:`prefill`'s (row, size) and the time it ended, or None with
+    the arm marked cancelled."""
+    t0 = time.perf_counter()
+    pre = prefill(engine, prompt, opts.n_batch, cancel)
+    if then is not None:
+        then()
+    t1 = time.perf_counter()
+    arm.prompt_ms = (t1 - t0) * 1000.0
+    if pre is None:
+        arm.stop_reason = "cancelled"
+        return None
+    return pre, t1
+
+
 def vanilla_greedy(
     engine: Engine,
     prompt: Sequence[int],
@@ -201,14 +218,10 @@ def vanilla_greedy(
     check_fits(engine, len(prompt), opts.max_tokens)
     arm = ArmResult(name="vanilla")
     eval0 = engine.eval_seconds
-    t0 = time.perf_counter()
-    pre = prefill(engine, prompt, opts.n_batch, cancel)
-    t1 = time.perf_counter()
-    arm.prompt_ms = (t1 - t0) * 1000.0
-    if pre is None:
-        arm.stop_reason = "cancelled"
+    opened = prefill_arm(engine, prompt, opts, arm, cancel)
+    if opened is None:
         return arm
-    row, size = pre
+    (row, size), t1 = opened
     n_prompt = len(prompt)
     batch_size, batch_index = size, size - 1
     tokens = arm.tokens
@@ -260,16 +273,11 @@ def speculative_greedy(
     arm = ArmResult(name="speculative", drafter=drafter.spec_type)
     eval0 = engine.eval_seconds
     deval0 = drafter.eval_seconds
-    t0 = time.perf_counter()
     engine.plan_rollbacks(n_max_hint)  # a snapshot context keeps as many states as a round can drop
-    pre = prefill(engine, prompt, opts.n_batch, cancel)
-    drafter.begin(prompt)
-    t1 = time.perf_counter()
-    arm.prompt_ms = (t1 - t0) * 1000.0
-    if pre is None:
-        arm.stop_reason = "cancelled"
+    opened = prefill_arm(engine, prompt, opts, arm, cancel, then=lambda: drafter.begin(prompt))
+    if opened is None:
         return arm
-    row, size = pre
+    (row, size), t1 = opened
     n_prompt = len(prompt)
     tokens = arm.tokens
     k = opts.top_k
