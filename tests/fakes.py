@@ -298,6 +298,15 @@ class FaultyEngine(Engine):
         self.n_evals += 1
         return out
 
+    def rollback_mode(self, n_drop: int) -> str:
+        return self.inner.rollback_mode(n_drop)
+
+    def prepare_rollback(self, n_drop: int) -> str:
+        return self.inner.prepare_rollback(n_drop)
+
+    def plan_rollbacks(self, n_drop: int) -> None:
+        self.inner.plan_rollbacks(n_drop)
+
     def truncate(self, n: int) -> None:
         if n == 0:
             self.shift, self.armed = 0, True
