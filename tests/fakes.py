@@ -240,7 +240,55 @@ class FakeBackend(InProcessBackend):
 FAULTS = ("keep-rejected", "drop-accepted")
 
 
-class FaultyEngine(Engine):
+class WrappedEngine(Engine):
+    """An engine over another one: its facts and its rollback questions are the inner engine's.
+
+    A fault-planting wrapper overrides what it plants (positions, truncation, evaluation); ``MARGIN`` context
+    positions are kept back for the positions a fault may add.
+    """
+
+    MARGIN = 1
+
+    def __init__(self, inner: Engine):
+        super().__init__()
+        self.inner = inner
+        self.backend = f"faulty-{inner.backend}"
+
+    @property
+    def vocab(self) -> VocabInfo:
+        return self.inner.vocab
+
+    @property
+    def n_ctx(self) -> int:
+        return self.inner.n_ctx - self.MARGIN
+
+    @property
+    def threads(self) -> Any:
+        return getattr(self.inner, "threads", None)
+
+    def model_facts(self) -> dict[str, Any]:
+        return self.inner.model_facts()
+
+    def tokenize(self, text: str, *, chat: bool = False) -> list[int]:
+        return self.inner.tokenize(text, chat=chat)
+
+    def piece(self, token: int) -> str:
+        return self.inner.piece(token)
+
+    def rollback_mode(self, n_drop: int) -> str:
+        return self.inner.rollback_mode(n_drop)
+
+    def prepare_rollback(self, n_drop: int) -> str:
+        return self.inner.prepare_rollback(n_drop)
+
+    def plan_rollbacks(self, n_drop: int) -> None:
+        self.inner.plan_rollbacks(n_drop)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class FaultyEngine(WrappedEngine):
     """Any engine, with one KV-cache fault planted at its first rollback of each run.
 
     * ``keep-rejected``: the rollback keeps the first rejected draft token's KV entry;
@@ -257,38 +305,15 @@ class FaultyEngine(Engine):
     def __init__(self, inner: Engine, fault: str):
         if fault not in FAULTS:
             raise ValueError(f"unknown fault {fault!r}; one of {FAULTS}")
-        super().__init__()
-        self.inner = inner
+        super().__init__(inner)
         self.fault = fault
-        self.backend = f"faulty-{inner.backend}"
         self.shift = 0
         self.armed = True
         self.faults = 0
 
     @property
-    def vocab(self) -> VocabInfo:
-        return self.inner.vocab
-
-    @property
-    def n_ctx(self) -> int:
-        return self.inner.n_ctx - 1
-
-    @property
     def n_batch(self) -> int:
         return self.inner.n_batch
-
-    @property
-    def threads(self) -> Any:
-        return getattr(self.inner, "threads", None)
-
-    def model_facts(self) -> dict[str, Any]:
-        return self.inner.model_facts()
-
-    def tokenize(self, text: str, *, chat: bool = False) -> list[int]:
-        return self.inner.tokenize(text, chat=chat)
-
-    def piece(self, token: int) -> str:
-        return self.inner.piece(token)
 
     def eval(self, tokens: Sequence[int], rows: Sequence[int]) -> np.ndarray:
         e0 = self.inner.eval_seconds
@@ -297,15 +322,6 @@ class FaultyEngine(Engine):
         self.n_past += len(tokens)
         self.n_evals += 1
         return out
-
-    def rollback_mode(self, n_drop: int) -> str:
-        return self.inner.rollback_mode(n_drop)
-
-    def prepare_rollback(self, n_drop: int) -> str:
-        return self.inner.prepare_rollback(n_drop)
-
-    def plan_rollbacks(self, n_drop: int) -> None:
-        self.inner.plan_rollbacks(n_drop)
 
     def truncate(self, n: int) -> None:
         if n == 0:
@@ -319,9 +335,6 @@ class FaultyEngine(Engine):
         else:
             self.inner.truncate(n + self.shift)
         self.n_past = n
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 def accepting_unpicked(real: Callable[[Sequence[int], Sequence[int]], int]) -> Callable[..., int]:

@@ -28,7 +28,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from specview.core.engine import Engine, Rollback, VocabInfo
+from fakes import WrappedEngine
+from specview.core.engine import Engine, Rollback
 
 ROLLBACK_FAULTS = ("checkpoint-late", "snapshot-off-by-one", "replay-skipped", "replay-keeps-rejected")
 #: the rollback mode each fault needs
@@ -38,14 +39,14 @@ NEEDS = {"checkpoint-late": "checkpoint", "snapshot-off-by-one": "snapshots", "r
 MARGIN = 2
 
 
-class RollbackFaultEngine(Engine):
+class RollbackFaultEngine(WrappedEngine):
+    MARGIN = MARGIN
+
     def __init__(self, inner: Engine, fault: str):
         if fault not in ROLLBACK_FAULTS:
             raise ValueError(f"unknown rollback fault {fault!r}; one of {ROLLBACK_FAULTS}")
-        super().__init__()
-        self.inner = inner
+        super().__init__(inner)
         self.fault = fault
-        self.backend = f"faulty-{inner.backend}"
         self.shift = 0  # inner position = outer position + shift
         self.armed = True
         self.faults = 0
@@ -54,42 +55,12 @@ class RollbackFaultEngine(Engine):
 
     # -- facts, delegated ----------------------------------------------------------------------------
     @property
-    def vocab(self) -> VocabInfo:
-        return self.inner.vocab
-
-    @property
-    def n_ctx(self) -> int:
-        return self.inner.n_ctx - MARGIN
-
-    @property
     def n_batch(self) -> int:
         return self.inner.n_batch - 1
 
     @property
-    def threads(self) -> Any:
-        return getattr(self.inner, "threads", None)
-
-    @property
     def rollback(self) -> Any:
         return getattr(self.inner, "rollback", None)
-
-    def model_facts(self) -> dict[str, Any]:
-        return self.inner.model_facts()
-
-    def tokenize(self, text: str, *, chat: bool = False) -> list[int]:
-        return self.inner.tokenize(text, chat=chat)
-
-    def piece(self, token: int) -> str:
-        return self.inner.piece(token)
-
-    def rollback_mode(self, n_drop: int) -> str:
-        return self.inner.rollback_mode(n_drop)
-
-    def plan_rollbacks(self, n_drop: int) -> None:
-        self.inner.plan_rollbacks(n_drop)
-
-    def close(self) -> None:
-        self.inner.close()
 
     # -- the faults ----------------------------------------------------------------------------------
     def _fire(self, fault: str) -> bool:
