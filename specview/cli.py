@@ -20,6 +20,7 @@ COMMANDS = {
     "run": ("specview.commands.run", "run both arms on a target and compare them (the main job)"),
     "models": ("specview.commands.models", "list the demo model's quantizations and where they are"),
     "matrix": ("specview.commands.matrix", "run a reproducer matrix over quantizations, drafters and settings"),
+    "quality": ("specview.commands.quality", "run a task suite through both arms: does speculative decoding change answers?"),
     "report": ("specview.commands.report", "write an HTML and Markdown bug report from a trace or matrix"),
     "compare": ("specview.commands.compare", "compare two saved traces (e.g. from two machines)"),
     "check": ("specview.commands.check", "check the backend against the CPU: KL divergence of the same tokens"),

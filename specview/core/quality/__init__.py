@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from .result import SCHEMA, ItemOutcome, QualityResult, Rate, Table
 from .run import (DIAGNOSE_CHOICES, QUALITY_KEY, RESULT_FILE, TRACES_DIR, QualityProgress, answer_changed,
-                  quality_block, run_quality)
+                  item_trace, outcome_words, quality_block, run_quality)
 from .score import CODE_TIMEOUT, Score, program, score
 from .stats import mcnemar_exact, wilson
 from .suites import BUILTIN, DEFAULT_ITEMS, SUITE_NAMES, Item, QualityError, Suite, load_suite
@@ -24,6 +24,6 @@ from .suites import BUILTIN, DEFAULT_ITEMS, SUITE_NAMES, Item, QualityError, Sui
 __all__ = [
     "BUILTIN", "CODE_TIMEOUT", "DEFAULT_ITEMS", "DIAGNOSE_CHOICES", "QUALITY_KEY", "RESULT_FILE", "SCHEMA",
     "SUITE_NAMES", "TRACES_DIR", "Item", "ItemOutcome", "QualityError", "QualityProgress", "QualityResult", "Rate",
-    "Score", "Suite", "Table", "answer_changed", "load_suite", "mcnemar_exact", "program", "quality_block",
+    "Score", "Suite", "Table", "answer_changed", "item_trace", "load_suite", "outcome_words", "mcnemar_exact", "program", "quality_block",
     "run_quality", "score", "wilson",
 ]

@@ -7,10 +7,12 @@ A code item's program is its prompt, the completion, its test and
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
-from .suites import Item
+from .extract import candidates, last_fenced_block, last_number, normalise, numbers_equal
+from .suites import Item, QualityError
 
 #: seconds one code sample may run (HumanEval's own harness gives 3)
 CODE_TIMEOUT = 10.0
@@ -29,23 +31,58 @@ class Score:
 
     @classmethod
     def from_dict(cls, d: Any, *, where: str = "score") -> "Score":
-        raise NotImplementedError
+        if not isinstance(d, dict) or not isinstance(d.get("passed"), bool):
+            raise QualityError(f"{where} must be an object with passed: true or false")
+        got, why = d.get("got"), d.get("why", "")
+        if got is not None and not isinstance(got, str):
+            raise QualityError(f"{where}.got must be text or null")
+        if not isinstance(why, str):
+            raise QualityError(f"{where}.why must be text")
+        return cls(passed=d["passed"], got=got, why=why)
+
+
+#: where HumanEval's own harness cuts a continuation: the function has ended where a new top-level block starts
+STOP_SEQUENCES = ("\nclass ", "\ndef ", "\n#", "\nif ", "\nprint(")
+#: what a chat model is asked, around a code item's prompt
+CODE_REQUEST = ("Complete the following Python function. Reply with the whole function in one ```python code "
+                "block.\n\n```python\n{prompt}```")
+
+
+def prompt_for(item: Item, chat: bool) -> str:
+    """The text a run sends for ``item``: a text item's prompt as it is; a code item's wrapped in a request
+    (:data:`CODE_REQUEST`) for a chat, or as it is (the model continues the function) without one."""
+    if item.kind == "code" and chat:
+        return CODE_REQUEST.format(prompt=item.prompt)
+    return item.prompt
 
 
 def completion_code(item: Item, text: str) -> str:
     """The code of a completion: its last fenced block where it has one (a chat model fences its code), else
-    the text as it is (a continuation of the prompt)."""
-    raise NotImplementedError
+    the text up to where a new top-level block starts (:data:`STOP_SEQUENCES`, as HumanEval's harness cuts a
+    continuation)."""
+    block = last_fenced_block(text)
+    if block is not None:
+        return block
+    cut = min([i for i in (text.find(s) for s in STOP_SEQUENCES) if i >= 0], default=len(text))
+    return text[:cut]
 
 
 def program(item: Item, text: str) -> str:
     """The program a code item runs: prompt + completion + test + ``check(entry_point)``.
 
-    A completion that restates the whole function (``def entry_point`` in it)
-    is taken on its own instead of after the prompt, so the function is not
-    defined twice with the prompt's empty body first.
+    A completion that restates the whole function (``def entry_point`` in it,
+    as a chat model's fenced reply does) comes after the prompt on a line of its
+    own, so it replaces the prompt's body-less function while the prompt's
+    imports and helpers stay defined; a continuation is appended to the prompt
+    as it is.
     """
-    raise NotImplementedError
+    code = completion_code(item, text)
+    whole = bool(item.entry_point) and re.search(rf"^\s*def\s+{re.escape(item.entry_point or '')}\s*\(", code, re.M)
+    head = item.prompt.rstrip("\n") + "\n    pass\n\n\n" + code if whole else item.prompt + code
+    parts = [head, item.test or ""]
+    if item.entry_point:
+        parts.append(f"check({item.entry_point})")
+    return "\n\n".join(p.rstrip("\n") for p in parts) + "\n"
 
 
 def score(item: Item, text: str, *, execute: bool = False, limits: Any = None) -> Score:
@@ -55,7 +92,32 @@ def score(item: Item, text: str, *, execute: bool = False, limits: Any = None) -
     :class:`~specview.core.quality.suites.QualityError` otherwise) and is run by
     ``execute.run_sample(program(item, text), timeout=CODE_TIMEOUT, limits=limits)``.
     """
-    raise NotImplementedError
+    if item.kind == "code":
+        if not execute:
+            raise QualityError(f"item {item.id!r} is code: scoring it runs what the model wrote; pass --execute "
+                               "to allow that (docs/quality.md says how it is confined)")
+        from .execute import run_sample
+
+        res = run_sample(program(item, text), timeout=CODE_TIMEOUT, limits=limits)
+        return Score(bool(res.passed), res.reason, "passed its tests" if res.passed else f"failed: {res.reason}")
+    assert item.answer is not None
+    if item.match == "number":
+        got = last_number(text)
+        if got is None:
+            return Score(False, None, "no number in the reply")
+        ok = numbers_equal(got, item.answer)
+        return Score(ok, got, f"last number {got} {'=' if ok else '!='} {item.answer}")
+    if item.match == "regex":
+        m = re.search(item.answer, text, re.M)
+        return Score(m is not None, m.group(0) if m else None,
+                     "matches the pattern" if m else "does not match the pattern")
+    want = normalise(item.answer)
+    cands = candidates(text)
+    if want in cands:
+        return Score(True, want, "the expected answer")
+    got = cands[0] if cands else None
+    return Score(False, got, "no answer in the reply" if got is None else "not the expected answer")
 
 
-__all__ = ["CODE_TIMEOUT", "Score", "completion_code", "program", "score"]
+__all__ = ["CODE_REQUEST", "CODE_TIMEOUT", "STOP_SEQUENCES", "Score", "completion_code", "program", "prompt_for",
+           "score"]

@@ -1,6 +1,7 @@
 """Writing a report to a folder: ``report.html``, ``report.md`` and the PNG plots the Markdown links to.
 
-The input is a trace, a matrix, a kernel map (``specview.kernels/1``) or a locate (``specview.locate/1``);
+The input is a trace, a matrix, a kernel map (``specview.kernels/1``), a locate (``specview.locate/1``) or a
+quality run (``specview.quality/1``);
 a trace's report can carry the kernel map's prediction for its run (``kernel_map=``).
 
 Qt-free: the plots come from a renderer passed in, a callable ``trace ->
@@ -30,8 +31,8 @@ CARD_FILE = "fork-card.png"
 
 
 def read_input(path: str | os.PathLike[str]) -> tuple[str, Any]:
-    """("trace", Trace), ("matrix", dict), ("kernels", KernelMap) or ("locate", Located) from a JSON file,
-    refusing anything else."""
+    """("trace", Trace), ("matrix", dict), ("kernels", KernelMap), ("locate", Located) or ("quality",
+    QualityResult) from a JSON file, refusing anything else."""
     from ..kernels.evidence import kernel_map_from_json
     from ..matrix import validate_matrix
     from ..trace import read_json
@@ -50,9 +51,14 @@ def read_input(path: str | os.PathLike[str]) -> tuple[str, Any]:
         from ..locate.find import Located
 
         return "locate", Located.from_json(d, source=str(p))
+    if isinstance(schema, str) and schema.startswith("specview.quality/"):
+        from ..quality import QualityResult
+
+        return "quality", QualityResult.from_dict(d, source=str(p))
     shown = repr(schema) if isinstance(schema, str) and len(schema) < 80 else type(schema).__name__
     raise SpecviewError(f"{p}: neither a specview trace ({TRACE_SCHEMA}), a matrix (specview.matrix/1), a "
-                        f"kernel map (specview.kernels/1) nor a locate (specview.locate/1); schema is {shown}")
+                        f"kernel map (specview.kernels/1), a locate (specview.locate/1) nor a quality run "
+                        f"(specview.quality/1); schema is {shown}")
 
 
 def earliest_fork_trace(doc: dict, source: Path | None) -> Trace | None:
@@ -88,6 +94,7 @@ def write_report(src: str | os.PathLike[str] | Trace | dict | Any, out_dir: str 
     from ..kernels.map import KernelMap
     from ..locate.find import Located
     from ..matrix import validate_matrix
+    from ..quality import QualityResult
 
     if isinstance(src, Trace):
         kind, obj = "trace", src
@@ -95,6 +102,8 @@ def write_report(src: str | os.PathLike[str] | Trace | dict | Any, out_dir: str 
         kind, obj = "kernels", src
     elif isinstance(src, Located):
         kind, obj = "locate", src
+    elif isinstance(src, QualityResult):
+        kind, obj = "quality", src
     elif isinstance(src, dict):
         validate_matrix(src)
         kind, obj = "matrix", src
@@ -104,9 +113,9 @@ def write_report(src: str | os.PathLike[str] | Trace | dict | Any, out_dir: str 
         raise SpecviewError(f"--name {name!r}: give a plain file name, without a folder")
     kmap, map_file = None, None
     if kernel_map is not None:
-        if kind in ("kernels", "locate"):
-            raise SpecviewError(f"--kernel-map: the input is a {'kernel map already' if kind == 'kernels' else 'locate'}"
-                                "; its report takes no kernel map")
+        if kind in ("kernels", "locate", "quality"):
+            what = {"kernels": "kernel map already", "locate": "locate", "quality": "quality run"}[kind]
+            raise SpecviewError(f"--kernel-map: the input is a {what}; its report takes no kernel map")
         from ..kernels.evidence import load_kernel_map
 
         if isinstance(kernel_map, KernelMap):
@@ -149,6 +158,10 @@ def write_report(src: str | os.PathLike[str] | Trace | dict | Any, out_dir: str 
             section = trace_kernel_section(obj, kmap, map_file) if kmap is not None else None
             html_text = trace_html(obj, pngs, kernel=section)
             md_text = trace_markdown(obj, files, card=card_ref, kernel=section)
+    elif kind == "quality":
+        from .outcomes import quality_html, quality_markdown
+
+        html_text, md_text = quality_html(obj), quality_markdown(obj)
     elif kind == "kernels":
         file = None if isinstance(src, KernelMap) else str(src)
         html_text = kernels_html(obj, file)

@@ -1,0 +1,130 @@
+"""A quality result in words: the 2x2 table, the rates, the test's reading and the changed answers.
+
+The CLI prints :func:`format_result`; the report and the app take the same
+sentences (:func:`reading`, :func:`verdict_counts`), so they never disagree.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from ..verdicts import words
+from .result import ItemOutcome, QualityResult, Rate
+
+#: the p below which the paired test's result is called evidence
+ALPHA = 0.05
+OUTCOME_WORDS = {"both-pass": "both pass", "both-fail": "both fail", "only-vanilla": "only vanilla passes",
+                 "only-speculative": "only speculative passes", "error": "error"}
+
+
+def pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def rate_text(r: Rate) -> str:
+    """``17 of 20 (85.0%, 95% CI 64.0–94.8%)``."""
+    return f"{r.k} of {r.n} ({pct(r.rate)}, 95% CI {pct(r.low)}–{pct(r.high)})"
+
+
+def p_text(p: float) -> str:
+    return "1" if p >= 0.9995 else f"{p:.3g}" if p >= 1e-4 else f"{p:.2e}"
+
+
+def verdict_counts(items: list[ItemOutcome]) -> dict[str, int]:
+    """How the forks of ``items`` were diagnosed: {verdict: count}, with ``not diagnosed`` for the others."""
+    c = Counter((o.verdict or "not diagnosed") for o in items if o.fork_index is not None)
+    return dict(sorted(c.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def reading(res: QualityResult) -> list[str]:
+    """What the result says, in sentences: whether answers changed, which way, whether the test calls it
+    evidence, and what the changed answers' forks were."""
+    t, p = res.table, res.p_mcnemar
+    b, c = t.only_vanilla, t.only_speculative
+    out: list[str] = []
+    if t.n == 0:
+        return ["No item was scored."]
+    if b + c == 0:
+        forks = sum(1 for o in res.items if o.fork_index is not None and o.error is None)
+        out.append(f"No answer changed: on all {t.n} items both arms pass or both fail"
+                   + (f" (the texts forked on {forks}, without changing the outcome)." if forks else
+                      " (and every text was identical)."))
+        return out
+    way = (f"vanilla passed {b} item{'s' if b != 1 else ''} the speculative arm failed, and the speculative arm "
+           f"passed {c} vanilla failed")
+    if p < ALPHA:
+        worse = "lower" if b > c else "higher"
+        out.append(f"Speculative decoding changed answers: {way}; McNemar's exact test p = {p_text(p)} < {ALPHA}, "
+                   f"so the speculative arm's pass rate is {worse} than vanilla's beyond chance.")
+    else:
+        out.append(f"Answers changed on {b + c} of {t.n} items ({way}); McNemar's exact test p = {p_text(p)}: "
+                   f"on this many items that is not evidence that speculation moves the pass rate.")
+    vc = verdict_counts(res.discordant)
+    if vc:
+        out.append("The changed answers' forks: " + ", ".join(f"{n} {v}" for v, n in vc.items()) + ".")
+    if vc.get("state"):
+        out.append("A changed answer whose fork is a state bug is not rounding: the speculative loop or its cache "
+                   "is wrong there (see those items' traces).")
+    elif vc and set(vc) == {"near-tie"}:
+        out.append("Every changed answer comes from a near-tie flipped by batched-versus-single numerics: the "
+                   "invariant that holds on this hardware is 'divergences only at near-ties'.")
+    return out
+
+
+def table_lines(res: QualityResult) -> list[str]:
+    """The 2x2 table as text, with its margins."""
+    t = res.table
+    w = max(6, len(str(t.n)))
+    rows = [("", "spec pass", "spec fail", "total"),
+            ("vanilla pass", t.both_pass, t.only_vanilla, t.both_pass + t.only_vanilla),
+            ("vanilla fail", t.only_speculative, t.both_fail, t.only_speculative + t.both_fail),
+            ("total", t.both_pass + t.only_speculative, t.only_vanilla + t.both_fail, t.n)]
+    return [f"  {str(r[0]):<13}" + "".join(f"{str(x):>{max(w, 10)}}" for x in r[1:]) for r in rows]
+
+
+def item_line(o: ItemOutcome) -> str:
+    """One changed answer: the item, which arm passed, the fork and its verdict."""
+    head = f"{o.item_id}: {OUTCOME_WORDS[o.outcome]}"
+    got = f"vanilla {o.vanilla.got!r}, speculative {o.speculative.got!r}"
+    if o.fork_index is None:
+        return f"{head} ({got}; the texts are identical)"
+    verdict = (words(o.verdict) if o.verdict else
+               f"not diagnosed ({o.diagnosis_error})" if o.diagnosis_error else "not diagnosed")
+    return f"{head} ({got})\n      fork at token {o.fork_index}: {o.fork_context}\n      verdict  {verdict}"
+
+
+def format_result(res: QualityResult) -> str:
+    """What ``specview quality`` prints at the end."""
+    suite = res.suite
+    seed = f", seed {suite.seed}" if suite.seed is not None else ""
+    lines = [f"suite    {suite.name}: {len(res.items)} of {len(suite.items)} items{seed} ({suite.source})"]
+    cfg = res.config
+    lines.append(f"target   {cfg.get('target')}; {cfg.get('spec_type')}"
+                 + (f" with {cfg.get('draft')}" if cfg.get("draft") else "")
+                 + f"; n_max={cfg.get('n_max')} p_min={cfg.get('p_min')}; {cfg.get('max_tokens')} tokens per answer")
+    if res.status != "complete":
+        lines.append(f"status   {res.status}: {len(suite.items) - len(res.items)} items not run (--resume runs them)")
+    lines.append("")
+    lines += table_lines(res)
+    lines.append("")
+    lines.append(f"vanilla      passes {rate_text(res.vanilla_rate)}")
+    lines.append(f"speculative  passes {rate_text(res.spec_rate)}")
+    lines.append(f"McNemar      exact p = {p_text(res.p_mcnemar)} on {res.table.only_vanilla} + "
+                 f"{res.table.only_speculative} discordant items")
+    identical = sum(1 for o in res.items if o.identical and o.error is None)
+    lines.append(f"texts        {identical} of {res.table.n} identical; forks: "
+                 + (", ".join(f"{n} {v}" for v, n in verdict_counts(res.items).items()) or "none"))
+    if res.errors:
+        lines.append(f"errors       {len(res.errors)} items could not be run (outside the table): "
+                     + "; ".join(f"{o.item_id}: {(o.error or '').splitlines()[0]}" for o in res.errors[:3]))
+    lines.append("")
+    lines += reading(res)
+    if res.discordant:
+        lines.append("")
+        lines.append("answers that changed:")
+        lines += [f"  {item_line(o)}" for o in res.discordant]
+    return "\n".join(lines)
+
+
+__all__ = ["ALPHA", "OUTCOME_WORDS", "format_result", "item_line", "p_text", "pct", "rate_text", "reading",
+           "table_lines", "verdict_counts"]
