@@ -27,6 +27,7 @@ from ...core.demo import (  # noqa: F401  (re-exported: the demo's names and fac
     shipped_path,
 )
 from ...core.errors import ModelFileError
+from ...core.models import is_store_name, resolve_name
 from ...core.paths import cache_dir
 from .quantize import quantize
 
@@ -58,11 +59,14 @@ def _write_drafter(spec_type: str, src: Path, dst: Path) -> None:
 
 
 def resolve(name: str, *, progress: Callable[[str], None] | None = None) -> Path:
-    """Path of a model given as a file path or a ``demo:QUANT`` name, deriving the demo file if needed.
+    """Path of a model given as a file path, a store name (``ollama:qwen3:8b``, ``hf:org/repo:Q4_K_M``: found
+    by :mod:`specview.core.models`) or a ``demo:QUANT`` name, deriving the demo file if needed.
 
     ``demo:eagle3``, ``demo:dflash`` and ``demo:dspark`` are tiny random-weight drafters for the demo
     target, written on first use (:mod:`.tiny_drafters`).
     """
+    if is_store_name(name):
+        return Path(resolve_name(name, "gguf").path)
     if not is_demo_name(name):
         return Path(name).expanduser()
     st = demo_drafter(name)

@@ -290,9 +290,15 @@ def has_mtp_heads(target: str | os.PathLike[str]) -> bool:
     """Whether a GGUF file carries multi-token-prediction layers (``ARCH.nextn_predict_layers`` > 0), from its
     header; a demo name, or a file that cannot be read, has none."""
     from ...core.demo import is_demo_name
+    from ...core.models import is_store_name, resolve_name
 
     if is_demo_name(str(target)):
         return False  # SmolLM2 has none
+    if is_store_name(str(target)):
+        try:
+            return resolve_name(str(target), "gguf").mtp
+        except SpecviewError:
+            return False
     try:
         m = vocab_model(target)
         try:

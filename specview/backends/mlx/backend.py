@@ -10,6 +10,7 @@ from ...core.config import EngineSettings
 from ...core.engine import WrappedModel
 from ...core.errors import ModelFileError
 from ...core.inprocess import InProcessBackend
+from ...core.models import is_store_name, resolve_name
 from . import lib
 from .demo import demo_folder
 from .engine import MLXEngine, MLXModel
@@ -39,6 +40,8 @@ class MLXBackend(InProcessBackend):
         lib._mx()  # fail now, clearly, if mlx or mlx-lm is missing
 
     def resolve(self, name: str, *, progress: Callable[[str], None] | None = None) -> str:
+        if is_store_name(name):  # a model folder in a store (the Hugging Face cache, LM Studio's): found offline
+            return resolve_name(name, "folder").path
         p = Path(name).expanduser()
         if p.exists():
             p = p.resolve()

