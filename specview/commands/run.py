@@ -10,6 +10,7 @@ from ..core.demo import DEMO_PROMPT, is_demo_name
 from ..core.diagnose import format_verdict
 from ..core.diagnose.words import rollback_line
 from ..core.errors import ConfigError, EngineCrashed, SpecviewError
+from ..core.models import is_store_name
 from ..core.registry import get_backend
 from ..core.resolve import Resolved, decided, resolve
 from ..core.trace import Step, Trace
@@ -100,6 +101,13 @@ def _context(steps: list[Step], i: int, n: int) -> str:
     return f"…{before}[[{at}]]{after}…".replace("\n", "⏎")
 
 
+def _named(cfg: dict, role: str, facts: dict) -> str:
+    """A model as the summary shows it: its file, after the store name it was given by (``ollama:qwen3:8b =
+    sha256-...``)."""
+    file, name = facts.get("file", cfg.get(role)), cfg.get(role)
+    return f"{name} = {file}" if isinstance(name, str) and is_store_name(name) else str(file)
+
+
 def summary(trace: Trace, *, context: int = 8) -> str:
     """The readable summary `specview run` prints."""
     v, s, c = trace.vanilla, trace.speculative, trace.comparison
@@ -109,8 +117,8 @@ def summary(trace: Trace, *, context: int = 8) -> str:
     lines = []
     drafter = cfg.get("spec_type")
     if drafter == "draft-simple":
-        drafter += f" with {drf.get('file', cfg.get('draft'))} ({drf.get('quantization', '?')})"
-    lines.append(f"target   {tgt.get('file', cfg.get('target'))} ({tgt.get('quantization', '?')}, "
+        drafter += f" with {_named(cfg, 'draft', drf)} ({drf.get('quantization', '?')})"
+    lines.append(f"target   {_named(cfg, 'target', tgt)} ({tgt.get('quantization', '?')}, "
                  f"{tgt.get('architecture', '?')})")
     lines.append(f"drafter  {drafter}; n_max={cfg.get('n_max')} n_min={cfg.get('n_min')} p_min={cfg.get('p_min')}")
     lines.append(f"prompt   {len(trace.prompt['tokens'])} tokens; generated {len(v.tokens)} vanilla, "

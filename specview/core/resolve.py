@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from .config import EngineSettings, RunConfig, fill_plain, get_setting, unset, with_setting
+from .models.record import record_models
 
 #: the trace's ``config`` key that holds the decisions
 DECIDED_KEY = "decided"
@@ -57,10 +58,11 @@ class Resolved:
         return {d.setting: d.to_dict() for d in self.decisions}
 
     def record(self, trace: Any) -> Any:
-        """``trace`` (or None) with these decisions in its ``config.decided`` block, beside any it has."""
+        """``trace`` (or None) with these decisions in its ``config.decided`` block, beside any it has, and its
+        models' names with the files they resolved to in ``config.models``."""
         if trace is not None and self.decisions:
             trace.config[DECIDED_KEY] = {**(trace.config.get(DECIDED_KEY) or {}), **self.to_dict()}
-        return trace
+        return record_models(trace)
 
 
 def _backend(name: str) -> Any:

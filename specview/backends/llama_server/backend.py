@@ -35,6 +35,7 @@ from ...core.errors import Cancelled, ConfigError, ModelFileError, SpecviewError
 from ...core.arms.generate import context_needed
 from ...core.llama_flags import UB1_REFUSED, server_argv, split_server_args, uses_draft_file
 from ...core.registry import Backend, Runner, get_backend
+from ...core.models.record import record_models
 from ...core.resolve import DECIDED_KEY, Decision, Resolved, resolve
 from ...core.session import host_environment, prompt_record, round_up
 from ...core.trace import ArmResult, Trace
@@ -493,11 +494,12 @@ class ServerRunner(Runner):
         config = dict(plan.config, n_ctx_used=n_ctx)
         if self._decided:
             config[DECIDED_KEY] = dict(self._decided)
-        return Trace(config=config, environment=env,
-                     models={"target": _facts(self.vocab(plan.target)),
-                             "draft": _facts(self.vocab(plan.draft)) if plan.draft else None},
-                     prompt=prompt_record(cfg, plan.tokens), vanilla=vanilla, speculative=speculative,
-                     comparison=compare_arms(vanilla, speculative))
+        # the models' names as given and the files they resolved to (config.models)
+        return record_models(Trace(config=config, environment=env,
+                                   models={"target": _facts(self.vocab(plan.target)),
+                                           "draft": _facts(self.vocab(plan.draft)) if plan.draft else None},
+                                   prompt=prompt_record(cfg, plan.tokens), vanilla=vanilla, speculative=speculative,
+                                   comparison=compare_arms(vanilla, speculative)))
 
     # -- diagnosis ---------------------------------------------------------------------
     def diagnose(self, trace: Trace, cfg: RunConfig, *, controls: bool = False, progress: ProgressFn | None = None,

@@ -19,6 +19,7 @@ from ...core.arms.compare import compare_arms
 from ...core.arms.reuse import replay
 from ...core.config import RunConfig
 from ...core.errors import Cancelled, ConfigError
+from ...core.models.record import record_models
 from ...core.registry import CancelFn, EventFn, ProgressFn, Runner
 from ...core.resolve import resolve
 from ...core.trace import ArmResult, Trace
@@ -266,7 +267,7 @@ class MLXServerRunner(Runner):
         trace.config["draft_folder"] = draft
         if info is not None:
             trace.extra["server"] = info
-        return trace
+        return record_models(trace)  # the models' names as given and the folders they resolved to
 
     # -- diagnosis -----------------------------------------------------------------
     def diagnose(self, trace: Trace, cfg: RunConfig, *, controls: bool = False, progress: ProgressFn | None = None,
