@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Collection
 
 from ..verdicts import category
+from ..models.record import rerun_command
 from .facts import (PLOT_CAPTIONS, acceptance_facts, backend_warning, commands, config_facts, crash_warning,
                     earliest_fork, environment_facts, fmt, fork_context, model_facts, obj, preset_command,
                     prompt_block, quoted, spec_rows, verdict_facts)
@@ -66,6 +67,9 @@ def trace_sections(trace: Any, plots: Collection[str], kernel: Any = None) -> li
     out += plot_sections(plots)
     out.append(Section("facts", acceptance_facts(trace), "Acceptance and speed"))
     out.append(Section("commands", commands(trace), "Reproduce with llama.cpp"))
+    rerun = rerun_command(trace)  # by the models' names, with the files they were here
+    if rerun:
+        out.append(Section("rerun", rerun, "Run this again with specview"))
     out.append(Section("prompt", prompt_block(trace), "Prompt"))
     out.append(Section("facts", config_facts(trace), "Settings", folded=True, head=("setting", "value")))
     out.append(Section("models", model_facts(trace), "Models", folded=True))
