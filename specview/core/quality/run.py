@@ -175,7 +175,7 @@ def _run_item(runner: Runner, resolved: Resolved, cfg0: RunConfig, item: Item, p
             saved = _relative(exc.trace.save(tpath), out)
         failed = Score(False, None, f"not run: {exc}")
         return ItemOutcome(item.id, failed, failed, identical=False, trace_path=saved, error=str(exc),
-                           seconds=time.perf_counter() - t0)
+                           seconds=round(time.perf_counter() - t0, 3))
     if "cancelled" in (trace.vanilla.stop_reason, trace.speculative.stop_reason):
         raise _Interrupted
     if check_env is not None:
@@ -207,7 +207,7 @@ def _run_item(runner: Runner, resolved: Resolved, cfg0: RunConfig, item: Item, p
             o = replace(o, diagnosis_error=str(exc))
     if tpath is not None:
         o = replace(o, trace_path=_relative(trace.save(tpath), out))
-    return replace(o, seconds=time.perf_counter() - t0)
+    return replace(o, seconds=round(time.perf_counter() - t0, 3))
 
 
 def outcome_words(o: ItemOutcome) -> str:
