@@ -99,9 +99,19 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     g.add_argument("--builtin-prompts", action=argparse.BooleanOptionalAction, default=None,
                    help="include the four built-in prompts (essay, technical, code, list); "
                    "default: on when no other prompt is given")
-    g.add_argument("--suite", nargs="?", const="all", default=None, metavar="CATEGORIES",
+    g.add_argument("--suite", nargs="?", const="all", default=None, metavar="CATEGORIES|SUITE",
                    help="run the built-in prompt suite (all of it, or a comma-separated list of categories) and "
-                   "report divergence rates; defaults to the demo's setting and its run length")
+                   "report divergence rates; defaults to the demo's setting and its run length. With the name of a "
+                   "task suite (" + ", ".join(_task_suite_names()) + ") or a .jsonl file, as in specview quality, "
+                   "its items are the prompts and each cell also scores both arms' answers: per setting, how many "
+                   "answers stayed the same and how many changed, with McNemar's exact p")
+    g.add_argument("--items", type=int, default=None, metavar="N",
+                   help="with a task suite: its first N items (a built-in suite's default: 50; a file: all)")
+    g.add_argument("--seed", type=int, default=0, metavar="S", help="with a built-in task suite: the seed that "
+                   "generates its items (default 0)")
+    g.add_argument("--execute", action="store_true",
+                   help="with a code task suite (HumanEval, a .jsonl file with tests): run the model-written code "
+                   "in the sandbox to score it (refused without)")
     groups = add_setting_flags(p, matrix=True, skip=OWN_AXES)
     for name in axes():
         f = field_of(settings_class(name), name)
@@ -148,6 +158,29 @@ def _matrix_defaults_in_help(p: argparse.ArgumentParser) -> None:
             act.help = re.sub(r"\(default [^)]*\)", f"(default {shown[act.dest]}{extra})", act.help)
 
 
+def _task_suite_names() -> tuple[str, ...]:
+    from ..core.quality import SUITE_NAMES
+
+    return SUITE_NAMES
+
+
+def _task_suite(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The ``quality`` block of ``--suite NAME`` naming a task suite, or None (categories of the prompt suite)."""
+    from ..core.matrix.quality import is_task_suite, suite_block
+
+    if args.suite is None or not is_task_suite(args.suite):
+        for flag, given in (("--items", args.items is not None), ("--execute", args.execute),
+                            ("--seed", args.seed != 0)):
+            if given:
+                raise SpecviewError(f"{flag} goes with a task suite: give --suite NAME (one of "
+                                    f"{', '.join(_task_suite_names())}) or --suite FILE.jsonl")
+        return None
+    if args.prompts or args.prompt_files or args.tokens:
+        raise SpecviewError(f"--suite {args.suite}: a matrix over a task suite runs only its items; drop --prompt, "
+                            "--prompt-file and --tokens")
+    return suite_block(args.suite, args.items, args.seed, args.execute)
+
+
 def _flat(values: list[list[Any]] | None) -> list[Any] | None:
     if values is None:
         return None
@@ -181,8 +214,9 @@ def spec_from_args(args: argparse.Namespace):
     from ..core.matrix.preset import is_preset_file
     from ..core.matrix.suite import STOP_AFTER_FORK, SUITE_MAX_TOKENS, suite
 
+    task = _task_suite(args)
     suite_cats = None
-    if args.suite is not None:
+    if args.suite is not None and task is None:
         suite_cats = None if args.suite == "all" else _csv(args.suite)
     if args.preset or (args.config and is_preset_file(args.config)):
         spec = _preset_spec(args)
@@ -194,7 +228,7 @@ def spec_from_args(args: argparse.Namespace):
         from_file = True
     elif args.suite is not None:
         spec = MatrixSpec(targets=[DEMO_TARGET], drafters=[DEMO_DRAFT], max_tokens=SUITE_MAX_TOKENS,
-                          stop_after_fork=STOP_AFTER_FORK)
+                          stop_after_fork=None if task else STOP_AFTER_FORK)
         from_file = False
     else:
         spec = spec_from_dict({"targets": DEFAULT_TARGETS, "drafters": DEFAULT_DRAFTERS, "p_min": DEFAULT_P_MIN,
@@ -206,7 +240,12 @@ def spec_from_args(args: argparse.Namespace):
             setattr(spec, key, v)
     chat = True if args.chat is None else bool(args.chat)
     given = _prompts(args, chat)
-    if args.suite is not None:
+    if task is not None:
+        from ..core.matrix.quality import load_items, task_prompts
+
+        spec.quality = task
+        given = task_prompts(load_items(task), chat=chat)
+    elif args.suite is not None:
         given = suite(suite_cats) + given
     if given or args.builtin_prompts is not None or not from_file:
         use_builtin = args.builtin_prompts if args.builtin_prompts is not None else not given
@@ -233,7 +272,7 @@ def spec_from_args(args: argparse.Namespace):
         spec.stop_after_fork = None
     elif args.stop_after_fork is not None:
         spec.stop_after_fork = args.stop_after_fork
-    elif args.suite is not None and spec.stop_after_fork is None:
+    elif args.suite is not None and task is None and spec.stop_after_fork is None:
         spec.stop_after_fork = STOP_AFTER_FORK
     if args.diagnose is not None:
         spec.diagnose = bool(args.diagnose)
@@ -404,7 +443,8 @@ def main(args: argparse.Namespace) -> int:
         print(line)
     if len(spec.prompts) > 1:
         print()
-        print("rates over the prompts (95% Wilson interval):")
+        print("rates over the prompts (95% Wilson interval)" + (", and whether each setting's answers changed "
+                                                               "(McNemar's exact p):" if spec.quality else ":"))
         for line in format_rates(doc["rates"]):
             print(line)
     if isinstance(doc.get("kernel_map"), dict):
@@ -446,9 +486,15 @@ def format_grid(doc: dict[str, Any]) -> str:
     """The grid as plain text for the terminal."""
     from ..core.matrix import grid
 
+    from ..core.matrix.quality import cell_mark
+
+    def text(cell: dict[str, Any] | None) -> str:  # over a task suite, whether the answer changed beside the fork
+        mark = cell_mark(cell) if cell else ""
+        return cell_text(cell, sep=" ") + (f" · {mark}" if mark else "")
+
     g = grid(doc)
     head = [" · ".join(g.row_axes)] + [g.col_label(c) for c in g.cols]
-    rows = [[g.row_label(r)] + [cell_text(g.at.get((r, c)), sep=" ") for c in g.cols] for r in g.rows]
+    rows = [[g.row_label(r)] + [text(g.at.get((r, c))) for c in g.cols] for r in g.rows]
     widths = [max(len(x[i]) for x in [head] + rows) for i in range(len(head))]
     fmt = lambda row: "  ".join(x.ljust(w) for x, w in zip(row, widths)).rstrip()  # noqa: E731
     return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])

@@ -18,6 +18,7 @@ as an axis (``n_max``, ``p_min``: draft-simple cells only; ``flash_attn``).
 * :mod:`.rates`     divergence rates with intervals, fork positions, gap severity
 * :mod:`.evidence`  a cited kernel map: each cell's prediction, the sentences that compare them
 * :mod:`.suite`     the built-in prompt suite as a matrix
+* :mod:`.quality`   a task suite as a matrix: each cell's answers scored, whether speculation changed them
 """
 
 from __future__ import annotations

@@ -33,8 +33,11 @@ CELL_FIELDS: dict[str, str] = {
     "n_drafted": INT, "n_accepted": INT, "vanilla_tokens_per_s": NUM, "speculative_tokens_per_s": NUM,
     "speedup": NUM, "target_quant": STR, "draft_quant": STR, "prompt_tokens": INT, "category": STR,
     "seconds": NUM, "config": DICT, "trace": STR, "fork": DICT, "stop_reason": LIST, "kernel_prediction": DICT,
-    "speculative_digest": STR,
+    "speculative_digest": STR, "quality": DICT,
 }
+#: a cell's ``quality`` block (core/matrix/quality.py): its item and each arm's score
+QUALITY_FIELDS = {"suite": STR, "item": STR, "expected": STR, "vanilla_pass": BOOL, "speculative_pass": BOOL,
+                  "vanilla_got": STR, "speculative_got": STR, "vanilla_why": STR, "speculative_why": STR}
 FORK_FIELDS = {"vanilla_token": INT, "speculative_token": INT, "vanilla_piece": STR, "speculative_piece": STR,
                "vanilla_margin": NUM}
 TOP_FIELDS = {"status": STR, "specview": STR, "created": STR, "elapsed_s": NUM, "n_cells": INT,
@@ -176,6 +179,8 @@ def validate_matrix(d: Any, *, source: str = "<matrix>") -> None:
             raise MatrixError(f"{where}.first_mismatch must be >= 0")
         if c.get("fork") is not None:
             _check(c["fork"], FORK_FIELDS, f"{where}.fork")
+        if c.get("quality") is not None:
+            _check(c["quality"], QUALITY_FIELDS, f"{where}.quality")
         if c.get("kernel_prediction") is not None:
             _check_prediction(c["kernel_prediction"], f"{where}.kernel_prediction")
 

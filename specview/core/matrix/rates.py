@@ -14,6 +14,9 @@ gives, over the prompts that ran:
   shift seen before the fork, and at least 2 logits, the gate one engine
   uses), and **material** when it is above; a fork nobody diagnosed has no gap;
 * the same per prompt category (the suite tags each prompt with one);
+* over a task suite, the paired outcomes of its answers (``answers``: both pass,
+  both fail, only vanilla, only speculative, McNemar's exact p;
+  :mod:`.quality`);
 * where the matrix cites a kernel map, what it predicted for the setting's
   cells (``kernel_map``: the status they share, or ``mixed``, the count of
   each, and the contradictions).
@@ -26,6 +29,7 @@ from typing import Any, Sequence
 
 from ..diagnose.classify import FAR_FLOOR
 from .evidence import group_prediction, group_prediction_text
+from .quality import answers, answers_text
 from .summary import _setting_label, setting_key
 
 Z95 = 1.959963984540054
@@ -124,6 +128,14 @@ def _group(cells: Sequence[dict[str, Any]], n_tokens: int) -> dict[str, Any]:
     }
 
 
+def _scored(g: dict[str, Any], cells: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A group with, over a task suite, whether its answers changed beside whether its texts forked."""
+    a = answers(cells)
+    if a is not None:
+        g["answers"] = a
+    return g
+
+
 def rates(doc: dict[str, Any]) -> dict[str, Any]:
     """Per setting (and per setting and prompt category): divergence rate, interval, fork positions, gaps.
 
@@ -146,11 +158,11 @@ def rates(doc: dict[str, Any]) -> dict[str, Any]:
             cat = c.get("category") if isinstance(c.get("category"), str) else cats.get(c["params"].get("prompt"))
             if isinstance(cat, str):
                 by_cat.setdefault(cat, []).append(c)
-        g["categories"] = [dict(_group(cs, n_tokens), category=cat) for cat, cs in by_cat.items()]
+        g["categories"] = [_scored(dict(_group(cs, n_tokens), category=cat), cs) for cat, cs in by_cat.items()]
         kp = group_prediction(cells)
         if kp is not None:
             g["kernel_map"] = kp
-        out.append(g)
+        out.append(_scored(g, cells))
     return {"confidence": 0.95, "gap_edges": list(GAP_EDGES), "gap_bins": gap_bin_labels(), "settings": out}
 
 
@@ -189,7 +201,7 @@ def format_rates(r: dict[str, Any]) -> list[str]:
     lines: list[str] = []
     labels = r["gap_bins"]
     for g in r["settings"]:
-        lines.append(f"{g['label']}: {rate_text(g)}")
+        lines.append(f"{g['label']}: {rate_text(g)}" + (f"; {answers_text(g['answers'])}" if g.get("answers") else ""))
         if g["forks"]:
             lines.append(f"  positions  {positions_text(g)}")
             diagnosed = g["forks"] - g["severity"]["undiagnosed"]

@@ -29,6 +29,7 @@ from ..verdicts import cell_label
 from .cells import CellParams, cell_config, cell_record, describe, error_record, expand
 from .document import SCHEMA, validate_matrix
 from .evidence import predict_cell, predict_record
+from .quality import cell_mark, score_cell, task_suite
 from .spec import MatrixError, MatrixSpec
 
 #: the speculative arm's stop reason when it was stopped ``stop_after_fork`` tokens after its fork
@@ -288,6 +289,8 @@ def _run_cells(spec: MatrixSpec, runner: Runner, run: MatrixRun, cells: list[Cel
     def counters() -> dict[str, int]:
         return {k: int(getattr(runner, k, 0)) for k in ("loads", "vanilla_runs", "speculative_runs")}
 
+    suite = task_suite(spec)  # over a task suite, each cell's answers are scored against its item
+    items = {it.id: it for it in suite.items} if suite is not None else {}
     run.counters = counters()
     if resumed is None:  # a resumed file is rewritten only once its environment is known to be this one
         run.write()
@@ -322,7 +325,11 @@ def _run_cells(spec: MatrixSpec, runner: Runner, run: MatrixRun, cells: list[Cel
                     if cancel():
                         run.status = "interrupted"
                         break
+                if items:  # before the record and the saved trace: both carry the answers' block
+                    scores = score_cell(items[params.prompt], trace, spec.quality, suite.name)
                 rec = cell_record(i, params, trace, time.perf_counter() - t0, diag, derr, category)
+                if items:
+                    rec["quality"] = scores
                 if run.kernel_map is not None:
                     rec["kernel_prediction"] = predict_cell(run.kernel_map, cfg, trace, spec.kernel_map).to_json()
                 if not run.environment:
@@ -353,6 +360,8 @@ def _run_cells(spec: MatrixSpec, runner: Runner, run: MatrixRun, cells: list[Cel
             eta = elapsed / n_run * (todo - n_run)
             outcome = "error: " + rec["error"] if rec["status"] == "error" else (
                 "identical" if rec["identical"] else f"fork at token {rec['first_mismatch']} ({cell_label(rec)})")
+            if cell_mark(rec):
+                outcome += f", {cell_mark(rec)}"
             say(f"[{len(run.records)}/{len(cells)}] {describe(params)}: {outcome} "
                 f"({rec['seconds']:.1f} s; ETA {fmt_seconds(eta)})")
         else:

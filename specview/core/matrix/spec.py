@@ -258,6 +258,8 @@ class _SpecMethods:
         d["diagnose"] = self.diagnose
         if self.kernel_map is not None:
             d["kernel_map"] = self.kernel_map
+        if self.quality:
+            d["quality"] = dict(self.quality)
         if self.parts:
             d["parts"] = [dict(p) for p in self.parts]
             d["preset"] = self.preset
@@ -294,6 +296,10 @@ class _SpecMethods:
                 raise MatrixError(f"{source}: spec.kernel_map must be a file name or null "
                                   f"(got {show(d['kernel_map'])})")
             kw["kernel_map"] = d["kernel_map"]
+        if d.get("quality") is not None:
+            from .quality import check_block
+
+            kw["quality"] = dict(check_block(d["quality"], f"{source}: spec"))
         if d.get("parts"):
             kw["parts"] = parts_from_json(d["parts"], source)
             kw["preset"] = d.get("preset") if isinstance(d.get("preset"), dict) else None
@@ -318,6 +324,8 @@ def _spec_fields() -> list[tuple[str, Any, Any]]:
         ("engine", EngineSettings, field(default_factory=EngineSettings)),
         ("diagnose", bool, field(default=True)),
         ("kernel_map", Any, field(default=None)),
+        # a task suite whose items are the prompts, each cell's answers scored (core/matrix/quality.py), or None
+        ("quality", Any, field(default=None)),
         # a preset's parts (core/matrix/preset.py): each a small matrix of its own, the cells their union
         ("parts", list, field(default_factory=list)),
         ("preset", Any, field(default=None)),
@@ -332,7 +340,8 @@ def _spec_fields() -> list[tuple[str, Any, Any]]:
 #: declarations in :mod:`specview.core.config`: ``targets``, ``drafters``, one list per axis
 #: (``n_max``, ``p_min``, ``flash_attn``), ``prompts``, one value per shared run setting
 #: (``max_tokens``, ``n_min``, ``top_k`` ...), ``backend``, ``engine`` (the shared engine settings),
-#: ``diagnose`` and ``kernel_map`` (a kernel map file whose predictions the matrix cites, or None).
+#: ``diagnose``, ``kernel_map`` (a kernel map file whose predictions the matrix cites, or None) and
+#: ``quality`` (the task suite whose items are the prompts, its cells' answers scored, or None).
 MatrixSpec = make_dataclass("MatrixSpec", _spec_fields(), bases=(_SpecMethods,),
                             namespace={"__module__": __name__})
 

@@ -326,7 +326,9 @@ def cell_colour(cell: dict[str, Any] | None) -> str:
 
 
 def cell_detail(cell: dict[str, Any]) -> str:
-    bits = []
+    from ..matrix.quality import cell_mark
+
+    bits = [cell_mark(cell)] if cell_mark(cell) else []  # over a task suite: whether the answer changed
     if cell.get("acceptance_rate") is not None:
         bits.append(f"acc {cell['acceptance_rate']:.0%}")
     if cell.get("speedup") is not None:

@@ -6,6 +6,7 @@ import base64
 from typing import Any, Mapping, Sequence
 
 from ... import __version__
+from ..matrix.quality import answers_text
 from ..matrix.rates import pct, positions_text, rate_text
 from ..verdicts import CATEGORIES, COLOURS, WORDS, cell_text
 from .escape import esc, visible
@@ -311,9 +312,17 @@ def _interval(g: dict[str, Any], width: int = 160) -> str:
             f"background:#333'></span></span>")
 
 
-def _rate_row(label: str, g: dict[str, Any]) -> str:
+def _answers_td(g: dict[str, Any]) -> str:
+    """A task suite's answers beside the forks, tinted where some changed."""
+    a = g.get("answers")
+    tint = f" style='background:{COLOURS['state' if a['changed_state'] else 'diverged']}'" if a and a["changed"] else ""
+    return f"<td{tint}>{esc(answers_text(a).removeprefix('answers: '))}</td>"
+
+
+def _rate_row(label: str, g: dict[str, Any], scored: bool = False) -> str:
     sev = g["severity"]
-    return (f"<tr><td>{esc(label)}</td><td>{g['n']}</td><td>{g['forks']}</td><td>{esc(pct(g['rate']))}</td>"
+    return (f"<tr><td>{esc(label)}</td><td>{g['n']}</td><td>{g['forks']}</td>{_answers_td(g) if scored else ''}"
+            f"<td>{esc(pct(g['rate']))}</td>"
             f"<td>{esc(pct(g['low']))} – {esc(pct(g['high']))}</td><td>{_interval(g)}</td>"
             f"<td>{esc(positions_text(g))}</td><td>{sev['near-tie']} / {sev['material']} / {sev['undiagnosed']}</td>"
             "</tr>")
@@ -325,17 +334,23 @@ def rates_html(r: dict[str, Any]) -> str:
     if groups is None:
         return ""
     settings, cats, forked = groups
-    head = ("<tr><th>setting</th><th>prompts</th><th>forks</th><th>rate</th><th>95% interval</th><th></th>"
-            "<th>fork positions</th><th>near-tie / material / undiagnosed</th></tr>")
+    scored = any(g.get("answers") for g in settings)  # a task suite: an answers column beside the forks
+    head = ("<tr><th>setting</th><th>prompts</th><th>forks</th>" + ("<th>answers (McNemar p)</th>" if scored else "")
+            + "<th>rate</th><th>95% interval</th><th></th><th>fork positions</th>"
+            "<th>near-tie / material / undiagnosed</th></tr>")
     parts = ["<h2>Divergence rates</h2>",
              "<p class=note>Per setting, over the prompts it ran: the share of prompts whose arms fork, with a 95% "
              "Wilson interval (the band; the dark line is the rate). A fork is a near-tie when its teacher-forced "
              "gap is within what batched-versus-single numerics can flip (its diagnosis' far threshold: four "
              "times the largest shift before the fork, at least 2 logits), material when it is above.</p>",
-             "<table class=kv>" + head + "".join(_rate_row(g["label"], g) for g in settings) + "</table>"]
+             "<table class=kv>" + head + "".join(_rate_row(g["label"], g, scored) for g in settings) + "</table>"]
+    if scored:
+        parts.append("<p class=note>Answers: over a task suite, each item's two answers scored; <i>same</i> where "
+                     "both arms pass or both fail, <i>changed</i> where one passes and the other fails, with "
+                     "McNemar's exact p on the changed ones (a small p: speculation changes answers).</p>")
     if cats:
         parts.append("<h2>Rates by prompt category</h2><table class=kv>" + head.replace("setting", "setting · category")
-                     + "".join(_rate_row(f"{label} · {c['category']}", c) for label, c in cats) + "</table>")
+                     + "".join(_rate_row(f"{label} · {c['category']}", c, scored) for label, c in cats) + "</table>")
     if forked:
         parts.append("<h2>Where the forks fall, and how large the gaps are</h2>")
         for g in forked:

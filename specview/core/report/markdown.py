@@ -7,6 +7,7 @@ from itertools import groupby
 from typing import Any, Mapping, Sequence
 
 from ... import __version__
+from ..matrix.quality import answers_text, cell_mark
 from ..matrix.rates import bar, pct, positions_text, rate_text
 from ..verdicts import cell_text
 from .escape import md_code, md_fence, md_text, text, visible
@@ -137,7 +138,8 @@ class MarkdownWriter:
             vals = []
             for c in g.cols:
                 cell = g.at.get((r, c))
-                txt = md_text(cell_text(cell))
+                mark = cell_mark(cell) if cell else ""  # over a task suite: whether the answer changed
+                txt = md_text(cell_text(cell) + (f" · {mark}" if mark else ""))
                 vals.append(f"**{txt}**" if cell and cell.get("status") == "ok" and not cell.get("identical") else txt)
             rows.append(f"| {md_text(g.row_label(r))} | " + " | ".join(vals) + " |")
         return ["\n".join([head, sep, *rows]) + "\n"]
@@ -222,9 +224,10 @@ def kernels_markdown(kmap: Any, file: str | None = None) -> str:
     return "\n".join(out)
 
 
-def _rate_row(label: str, g: dict[str, Any]) -> str:
+def _rate_row(label: str, g: dict[str, Any], scored: bool = False) -> str:
     sev = g["severity"]
-    return (f"| {md_text(label)} | {g['n']} | {g['forks']} | {md_text(pct(g['rate']))} | "
+    a = f" {md_text(answers_text(g.get('answers')).removeprefix('answers: '))} |" if scored else ""
+    return (f"| {md_text(label)} | {g['n']} | {g['forks']} |{a} {md_text(pct(g['rate']))} | "
             f"{md_text(pct(g['low']))} – {md_text(pct(g['high']))} | {md_text(positions_text(g))} | "
             f"{sev['near-tie']} / {sev['material']} / {sev['undiagnosed']} |")
 
@@ -235,18 +238,23 @@ def rates_md(r: dict[str, Any]) -> str:
     if groups is None:
         return ""
     settings, cats, forked = groups
-    head = ("| {} | prompts | forks | rate | 95% interval | fork positions | near-tie / material / undiagnosed |\n"
-            "|---|---|---|---|---|---|---|")
+    scored = any(g.get("answers") for g in settings)  # a task suite: an answers column beside the forks
+    head = ("| {} | prompts | forks |" + (" answers (McNemar p) |" if scored else "") + " rate | 95% interval | "
+            "fork positions | near-tie / material / undiagnosed |\n" + "|---" * (8 if scored else 7) + "|")
     out = ["### Divergence rates\n",
            "Per setting, over the prompts it ran: the share of prompts whose arms fork, with a 95% Wilson interval. "
            "A fork is a near-tie when its teacher-forced gap is within what batched-versus-single numerics can flip "
            "(its diagnosis' far threshold: four times the largest shift before the fork, at least 2 logits), "
            "material when it is above.\n",
-           "\n".join([head.format("setting"), *(_rate_row(g["label"], g) for g in settings)]) + "\n"]
+           "\n".join([head.format("setting"), *(_rate_row(g["label"], g, scored) for g in settings)]) + "\n"]
+    if scored:
+        out.append("Answers: over a task suite, each item's two answers scored; *same* where both arms pass or both "
+                   "fail, *changed* where one passes and the other fails, with McNemar's exact p on the changed ones "
+                   "(a small p: speculation changes answers).\n")
     if cats:
         out.append("#### By prompt category\n")
         out.append("\n".join([head.format("setting · category"),
-                              *(_rate_row(f"{label} · {c['category']}", c) for label, c in cats)]) + "\n")
+                              *(_rate_row(f"{label} · {c['category']}", c, scored) for label, c in cats)]) + "\n")
     if forked:
         out.append("#### Where the forks fall, and how large the gaps are\n")
         lines: list[str] = []

@@ -19,6 +19,7 @@ from .facts import (PLOT_CAPTIONS, acceptance_facts, backend_warning, commands, 
                     earliest_fork, environment_facts, fmt, fork_context, model_facts, obj, preset_command,
                     prompt_block, quoted, spec_rows, verdict_facts)
 from .kernels import LEGEND, WIDTH_HEADERS, heat_cell, map_intro, target_facts, width_rows
+from .quality import quality_rows
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,9 @@ def trace_sections(trace: Any, plots: Collection[str], kernel: Any = None) -> li
     if explanation:
         out.append(Section("paragraph", explanation))
     out.append(Section("facts", verdict_facts(trace)))
+    task = quality_rows(trace)
+    if task:  # the prompt came from a task suite: did the fork change the answer?
+        out.append(Section("facts", task, "Task outcome"))
     ctx = fork_context(trace)
     if ctx is not None:
         out.append(Section("fork", ctx, f"The fork, token {ctx['index']}"))

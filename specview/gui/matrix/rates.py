@@ -43,6 +43,7 @@ from PySide6.QtWidgets import (
 
 from ...core import verdicts
 from ...core.matrix.evidence import group_prediction_text
+from ...core.matrix.quality import answers_text
 from ...core.matrix.rates import pct, positions_text, rate_text, severity_text
 from ...core.matrix.spec import engine_axes
 from ...core.matrix.summary import ALL_AXES, axis_part
@@ -50,8 +51,8 @@ from .rate_plots import SEVERITY_VERDICT, PositionPlot, RatePlot, SeverityPlot
 
 #: the tree's columns
 COLUMNS = ("setting · category", "forks / n", "rate", "95% CI", "fork at: median\n(quartiles)", "near-tie",
-           "material", "undiagnosed", "kernel map")
-COL_FORKS, COL_RATE, COL_CI, COL_POS, COL_NEAR, COL_MATERIAL, COL_UNDIAG, COL_KERNELS = range(1, 9)
+           "material", "undiagnosed", "kernel map", "answers\n(McNemar p)")
+COL_FORKS, COL_RATE, COL_CI, COL_POS, COL_NEAR, COL_MATERIAL, COL_UNDIAG, COL_KERNELS, COL_ANSWERS = range(1, 10)
 SEVERITY_COLS = {"near-tie": COL_NEAR, "material": COL_MATERIAL, "undiagnosed": COL_UNDIAG}
 KEY_ROLE = Qt.ItemDataRole.UserRole + 2
 
@@ -89,7 +90,8 @@ def row_texts(g: dict[str, Any]) -> list[str]:
     """The tree's texts for a setting or category group of :func:`rates` (after its name)."""
     sev = g["severity"]
     return [f"{g['forks']} / {g['n']}", pct(g["rate"]), ci_cell(g), position_cell(g),
-            str(sev["near-tie"]), str(sev["material"]), str(sev["undiagnosed"]), kernel_cell(g)]
+            str(sev["near-tie"]), str(sev["material"]), str(sev["undiagnosed"]), kernel_cell(g),
+            answers_text(g.get("answers")).removeprefix("answers: ")]
 
 
 def setting_names(settings: list[dict[str, Any]]) -> tuple[list[str], str]:
@@ -245,6 +247,7 @@ class RatesPanel(QWidget):
         """Update the rows in place (selection, expansion and scrolling stay), adding rows for new settings."""
         keys = [setting_key(g) for g in settings]
         self.tree.setColumnHidden(COL_KERNELS, not any(isinstance(g.get("kernel_map"), dict) for g in settings))
+        self.tree.setColumnHidden(COL_ANSWERS, not any(g.get("answers") for g in settings))  # a task suite's
         if list(self._items) != keys[: len(self._items)]:  # a setting went away or moved: lay the tree out again
             self.tree.clear()
             self._items = {}
@@ -293,7 +296,7 @@ class RatesPanel(QWidget):
         item.setText(0, name)
         for col, text in enumerate(row_texts(g), start=1):
             item.setText(col, text)
-            side = Qt.AlignmentFlag.AlignLeft if col == COL_KERNELS else Qt.AlignmentFlag.AlignRight
+            side = Qt.AlignmentFlag.AlignLeft if col in (COL_KERNELS, COL_ANSWERS) else Qt.AlignmentFlag.AlignRight
             item.setTextAlignment(col, side | Qt.AlignmentFlag.AlignVCenter)
         kp = g.get("kernel_map") if isinstance(g.get("kernel_map"), dict) else None
         if kp is not None and kp.get("contradictions"):  # the map said lossless, yet a cell forked (or the reverse)
@@ -302,6 +305,14 @@ class RatesPanel(QWidget):
         else:
             item.setBackground(COL_KERNELS, QBrush())
             item.setForeground(COL_KERNELS, QBrush())
+        a = g.get("answers")
+        if a and a["changed"]:  # some answer changed: tinted, and as a state bug where one came with a state fork
+            item.setBackground(COL_ANSWERS, QBrush(QColor(verdicts.COLOURS["state" if a["changed_state"] else
+                                                                           "diverged"])))
+            item.setForeground(COL_ANSWERS, QBrush(QColor(17, 17, 17)))
+        else:
+            item.setBackground(COL_ANSWERS, QBrush())
+            item.setForeground(COL_ANSWERS, QBrush())
         for sev, col in SEVERITY_COLS.items():
             if g["severity"][sev]:
                 item.setBackground(col, QBrush(QColor(verdicts.COLOURS[SEVERITY_VERDICT[sev]])))
@@ -314,6 +325,8 @@ class RatesPanel(QWidget):
             tip += [positions_text(g), "gaps: " + severity_text(g)]
         if kernel_cell(g):
             tip.append("kernel map: " + kernel_cell(g))
+        if a:
+            tip.append(answers_text(a))
         if g["errors"]:
             tip.append(f"{g['errors']} cell{'s' if g['errors'] != 1 else ''} failed (not counted)")
         for col in range(len(COLUMNS)):

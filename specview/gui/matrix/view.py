@@ -53,6 +53,7 @@ from ...core.config import RunConfig
 from ...core.errors import SpecviewError
 from ...core.matrix import CellParams, describe, grid, load_matrix, rates, summarize
 from ...core.matrix.preset import findings_lines
+from ...core.matrix.quality import answer_changed, cell_mark, scored
 from .rates import RatesPanel
 
 RECORD_ROLE = Qt.ItemDataRole.UserRole + 1
@@ -220,6 +221,10 @@ class MatrixView(QWidget):
                 if cat is not None:
                     item.setBackground(QBrush(QColor(verdicts.COLOURS[cat])))
                     item.setForeground(QBrush(QColor(17, 17, 17)))  # the tints are light in every theme
+                if cell is not None and answer_changed(cell):  # a changed answer stands out in bold
+                    font = item.font()
+                    font.setBold(True)
+                    item.setFont(font)
                 item.setData(RECORD_ROLE, cell)
                 item.setToolTip(self._tooltip(cell))
                 self.table.setItem(i, j, item)
@@ -249,6 +254,8 @@ class MatrixView(QWidget):
         head = verdicts.cell_text(cell, sep="\n")
         if head == "error":
             return head
+        if cell_mark(cell):  # over a task suite: whether the answer changed, under the fork
+            head += "\n" + cell_mark(cell)
         bits = []
         if cell.get("acceptance_rate") is not None:
             bits.append(f"acc {cell['acceptance_rate']:.0%}")
@@ -274,6 +281,11 @@ class MatrixView(QWidget):
                          + (f", gap {cell['gap']:.4f}" if isinstance(cell.get("gap"), (int, float)) else ""))
             if cell.get("explanation"):
                 lines.append(e(str(cell["explanation"])))
+        q = scored(cell)
+        if q is not None:
+            lines.append(e(f"{cell_mark(cell)}: expected {q.get('expected')!r}; vanilla {q.get('vanilla_got')!r} "
+                           f"({'pass' if q['vanilla_pass'] else 'fail'}), speculative {q.get('speculative_got')!r} "
+                           f"({'pass' if q['speculative_pass'] else 'fail'})"))
         if cell.get("status") == "ok":
             lines.append(f"drafted {cell.get('n_drafted')}, accepted {cell.get('n_accepted')}")
         lines.append("<i>double-click or Enter: open it side by side</i>")

@@ -1,0 +1,76 @@
+"""A run whose prompt came from a task suite: whether the fork changed the answer, in a report and on the fork card.
+
+``specview quality`` (and a matrix over a task suite) records in each run's
+trace, in its config, a ``quality`` block: the suite, the item, the expected
+answer, whether each arm's reply passed and, where recorded, what was read
+from each reply (``vanilla_got`` / ``speculative_got``).  A trace without the
+block (any other run) gets nothing from here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .escape import text
+from .facts import obj
+
+
+def quality_block(trace: Any) -> dict[str, Any] | None:
+    """The trace's ``quality`` block when its prompt came from a task suite and both arms were scored, or None."""
+    from ..quality import quality_block as block
+
+    q = obj(block(trace))
+    return q if isinstance(q.get("vanilla_pass"), bool) and isinstance(q.get("speculative_pass"), bool) else None
+
+
+def changed(trace: Any) -> bool | None:
+    """Whether the answer changed between the arms (one passed, the other failed); None without the block."""
+    from ..quality import answer_changed
+
+    return answer_changed(trace) if quality_block(trace) is not None else None
+
+
+def _passed(ok: bool) -> str:
+    return "pass" if ok else "fail"
+
+
+def _answer(q: dict[str, Any], arm: str) -> str:
+    got = q.get(f"{arm}_got")
+    return f"{text(got)!r} ({_passed(q[f'{arm}_pass'])})" if isinstance(got, str) else _passed(q[f"{arm}_pass"])
+
+
+def outcome_words(trace: Any) -> str | None:
+    """``yes: vanilla passes, speculative fails`` / ``no: both arms pass`` (None without the block)."""
+    q = quality_block(trace)
+    if q is None:
+        return None
+    v, s = q["vanilla_pass"], q["speculative_pass"]
+    if changed(trace):
+        return f"yes: vanilla {'passes' if v else 'fails'}, speculative {'passes' if s else 'fails'}"
+    return f"no: both arms {'pass' if v else 'fail'}" if v == s else "no"
+
+
+def quality_rows(trace: Any) -> list[tuple[str, str]]:
+    """(label, value) rows of the task outcome: answer changed, the suite and item, the expected answer and each
+    arm's; [] for a run whose prompt did not come from a suite."""
+    q = quality_block(trace)
+    if q is None:
+        return []
+    return [("answer changed", text(outcome_words(trace))),
+            ("suite / item", f"{text(q.get('suite')) or '?'} / {text(q.get('item')) or '?'}"),
+            ("expected answer", repr(text(q.get("expected"))) if q.get("expected") is not None else "n/a (a test)"),
+            ("vanilla answer", _answer(q, "vanilla")),
+            ("speculative answer", _answer(q, "speculative"))]
+
+
+def answer_line(trace: Any) -> str | None:
+    """One line for the fork card: ``answer changed: yes: ... · expected '945' · vanilla '945' (pass) ...``."""
+    rows = quality_rows(trace)
+    if not rows:
+        return None
+    d = dict(rows)
+    return (f"answer changed: {d['answer changed']} · {d['suite / item']} · expected {d['expected answer']} · "
+            f"vanilla {d['vanilla answer']} · speculative {d['speculative answer']}")
+
+
+__all__ = ["answer_line", "changed", "outcome_words", "quality_block", "quality_rows"]
