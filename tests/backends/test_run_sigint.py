@@ -51,8 +51,12 @@ def _alive(pid: int) -> bool:
 def test_ctrl_c_of_specview_run_exits_130_and_leaves_no_process(demo_paths):
     cmd = [sys.executable, "-m", "specview", "run", "-m", "demo:Q4_K_M", "-md", "demo:Q4_0", "-n", "4000",
            "--ignore-eos", "-c", "4096", "-t", "1", "-p", "Write an essay on the importance of sleep for students."]
+    # A terminal starts the command with SIGINT at its default action. A test run started in the background of a
+    # non-interactive shell (`nohup ... &`, a CI script's `cmd &`) has SIGINT ignored, every child inherits that, and
+    # Python then installs no KeyboardInterrupt handler: the command would run its 4,000 tokens deaf to Ctrl+C.
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                         env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                         env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         first = p.stderr.readline()
         assert first.startswith("specview: "), first
