@@ -1,0 +1,435 @@
+"""Running model-written code: each sample in its own process, folder, limits and (where the platform allows)
+namespaces, and a verdict with a reason a user reads.
+
+:func:`run_sample` starts a fresh ``python -I -S`` (no site-packages, no
+``PYTHON*`` variables, no user site: HumanEval's tests need only the stdlib)
+in a new session, in a new temporary folder that is its cwd, HOME and TMPDIR,
+with an environment of a few fixed variables (nothing of the parent's: no
+tokens, no keys), stdin closed, and reads one pipe of output and one of JSON
+facts from :mod:`.sandbox_child`, which sets up the fences (see its
+docstring).  The parent owns the clock: at the wall-clock limit it kills the
+whole process group (and with it the PID namespace), so it always returns
+within the limit and a fraction of a second, whatever the sample does with
+its signals or children.  The folder is removed afterwards.
+
+What each platform enforces differs; :func:`sandbox_report` tries it (a
+probe sample that forks, connects and allocates) and says so in words, for
+the CLI and the docs.  On Linux with unprivileged namespaces and Landlock
+(kernel 6.7+ for its TCP rules) everything below holds; elsewhere the report
+names what does not.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import SpecviewError
+
+#: the child's program, run with ``-c`` so it needs no readable path of its own
+_CHILD = Path(__file__).with_name("sandbox_child.py")
+#: the exit code of a sample the in-process guard stopped (sandbox_child.GUARD_EXIT)
+_GUARD_EXIT = 86
+#: the environment a sample gets: nothing else of the parent's
+_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
+#: output kept from a sample: its first and last half of this (a sample that prints forever costs nothing)
+OUTPUT_BYTES = 64 * 1024
+#: seconds allowed after the sample's wall clock for the kill and the clean-up
+KILL_MARGIN = 2.0
+_EVENTS = {"processes": "tried to start processes", "write": "wrote outside its folder",
+           "signals": "tried to signal another process", "network": "tried to use the network"}
+
+
+class SandboxError(SpecviewError):
+    """The sandbox itself could not run a sample (not the sample failing): the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one sample may use.
+
+    ``wall_s`` and ``cpu_s`` in seconds, ``memory_mb`` its address space,
+    ``processes`` the processes or threads it may start besides itself (0:
+    none; any attempt is a fail), ``file_mb`` the largest file it may write,
+    ``disk_mb`` all its files together (its folder is a tmpfs of that size
+    where the platform gives a mount namespace).
+    """
+
+    wall_s: float = 10.0
+    cpu_s: float = 10.0
+    memory_mb: int = 512
+    processes: int = 0
+    file_mb: int = 16
+    disk_mb: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("wall_s", "cpu_s", "memory_mb", "file_mb", "disk_mb"):
+            if not getattr(self, name) > 0:
+                raise SandboxError(f"sandbox limit {name}={getattr(self, name)!r}: it must be above 0")
+        if self.processes < 0:
+            raise SandboxError(f"sandbox limit processes={self.processes!r}: it must be 0 or more")
+        if self.memory_mb < 64:
+            raise SandboxError(f"sandbox limit memory_mb={self.memory_mb}: Python itself needs 64 MB or more")
+
+
+@dataclass(frozen=True)
+class Fences:
+    """What held around one sample, as the child reported it (None where it did not report: it died first)."""
+
+    network: bool = False
+    pid_namespace: bool = False
+    folder_quota: bool = False
+    private_proc: bool = False
+    own_user_namespace: bool = False
+    capabilities_dropped: bool = False
+    landlock_abi: int = 0
+    uid: int | None = None
+    limits: dict[str, bool] = field(default_factory=dict)
+    why: str = ""
+    #: what the report's probe tried, and whether the fence stopped it (``processes``, ``network``, ``memory``)
+    probed: dict[str, bool] = field(default_factory=dict)
+
+    @property
+    def network_denied(self) -> bool:
+        return self.probed.get("network", self.network or self.landlock_abi >= 4)
+
+    @property
+    def processes_limited(self) -> bool:
+        return self.probed.get("processes", bool(self.limits.get("RLIMIT_NPROC")))
+
+    def gaps(self) -> list[str]:
+        """What this platform did not enforce, in words (empty where everything held)."""
+        gaps = []
+        if not self.network_denied:
+            gaps.append("network not denied on this platform")
+        if not self.processes_limited:
+            gaps.append("processes not limited on this platform (only the in-process guard and the clock)")
+        if not self.probed.get("memory", bool(self.limits.get("RLIMIT_AS"))):
+            gaps.append("memory not limited on this platform")
+        if not self.landlock_abi:
+            gaps.append("writes outside the folder not prevented on this platform (only the in-process guard "
+                        "and the user's own file permissions)")
+        if not self.pid_namespace:
+            gaps.append("no PID namespace: a sample that leaves its process group outlives the kill")
+        return gaps
+
+    def lines(self, limits: "Limits") -> list[str]:
+        """What holds around each sample, one fact a line, for ``specview quality`` and the docs."""
+        net = ("denied (a network namespace of its own, no interface up)" if self.network else
+               "TCP denied (Landlock), UDP not" if self.network_denied else "NOT denied on this platform")
+        procs = ("new processes and threads refused (RLIMIT_NPROC)" if limits.processes == 0 else
+                 f"at most {limits.processes} besides itself (RLIMIT_NPROC)")
+        files = (f"writes only in its folder; reads only its folder, the interpreter and the system's libraries "
+                 f"(Landlock ABI {self.landlock_abi})" if self.landlock_abi else
+                 "writes outside its folder NOT prevented on this platform (the in-process guard only)")
+        folder = (f"a private {limits.disk_mb} MB tmpfs, gone with the sample" if self.folder_quota else
+                  f"a temporary folder on disk, removed afterwards (no total cap on this platform)")
+        return [
+            f"network: {net}",
+            f"processes: {procs if self.processes_limited else 'NOT limited on this platform'}",
+            f"memory: {limits.memory_mb} MB of address space (RLIMIT_AS)" if self.probed.get("memory", True)
+            else "memory: NOT limited on this platform",
+            f"time: {limits.wall_s:g} s wall clock (then its process group is killed"
+            f"{' with its PID namespace' if self.pid_namespace else ''}), {limits.cpu_s:g} s CPU (RLIMIT_CPU)",
+            f"files: {files}; each file up to {limits.file_mb} MB (RLIMIT_FSIZE)",
+            f"folder: {folder}; it is the sample's cwd, HOME and TMPDIR",
+            "environment: only " + ", ".join([*_ENV, "HOME", "TMPDIR"]) + "; stdin closed",
+            "other processes: " + ("hidden (a PID namespace with its own /proc)" if self.private_proc else
+                                   "in a PID namespace" if self.pid_namespace else "visible"),
+            "user: " + ("nobody, no capabilities but reading files" if self.uid is not None else
+                        "the same user, no capabilities" if self.capabilities_dropped else "the same user"),
+        ]
+
+    @classmethod
+    def from_records(cls, records: list[dict[str, Any]]) -> "Fences":
+        ns = next((r["namespaces"] for r in records if "namespaces" in r), {})
+        f = next((r["fences"] for r in records if "fences" in r), {})
+        return cls(network=bool(ns.get("network")), pid_namespace=bool(ns.get("pid")),
+                   folder_quota=bool(f.get("folder_quota")), private_proc=bool(f.get("proc")),
+                   own_user_namespace=bool(f.get("own_user_namespace")),
+                   capabilities_dropped=bool(f.get("capabilities_dropped")), landlock_abi=int(f.get("landlock", 0)),
+                   limits=dict(f.get("limits", {})), uid=f.get("uid"),
+                   probed=next((r["probe"] for r in records if "probe" in r), {}),
+                   why="; ".join(w for w in (ns.get("why"), f.get("why"), f.get("landlock_why")) if w))
+
+
+@dataclass(frozen=True)
+class SampleResult:
+    """One sample's verdict: ``reason`` is "passed" or why not, in words ("timed out after 10 s (wall clock)",
+    "memory limit (512 MB)", "crashed (signal 11, SIGSEGV)", "AssertionError: ...", "tried to start processes
+    (os.fork)", ...); ``output`` what it printed (stdout and stderr, the start and end of it)."""
+
+    passed: bool
+    reason: str
+    output: str
+    wall_s: float = 0.0
+    cpu_s: float | None = None
+    fences: Fences | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _new_folder() -> Path:
+    return Path(tempfile.mkdtemp(prefix="specview-sample-"))
+
+
+def _remove_folder(folder: Path) -> None:
+    """Remove the sample's folder even where the sample took the write bits off its own files."""
+    def retry(func: Any, path: str, _exc: Any) -> None:
+        try:
+            os.chmod(os.path.dirname(path), 0o700)
+            os.chmod(path, 0o700)
+            func(path)
+        except OSError:
+            pass
+    shutil.rmtree(folder, onerror=retry)
+
+
+class _Output:
+    """The first and last halves of ``OUTPUT_BYTES`` of what a sample printed; the rest is counted, not kept."""
+
+    def __init__(self) -> None:
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.dropped = 0
+
+    def add(self, data: bytes) -> None:
+        room = OUTPUT_BYTES // 2 - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        self.tail += data
+        if len(self.tail) > OUTPUT_BYTES // 2:
+            cut = len(self.tail) - OUTPUT_BYTES // 2
+            self.dropped += cut
+            del self.tail[:cut]
+
+    def text(self) -> str:
+        middle = f"\n[... {self.dropped} bytes not kept ...]\n" if self.dropped else ""
+        return (bytes(self.head).decode("utf-8", "replace") + middle + bytes(self.tail).decode("utf-8", "replace"))
+
+
+def _signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+def _reason(records: list[dict[str, Any]], limits: Limits, timed_out: bool, wall: float,
+            output: str) -> tuple[bool, str, float | None]:
+    """The verdict from what the child wrote: the first fact that explains the end wins."""
+    status = next((r for r in records if "status" in r), None)
+    cpu = status["cpu_s"] if status else None
+    if timed_out:
+        return False, f"timed out after {wall:g} s (wall clock)", cpu
+    event = next((r for r in records if "event" in r), None)
+    if event:
+        return False, f"{_EVENTS.get(event['event'], event['event'])} ({event['detail']})", cpu
+    outcome = next((r for r in records if "outcome" in r), None)
+    if outcome and outcome["outcome"] == "passed" and status and status["status"] == 0:
+        return True, "passed", cpu
+    if outcome and outcome["outcome"] == "memory":
+        return False, f"memory limit ({limits.memory_mb} MB)", cpu
+    if outcome and outcome["outcome"] == "exit":
+        return False, f"exited before its tests finished (sys.exit({outcome['code']}))", cpu
+    if outcome and outcome["outcome"] == "error":
+        return False, _error_reason(outcome, limits), cpu
+    error = next((r["sandbox_error"] for r in records if "sandbox_error" in r), None)
+    if error:
+        return False, f"the sandbox failed to start the sample: {error}", cpu
+    if status is None:
+        return False, "the sandbox ended without a verdict (its launcher died)", cpu
+    code = status["status"]
+    if os.WIFSIGNALED(code):
+        sig = os.WTERMSIG(code)
+        # the hard limit's SIGKILL (a sample that ignored SIGXCPU); a VM's tick-based accounting reads low
+        if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu is not None and cpu >= 0.5 * limits.cpu_s):
+            return False, f"CPU limit ({limits.cpu_s:g} s)", cpu
+        if sig == signal.SIGXFSZ:
+            return False, f"file size limit ({limits.file_mb} MB)", cpu
+        if "MemoryError" in output or "Cannot allocate memory" in output:
+            return False, f"memory limit ({limits.memory_mb} MB)", cpu
+        return False, f"crashed (signal {sig}, {_signal_name(sig)})", cpu
+    exit_code = os.WEXITSTATUS(code)
+    return False, f"exited before its tests finished (exit code {exit_code})", cpu
+
+
+def _error_reason(outcome: dict[str, Any], limits: Limits) -> str:
+    """An exception's reason: the fence that raised it where one did (the file size or folder limit, the process
+    limit, the network or a path denied), else its type and first line."""
+    message = outcome["message"].strip().splitlines()
+    said = f"{outcome['type']}: {message[0][:300]}" if message else outcome["type"]
+    err, where, trace = outcome.get("errno"), outcome.get("filename") or "", outcome.get("traceback", "")
+    if err == errno.EFBIG:
+        return f"file size limit ({limits.file_mb} MB)"
+    if err in (errno.ENOSPC, errno.EDQUOT):
+        return f"filled its folder ({limits.disk_mb} MB)"
+    if (err == errno.EAGAIN and any(w in trace for w in ("fork", "spawn", "Popen", "exec"))) or \
+            "can't start new thread" in said:
+        return f"tried to start processes (the process limit stopped it: {said})"
+    if err in (errno.ENETUNREACH, errno.EACCES, errno.EPERM) and not where and "connect" in trace:
+        return f"tried to use the network (denied: {said})"
+    if err in (errno.EACCES, errno.EPERM, errno.EROFS) and where:
+        return f"denied outside its folder ({said})"
+    return said
+
+
+def _kill_group(proc: subprocess.Popen[bytes], records: list[dict[str, Any]]) -> None:
+    """SIGKILL the launcher's process group; without a PID namespace also the sample, in case it left it."""
+    for target in [("group", proc.pid)] + [("pid", r["sample_pid"]) for r in records
+                                          if "sample_pid" in r and not _has_pid_ns(records)]:
+        try:
+            if target[0] == "group":
+                os.killpg(target[1], signal.SIGKILL)
+            else:
+                os.kill(target[1], signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _has_pid_ns(records: list[dict[str, Any]]) -> bool:
+    return any(r.get("namespaces", {}).get("pid") for r in records)
+
+
+def run_sample(program: str, *, timeout: float | None = None, limits: Limits | None = None,
+               guard: bool = True, probe: bool = False, fences_off: tuple[str, ...] = ()) -> SampleResult:
+    """Run ``program`` (Python source) in the sandbox; passed when it ran to its end without an exception.
+
+    ``timeout`` (seconds) overrides ``limits.wall_s``.  ``guard=False`` leaves
+    out the in-process guard (the tests use it to check the kernel's fences on
+    their own); ``probe`` makes the child try the fences first (for
+    :func:`sandbox_report`); ``fences_off`` leaves out kernel fences
+    (``"namespaces"``, ``"mounts"``, ``"landlock"``) so the tests can check
+    the rest and the report's words where a platform lacks them.  Returns within the wall clock plus
+    :data:`KILL_MARGIN`; :class:`SandboxError` only when no sample could start
+    at all (no temporary folder, no interpreter).
+    """
+    if os.name != "posix":
+        raise SandboxError("running model-written code needs a POSIX system (Linux or macOS): "
+                           "this platform has no process groups or resource limits to fence it with")
+    limits = limits or Limits()
+    wall = float(timeout) if timeout is not None else limits.wall_s
+    if not wall > 0:
+        raise SandboxError(f"sample timeout {timeout!r}: it must be above 0 seconds")
+    try:
+        folder = _new_folder()
+    except OSError as e:
+        raise SandboxError(f"no temporary folder for the sample ({e}): check TMPDIR ({tempfile.gettempdir()})") from e
+    try:
+        (folder / "sample.py").write_text(program, encoding="utf-8")
+        return _run_in(folder, wall, limits, guard, probe, fences_off)
+    finally:
+        _remove_folder(folder)
+
+
+def _run_in(folder: Path, wall: float, limits: Limits, guard: bool, probe: bool,
+            off: tuple[str, ...]) -> SampleResult:
+    ctl_r, ctl_w = os.pipe()
+    cfg = {"ctl": ctl_w, "folder": str(folder), "guard": guard, "probe": probe, "limits": asdict(limits),
+           "off": list(off)}
+    env = {**_ENV, "HOME": str(folder), "TMPDIR": str(folder)}
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _CHILD.read_text(encoding="utf-8"),
+                                 json.dumps(cfg)], cwd=folder, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=(ctl_w,),
+                                start_new_session=True, close_fds=True)
+    except OSError as e:
+        os.close(ctl_r)
+        raise SandboxError(f"cannot start the sample's interpreter {sys.executable}: {e}") from e
+    finally:
+        os.close(ctl_w)
+    records: list[dict[str, Any]] = []
+    out = _Output()
+    timed_out = False
+    ctl_buf = bytearray()
+    assert proc.stdout is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ, "out")
+    sel.register(ctl_r, selectors.EVENT_READ, "ctl")
+    ended_at: float | None = None
+    try:
+        while sel.get_map():
+            now = time.monotonic()
+            if ended_at is None and proc.poll() is not None:
+                ended_at = now
+            if ended_at is not None and now - ended_at > 0.2:
+                break  # the launcher is gone: what still holds a pipe is a leftover, killed below
+            if now - t0 >= wall:
+                timed_out = proc.poll() is None or not any("status" in r for r in records)
+                break
+            budget = min(wall - (now - t0), 0.05 if ended_at is not None else 0.25)
+            for key, _ in sel.select(timeout=max(budget, 0.001)):
+                fd = key.fileobj if isinstance(key.fileobj, int) else key.fileobj.fileno()
+                data = os.read(fd, 65536)
+                if not data:
+                    sel.unregister(key.fileobj)
+                elif key.data == "out":
+                    out.add(data)
+                else:
+                    ctl_buf += data
+                    *lines, rest = ctl_buf.split(b"\n")
+                    ctl_buf = bytearray(rest)
+                    for line in lines:
+                        try:
+                            records.append(json.loads(line))
+                        except ValueError:
+                            pass  # the sample wrote on our descriptor: ignored, it cannot forge a status this way
+    finally:
+        _kill_group(proc, records)
+        try:
+            proc.wait(timeout=KILL_MARGIN)
+        except subprocess.TimeoutExpired:
+            pass
+        sel.close()
+        proc.stdout.close()
+        os.close(ctl_r)
+    if timed_out and any("status" in r for r in records):
+        timed_out = False  # it finished just as the clock ran out
+    output = out.text()
+    passed, reason, cpu = _reason(records, limits, timed_out, wall, output)
+    return SampleResult(passed=passed, reason=reason, output=output, wall_s=time.monotonic() - t0, cpu_s=cpu,
+                        fences=Fences.from_records(records))
+
+
+@dataclass(frozen=True)
+class SandboxReport:
+    """What this platform enforces around a sample, found by running a probe (it forks, connects, allocates)."""
+
+    fences: Fences
+    limits: Limits
+    python: str
+
+    def lines(self) -> list[str]:
+        return self.fences.lines(self.limits)
+
+    def gaps(self) -> list[str]:
+        return self.fences.gaps()
+
+
+_REPORTS: dict[Limits, SandboxReport] = {}
+
+
+def sandbox_report(limits: Limits | None = None) -> SandboxReport:
+    """Run the probe sample once per process and limits and say what held (the platform does not change)."""
+    limits = limits or Limits()
+    if limits not in _REPORTS:
+        result = run_sample("pass\n", limits=limits, guard=False, probe=True)
+        if not result.passed or result.fences is None:
+            raise SandboxError(f"the sandbox's probe sample did not run ({result.reason}); its output: "
+                               f"{result.output[-500:] or '(none)'}")
+        _REPORTS[limits] = SandboxReport(fences=result.fences, limits=limits, python=sys.executable)
+    return _REPORTS[limits]
