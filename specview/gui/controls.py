@@ -49,6 +49,7 @@ from ..core.registry import (
     backend_problem,
     get_backend,
 )
+from .model_offers import ModelOffers
 from .model_picker import ModelPicker
 from .setting_control import SettingControl
 from .settings import default_run
@@ -192,7 +193,7 @@ class RunControls(QWidget):
         self.engine.currentIndexChanged.connect(lambda _i: self._engine_changed())
         form.addRow("Engine", self.engine)
         self.target = ModelPicker("target")
-        self.target.sigChanged.connect(lambda _v: self._changed("target"))
+        self.target.sigChanged.connect(lambda _v: (self.offers.refresh_draft(), self._changed("target")))
         self.target.sigDeriveWanted.connect(lambda c: self.sigDeriveWanted.emit(c, "target"))
         form.addRow("Target", self.target)
         self.spec_type = QComboBox()
@@ -201,9 +202,11 @@ class RunControls(QWidget):
         self.spec_type.currentIndexChanged.connect(lambda _i: self._spec_type_changed())
         form.addRow("Drafter", self.spec_type)
         self.draft = ModelPicker("draft")
-        self.draft.sigChanged.connect(lambda _v: self._changed("draft"))
+        self.draft.sigChanged.connect(lambda _v: (self.offers.check(), self._changed("draft")))
         self.draft.sigDeriveWanted.connect(lambda c: self.sigDeriveWanted.emit(c, "draft"))
         form.addRow("Draft model", self.draft)
+        #: the found models in the pickers; only the drafters that fit the target (see model_offers)
+        self.offers = ModelOffers(self.target, self.draft, self.spec_type, self)
 
     def _build_prompt(self, form: QFormLayout) -> None:
         self.prompt_choice = QComboBox()
@@ -271,6 +274,9 @@ class RunControls(QWidget):
                 raise ConfigError("the prompt is empty: type a prompt or pick a built-in one", setting="prompt")
         if not d["target"]:
             raise ConfigError("no target model: pick a demo quantization or a model file", setting="target")
+        refused = self.offers.refusal(d["target"], d["draft"], d["spec_type"])
+        if refused:
+            raise ConfigError(f"the draft model is refused: {refused}", setting="draft")
         return RunConfig.from_dict(d)
 
     def set_config(self, cfg: RunConfig) -> None:
@@ -332,8 +338,10 @@ class RunControls(QWidget):
         """Model kind, engine-specific rows, the engine's problem and spec types; ``stick`` keeps ``keep`` offered."""
         name = self.backend_name()
         kind = backend_facts(name)[1]
-        for picker in (self.target, self.draft):
-            picker.set_model_kind(kind)
+        if kind != self.target.model_kind:
+            for picker in (self.target, self.draft):
+                picker.set_model_kind(kind)
+            self.offers.refresh_targets()
         for n, ctl in self.settings.items():
             form, w = self._rows[n]
             on = ctl.applies_to(name)
@@ -356,6 +364,7 @@ class RunControls(QWidget):
                 self.spec_type.addItem(SPEC_TYPE_WORDS.get(t, t), t)
             self.spec_type.setCurrentIndex(max(0, self.spec_type.findData(keep)))
         self._draft_for_spec_type()
+        self.offers.refresh_draft(follow=not self._quiet)
         self.sigEngineChecked.emit(name, self.engine_problem)
 
     # -- changes ------------------------------------------------------------------------------
@@ -410,6 +419,7 @@ class RunControls(QWidget):
 
     def _spec_type_changed(self) -> None:
         self._draft_for_spec_type()
+        self.offers.refresh_draft(follow=not self._quiet)
         self._changed("spec_type")
 
     def _prompt_chosen(self, i: int) -> None:

@@ -16,6 +16,7 @@ from PySide6.QtWidgets import QFileDialog
 from ..core.matrix.preset import preset_names
 from .about import show_about_setup
 from .card import export_card_dialog
+from .model_menu import build_models_menu
 from .theme import THEMES
 
 
@@ -71,6 +72,7 @@ def build_menus(w: Any) -> None:
     m_file.addActions([w.act_export, w.act_card])
     m_file.addSeparator()
     m_file.addAction(act_quit)
+    build_models_menu(w, mb)
 
     m_run = mb.addMenu("&Run")
     w.act_run = QAction("&Run both arms", w, triggered=lambda _checked=False: w.run())

@@ -1,27 +1,44 @@
-"""A model picker: a demo name or a model path, a browse button, and the model's other quantizations.
+"""A model picker: a demo name, a found model or a path, a browse button, and the model's other quantizations.
 
 What a model is depends on the engine (``Backend.model_kind``): a GGUF file
-("gguf") or a model folder ("folder").  For a model with several
+("gguf") or a model folder ("folder").  The list opens as a table grouped by
+model family and vocabulary, each row with its size, quantization and store
+(:class:`~specview.gui.model_catalog.Group`); typing filters the names by any
+part (a completer that matches inside the name).  For a model with several
 quantizations beside it, a second list flips between them; entries marked
-"derive" are written from the highest-precision copy on demand.
+"derive" are written from the highest-precision copy on demand.  A line under
+the picker (:meth:`ModelPicker.set_note`) says why a list is empty or a choice
+is refused.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import QSignalBlocker, Signal
+from PySide6.QtCore import QModelIndex, QSignalBlocker, QStringListModel, Qt, Signal
+from PySide6.QtGui import QStandardItem, QStandardItemModel
 from PySide6.QtWidgets import (
+    QAbstractItemView,
     QComboBox,
+    QCompleter,
     QFileDialog,
     QHBoxLayout,
+    QLabel,
     QStyle,
     QToolButton,
+    QTreeView,
     QVBoxLayout,
     QWidget,
 )
 
 from . import models as gmodels
+from .model_catalog import Catalog, Entry, Group
+
+#: the list's columns (the name is what the combo shows and returns)
+COLUMNS = ("name", "size", "quant", "source")
+HEADING = Qt.ItemDataRole.UserRole + 1  # True on a group's heading row
+OTHER_GROUP = "Recent and typed"
+NOTE_COLOURS = {"info": "", "warn": "#b07000", "error": "#c0392b"}
 
 
 class ModelPicker(QWidget):
@@ -39,8 +56,31 @@ class ModelPicker(QWidget):
         self.combo.setObjectName(f"{role}_model")
         self.combo.setMinimumContentsLength(14)
         self.combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
-        for name in gmodels.DEMO_CHOICES:
-            self.combo.addItem(name)
+        self.list_model = QStandardItemModel(0, len(COLUMNS), self)
+        self.combo.setModel(self.list_model)
+        self.view = QTreeView()
+        self.view.setObjectName(f"{role}_list")
+        self.view.setHeaderHidden(True)
+        self.view.setRootIsDecorated(False)
+        self.view.setItemsExpandable(False)
+        self.view.setUniformRowHeights(True)
+        self.view.setAllColumnsShowFocus(True)
+        self.view.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.combo.setView(self.view)
+        self.combo.setMaxVisibleItems(22)
+        self.names_model = QStringListModel(self)
+        self.completer = QCompleter(self.names_model, self)
+        self.completer.setFilterMode(Qt.MatchFlag.MatchContains)
+        self.completer.setCaseSensitivity(Qt.CaseSensitivity.CaseInsensitive)
+        self.completer.setCompletionMode(QCompleter.CompletionMode.PopupCompletion)
+        self.completer.setMaxVisibleItems(14)
+        self.combo.setCompleter(self.completer)
+        self.groups: list[Group] = []
+        self.recent: list[str] = []  # names used before (:meth:`remember`)
+        self.show_recent = True  # False: the recent names are not offered (the draft list offers what fits)
+        self.set_groups([Catalog().demo_group(gmodels.DEMO_CHOICES)])
+        with QSignalBlocker(self.combo):
+            self.combo.setCurrentIndex(self.combo.findText(gmodels.DEMO_CHOICES[0]))
         self.browse = QToolButton()
         self.browse.setText("…")
         self.browse.clicked.connect(self._browse)
@@ -65,6 +105,13 @@ class ModelPicker(QWidget):
         lay.setSpacing(2)
         lay.addLayout(top)
         lay.addWidget(self.quants)
+        self.note = QLabel("")
+        self.note.setObjectName(f"{role}_note")
+        self.note.setWordWrap(True)
+        self.note.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.note.setVisible(False)
+        self.note_kind = ""
+        lay.addWidget(self.note)
         self.combo.activated.connect(lambda _i: self._commit())
         self.combo.lineEdit().editingFinished.connect(self._commit)
         self._last = ""
@@ -92,11 +139,81 @@ class ModelPicker(QWidget):
     def value(self) -> str:
         return self.combo.currentText().strip()
 
+    # -- the list ----------------------------------------------------------------------------
+    def set_groups(self, groups: list[Group]) -> None:
+        """List ``groups`` (each a heading and its rows); the current name stays, listed or not."""
+        cur = self.value()
+        self.groups = list(groups)
+        with QSignalBlocker(self.combo):
+            self.list_model.removeRows(0, self.list_model.rowCount())
+            listed = {e.name for g in self.groups for e in g.entries}
+            extras = [n for n in (self.recent if self.show_recent else []) if n not in listed]
+            shown = self.groups + ([Group(OTHER_GROUP, tuple(Entry(n) for n in extras))] if extras else [])
+            for g in shown:
+                self._add_heading(g)
+                for e in g.entries:
+                    self._add_entry(e)
+            self._restore(cur)
+        self.names_model.setStringList([e.name for g in shown for e in g.entries])
+        self._fit_popup()
+
+    def _add_heading(self, g: Group) -> None:
+        item = QStandardItem(g.title)
+        item.setFlags(Qt.ItemFlag.NoItemFlags)  # never chosen, skipped by the arrow keys
+        font = item.font()
+        font.setBold(True)
+        item.setFont(font)
+        item.setData(True, HEADING)
+        item.setToolTip(g.tip)
+        self.list_model.appendRow(item)
+        self.view.setFirstColumnSpanned(self.list_model.rowCount() - 1, QModelIndex(), True)
+
+    def _add_entry(self, e: Entry) -> None:
+        cells = [QStandardItem(v) for v in (e.name, e.size, e.quant, e.source)]
+        for c in cells:
+            c.setToolTip(e.tip or e.name)
+            c.setEditable(False)
+        cells[1].setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        self.list_model.appendRow(cells)
+
+    def _restore(self, name: str) -> None:
+        i = self.combo.findText(name) if name else -1
+        if name and i < 0:  # the current name stays listed even where no group offers it
+            self._add_entry(Entry(name))
+            i = self.combo.count() - 1
+        self.combo.setCurrentIndex(i)
+        if i < 0:
+            self.combo.setEditText(name)
+
+    def _fit_popup(self) -> None:
+        for c in range(len(COLUMNS)):
+            self.view.resizeColumnToContents(c)
+        width = sum(self.view.columnWidth(c) for c in range(len(COLUMNS))) + 24
+        width += self.view.verticalScrollBar().sizeHint().width()
+        self.view.setMinimumWidth(min(width, 760))
+
+    def entry(self, name: str) -> Entry | None:
+        """The row listed for ``name`` (its size, quantization, store), None when it is not listed."""
+        return next((e for g in self.groups for e in g.entries if e.name == name), None)
+
+    def names(self) -> list[str]:
+        """Every name the list offers, in its order (headings left out)."""
+        return [self.combo.itemText(i) for i in range(self.combo.count())
+                if not self.list_model.item(i, 0).data(HEADING)]
+
+    def set_note(self, text: str, kind: str = "info") -> None:
+        """The line under the picker ("" hides it); ``kind`` "warn" or "error" colours it."""
+        self.note_kind = kind if text else ""
+        colour = NOTE_COLOURS.get(kind, "")
+        self.note.setStyleSheet(f"color: {colour};" if colour else "")
+        self.note.setText(text)
+        self.note.setVisible(bool(text))
+
     def set_value(self, name: str, *, emit: bool = False) -> None:
         with QSignalBlocker(self.combo):
             i = self.combo.findText(name)
             if i < 0:
-                self.combo.addItem(name)
+                self._add_entry(Entry(name))
                 i = self.combo.count() - 1
             self.combo.setCurrentIndex(i)
         self._refresh_quants(name)
@@ -107,9 +224,11 @@ class ModelPicker(QWidget):
 
     def remember(self, names: list[str]) -> None:
         """Offer ``names`` (recently used models) in the list."""
-        for name in names:
-            if isinstance(name, str) and name and self.combo.findText(name) < 0:
-                self.combo.addItem(name)
+        new = [n for n in names if isinstance(n, str) and n and n not in self.recent]
+        if new:
+            self.recent.extend(new)
+            if self.show_recent:
+                self.set_groups(self.groups)
 
     def _commit(self) -> None:
         v = self.value()

@@ -582,10 +582,11 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------ lifecycle
     def shutdown(self) -> bool:
-        """Cancel, free the models in their thread, stop and join the worker thread."""
+        """Cancel, stop the model scan, free the models in their thread, stop and join both threads."""
         self.auto_timer.stop()
         self.live.timer.stop()
-        return self.host.stop()
+        scan_stopped = self.model_scan.stop()
+        return self.host.stop() and scan_stopped
 
     def closeEvent(self, ev) -> None:  # noqa: N802 - Qt name
         self.save_settings()
