@@ -5,8 +5,8 @@ namespaces, and a verdict with a reason a user reads.
 ``PYTHON*`` variables, no user site: HumanEval's tests need only the stdlib)
 in a new session, in a new temporary folder that is its cwd, HOME and TMPDIR,
 with an environment of a few fixed variables (nothing of the parent's: no
-tokens, no keys), stdin closed, and reads one pipe of output and one of JSON
-facts from :mod:`.sandbox_child`, which sets up the fences (see its
+tokens, no keys), stdin closed, and reads one pipe of output and one of
+facts (Python literals) from :mod:`.sandbox_child`, which sets up the fences (see its
 docstring).  The parent owns the clock: at the wall-clock limit it kills the
 whole process group (and with it the PID namespace), so it always returns
 within the limit and a fraction of a second, whatever the sample does with
@@ -21,8 +21,8 @@ names what does not.
 
 from __future__ import annotations
 
+import ast
 import errno
-import json
 import os
 import selectors
 import shutil
@@ -344,7 +344,7 @@ def _run_in(folder: Path, wall: float, limits: Limits, guard: bool, probe: bool,
     t0 = time.monotonic()
     try:
         proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _CHILD.read_text(encoding="utf-8"),
-                                 json.dumps(cfg)], cwd=folder, env=env, stdin=subprocess.DEVNULL,
+                                 repr(cfg)], cwd=folder, env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=(ctl_w,),
                                 start_new_session=True, close_fds=True)
     except OSError as e:
@@ -385,9 +385,11 @@ def _run_in(folder: Path, wall: float, limits: Limits, guard: bool, probe: bool,
                     ctl_buf = bytearray(rest)
                     for line in lines:
                         try:
-                            records.append(json.loads(line))
-                        except ValueError:
-                            pass  # the sample wrote on our descriptor: ignored, it cannot forge a status this way
+                            record = ast.literal_eval(line.decode("utf-8", "replace"))
+                        except (ValueError, SyntaxError, MemoryError, RecursionError):
+                            continue
+                        if isinstance(record, dict):
+                            records.append(record)  # the sample wrote on our descriptor: ignored, it cannot forge a status this way
     finally:
         _kill_group(proc, records)
         try:
