@@ -129,8 +129,9 @@ def test_the_table_shows_rates_of_the_document_and_the_planted_counts(qtbot, pla
     assert a[3] == "40.5 (17.5–85.25)"
     assert a[4:7] == ["4", "2", "0"] and b[4:7] == ["0", "0", "3"]  # near-tie, material, undiagnosed
     assert a[7] == b[7] == "" and panel.tree.isColumnHidden(8)  # no kernel map cited: no column
-    assert a_kids == [("math-reasoning", ["4 / 5", "80.0%", a_kids[0][1][2], "25 (8.25–40.25)", "3", "1", "0", ""]),
-                      ("code", ["2 / 5", "40.0%", a_kids[1][1][2], "150 (125–175)", "1", "1", "0", ""])]
+    assert a[8] == b[8] == "" and panel.tree.isColumnHidden(9)  # no task suite: no answers column
+    assert a_kids == [("math-reasoning", ["4 / 5", "80.0%", a_kids[0][1][2], "25 (8.25–40.25)", "3", "1", "0", "", ""]),
+                      ("code", ["2 / 5", "40.0%", a_kids[1][1][2], "150 (125–175)", "1", "1", "0", "", ""])]
     lo, hi = wilson_by_formula(4, 5)
     assert a_kids[0][1][2] == f"{100 * lo:.1f}%–{100 * hi:.1f}%"
     assert [k[1][:2] for k in b_kids] == [["2 / 5", "40.0%"], ["1 / 5", "20.0%"]]
