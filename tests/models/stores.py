@@ -191,3 +191,40 @@ def build_stores(home: Path) -> Stores:
     s.user_folder = home / "mymodels"
     s.expected[str(s.user_folder / "foreign.gguf")] = tiny_gguf(s.user_folder / "foreign.gguf", extra="x")
     return s
+
+
+def header_gguf(path: Path, arch: str, *, extra: str = "", pad: int = 0, meta: dict | None = None,
+                tensors: dict[str, tuple[int, ...]] | None = None, name: str | None = None) -> Path:
+    """A GGUF whose header is a model's (the tiny vocabulary, ``pad`` padding tokens appended, ``meta`` as
+    ``{key: value}``) with small zero tensors: for the facts discovery reads, not for loading."""
+    import gguf
+    import numpy as np
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tokens, scores, types = vocab_tokens(extra)
+    tokens = tokens + [f"[PAD{i}]" for i in range(pad)]
+    scores, types = scores + [0.0] * pad, types + [5] * pad  # UNUSED
+    w = gguf.GGUFWriter(str(path), arch)
+    if name:
+        w.add_name(name)
+    w.add_file_type(1)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    for k, v in (meta or {}).items():
+        if isinstance(v, bool):
+            w.add_bool(k, v)
+        elif isinstance(v, int):
+            w.add_uint32(k, v)
+        elif isinstance(v, list):
+            w.add_array(k, v)
+        else:
+            w.add_string(k, str(v))
+    for tname, shape in (tensors or {"output_norm.weight": (64,)}).items():
+        w.add_tensor(tname, np.zeros(shape, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -25,6 +25,7 @@ MAX_TENSORS = 1 << 20
 MAX_ARRAY = 1 << 24
 MAX_STRING = 1 << 26
 MAX_DIMS = 8
+MAX_NESTING = 8
 #: tokens per block of the vocabulary's block digests
 BLOCK = 256
 #: arrays kept as values (others are skipped, or hashed for the vocabulary)
@@ -122,7 +123,8 @@ class _Reader:
         return bytes(self.buf[p:p + n]).decode("utf-8", "replace")
 
 
-def _value(r: _Reader, vtype: int, wide: bool, key: str, hashers: tuple[Any, ...] | None = None) -> Any:
+def _value(r: _Reader, vtype: int, wide: bool, key: str, hashers: tuple[Any, ...] | None = None,
+           depth: int = 0) -> Any:
     """The value of ``key`` (an array past :data:`KEEP_ARRAY` elements, or one hashed into ``hashers``: its
     length)."""
     if vtype in _SCALARS:
@@ -149,8 +151,10 @@ def _value(r: _Reader, vtype: int, wide: bool, key: str, hashers: tuple[Any, ...
             return list(struct.unpack_from(f"<{n}{_SCALARS[etype][1]}", r.buf, p))
         return n
     if etype == _ARRAY:  # nested arrays: skipped, element by element (bounded by the file's size)
+        if depth >= MAX_NESTING:
+            raise GGUFError(f"{key}: arrays nested deeper than {MAX_NESTING} at byte {r.pos}")
         for _ in range(n):
-            _value(r, _ARRAY, wide, key)
+            _value(r, _ARRAY, wide, key, depth=depth + 1)
         return n
     raise GGUFError(f"{key}: unknown array element type {etype} at byte {r.pos}")
 
