@@ -1,0 +1,145 @@
+"""What model discovery costs: a cold and a warm scan of a few hundred fake models, in one run.
+
+    python bench/bench_models.py [--models 300] [--vocab 32000] [--repeats 5]
+
+Builds a temporary home with ``--models`` GGUF files spread over LM Studio, ollama (manifest + blob) and
+Hugging Face hub layouts, each a header only (a ``--vocab``-token vocabulary and a small tensor table,
+no weights: a scan reads nothing else), then prints:
+  * the baseline: walking the same tree and stat-ing every file (what any scan costs at least);
+  * a cold scan (no header cache: every header read), and per model;
+  * the gguf package's GGUFReader on one file, for comparison with specview's bounded reader on it;
+  * a warm scan (the header cache answers), median of --repeats (goal: under 1 s for 300 models).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+
+def write_header(path: Path, n_vocab: int, seed: int) -> None:
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name(f"bench-model-{seed}")
+    w.add_context_length(4096)
+    w.add_embedding_length(64)
+    w.add_block_count(2)
+    w.add_file_type(15)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"tok{i}" for i in range(n_vocab)])
+    w.add_token_types([1] * n_vocab)
+    w.add_token_merges([f"t o{i}" for i in range(n_vocab)])
+    for i in range(2):
+        w.add_tensor(f"blk.{i}.attn_q.weight", np.zeros((8, 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def build(home: Path, n: int, n_vocab: int) -> None:
+    template = home / "template.gguf"
+    write_header(template, n_vocab, 0)
+    raw = template.read_bytes()
+    for i in range(n):
+        data = raw.replace(b"bench-model-0", f"bench-model-{i % 10}".encode())  # same length: a valid header
+        where = i % 3
+        if where == 0:
+            p = home / ".lmstudio" / "models" / f"pub{i % 7}" / f"Model{i}-GGUF" / f"model{i}.Q4_K_M.gguf"
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(data)
+        elif where == 1:
+            blobs = home / ".ollama" / "models" / "blobs"
+            blobs.mkdir(parents=True, exist_ok=True)
+            digest = hashlib.sha256(data + str(i).encode()).hexdigest()
+            (blobs / f"sha256-{digest}").write_bytes(data)
+            man = home / ".ollama" / "models" / "manifests" / "registry.ollama.ai" / "library" / f"m{i}" / "latest"
+            man.parent.mkdir(parents=True, exist_ok=True)
+            man.write_text(json.dumps({"layers": [{"mediaType": "application/vnd.ollama.image.model",
+                                                   "digest": f"sha256:{digest}"}]}))
+        else:
+            snap = home / ".cache" / "huggingface" / "hub" / f"models--org{i % 5}--Model{i}-GGUF" / "snapshots" / "r"
+            snap.mkdir(parents=True, exist_ok=True)
+            (snap / f"model{i}.Q8_0.gguf").write_bytes(data)
+    template.unlink()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", type=int, default=300)
+    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+
+    from specview.core import models as M
+
+    home = Path(tempfile.mkdtemp(prefix="specview-bench-models-"))
+    try:
+        t0 = time.perf_counter()
+        build(home, args.models, args.vocab)
+        one = next(home.rglob("*.gguf"))
+        print(f"built {args.models} fake models ({args.vocab}-token vocabularies, "
+              f"{one.stat().st_size / 1e6:.2f} MB of header each) in {time.perf_counter() - t0:.1f} s")
+        env = {"SPECVIEW_CACHE": str(home / "cache"), "SPECVIEW_CONFIG_DIR": str(home / "config")}
+
+        t0 = time.perf_counter()
+        n_files = 0
+        for _root, _dirs, files in os.walk(home, followlinks=True):
+            for f in files:
+                os.stat(os.path.join(_root, f))
+                n_files += 1
+        walk = time.perf_counter() - t0
+        print(f"baseline: walking the tree and stat-ing its {n_files} files  {walk * 1000:8.1f} ms")
+
+        t0 = time.perf_counter()
+        cold = M.scan(home=home, env=env, cache=True)  # the header cache is empty: every header is read
+        tc = time.perf_counter() - t0
+        found = sum(m.source != "demo" for m in cold.models)  # (the shipped demo file is found too)
+        assert found == args.models and not cold.problems, (found, cold.problems[:3])
+        print(f"cold scan (header reads only, no cache)   {tc * 1000:8.1f} ms  "
+              f"({tc / args.models * 1000:.2f} ms per model, {tc / max(walk, 1e-9):.0f}x the walk)")
+
+        import gguf
+
+        reps = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            r = gguf.GGUFReader(str(one))
+            len(r.tensors)
+            reps.append(time.perf_counter() - t0)
+        theirs = statistics.median(reps)
+        reps = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            M.gguf.read(one)
+            reps.append(time.perf_counter() - t0)
+        ours = statistics.median(reps)
+        print(f"one header: specview's reader {ours * 1000:.1f} ms, the gguf package's GGUFReader "
+              f"{theirs * 1000:.1f} ms")
+
+        warm = []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            again = M.scan(home=home, env=env, cache=True)
+            warm.append(time.perf_counter() - t0)
+            assert again.models == cold.models
+        tw = statistics.median(warm)
+        verdict = "under" if tw < 1.0 else "OVER"
+        print(f"warm scan (header cache), median of {args.repeats}  {tw * 1000:8.1f} ms  "
+              f"({tc / tw:.0f}x faster than cold; {verdict} the 1 s goal for {args.models} models)")
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
