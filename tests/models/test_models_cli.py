@@ -139,3 +139,17 @@ def test_store_names_resolve_for_the_server_engine(at_home, capsys, tmp_path):
     assert Path(block["target"]["path"]) == at_home.expected["lmstudio:tinypub/Tiny-GGUF:Q8_0"]
     assert Path(block["draft"]["path"]) == at_home.expected["ollama:tinydraft:q4"]
     assert block["target"]["name"] == "lmstudio:tinypub/Tiny-GGUF:Q8_0"
+
+
+def test_a_matrix_takes_store_names_and_refuses_a_missing_one(at_home, capsys, tmp_path):
+    out = tmp_path / "m.json"
+    code, _o, err = run(capsys, "matrix", "-m", "ollama:tiny:8b", "-md", "hf:tinyorg/Tiny-Draft-GGUF,ngram-simple",
+                        "-p", "the cat", "--no-chat", "-n", "6", "-t", "1", "-o", str(out), "-q")
+    assert code in (0, 1), err
+    doc = json.loads(out.read_text())
+    assert doc["spec"]["targets"] == ["ollama:tiny:8b"]
+    assert doc["spec"]["drafters"] == ["hf:tinyorg/Tiny-Draft-GGUF", "ngram-simple"]
+    assert [c["status"] for c in doc["cells"]] == ["ok"] * len(doc["cells"]) and len(doc["cells"]) == 3
+    code, _o, err = run(capsys, "matrix", "-m", "ollama:nope", "-md", "ngram-simple", "-p", "x", "-n", "4",
+                        "-o", str(tmp_path / "m2.json"), "-q")
+    assert code == 2 and "target ollama:nope: no such model in ollama's store" in err

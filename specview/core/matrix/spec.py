@@ -210,6 +210,7 @@ class _SpecMethods:
 
     def _check_models(self, where: str) -> None:
         from ..demo import check_demo_name, is_demo_name
+        from ..models import is_store_name, resolve_name
         from ..registry import get_backend
 
         backend = get_backend(self.backend)
@@ -236,6 +237,11 @@ class _SpecMethods:
                 if is_demo_name(name):
                     try:
                         check_demo_name(name, drafter_of=st)  # an unknown quantization, a drafter out of place
+                    except SpecviewError as exc:
+                        raise MatrixError(f"{where}{role} {exc}") from None
+                elif is_store_name(name):  # ollama:..., hf:...: found in the stores, of this engine's kind
+                    try:
+                        resolve_name(name, kind)
                     except SpecviewError as exc:
                         raise MatrixError(f"{where}{role} {exc}") from None
                 elif kind == "folder":
@@ -446,6 +452,7 @@ def _prompt_entry(i: int, entry: Any, base: Path, chat: bool, source: str) -> Pr
 
 def _model_path(name: str, base: Path, *, drafter: bool = False) -> str:
     from ..demo import is_demo_name
+    from ..models import is_store_name
 
     if drafter:
         st, model = drafter_parts(name)
@@ -453,7 +460,7 @@ def _model_path(name: str, base: Path, *, drafter: bool = False) -> str:
             return name
         if model != name:  # TYPE:MODEL
             return f"{st}:{_model_path(model, base)}"
-    if name in NON_MODEL_DRAFTERS or is_demo_name(name):
+    if name in NON_MODEL_DRAFTERS or is_demo_name(name) or is_store_name(name):
         return name
     p = user_path(name)
     if not p.is_absolute():
