@@ -18,7 +18,7 @@ from .core.worker.shared import WORKER_ARG  # the first argument that makes the 
 
 COMMANDS = {
     "run": ("specview.commands.run", "run both arms on a target and compare them (the main job)"),
-    "models": ("specview.commands.models", "list the demo model's quantizations and where they are"),
+    "models": ("specview.commands.models", "list the models on this machine and which can draft for which"),
     "matrix": ("specview.commands.matrix", "run a reproducer matrix over quantizations, drafters and settings"),
     "quality": ("specview.commands.quality", "run a task suite through both arms: does speculative decoding change answers?"),
     "report": ("specview.commands.report", "write an HTML and Markdown bug report from a trace or matrix"),
