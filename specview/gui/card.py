@@ -6,7 +6,10 @@ the fork with the first mismatched token marked as in the app, the verdict in
 its colour from :mod:`specview.core.verdicts` with the serial-verify line and
 the numbers behind it, the app's :class:`~specview.gui.plots.MarginPlot` zoomed
 on the fork, and the settings that reproduce the run (models and their
-quantizations, drafter, n_max, p_min, threads, backend devices).  An identical
+quantizations, drafter, n_max, p_min, threads, backend devices).  When the
+prompt came from a task suite (the trace's config has a ``quality`` block) a
+line under the title says whether the answer changed, with the expected answer
+and each arm's.  An identical
 trace gets a card that says so, with the same settings.
 
 :func:`fork_card_png` returns the PNG bytes; the Qt-free report writer takes it
@@ -26,6 +29,7 @@ from PySide6.QtWidgets import QGridLayout, QLabel, QVBoxLayout, QWidget
 from ..core.diagnose import departure_line, serial_line
 from ..core.report.escape import visible
 from ..core.report.facts import cpu_features_text, repack_text, obj, trace_title, verdict_of
+from ..core.report.quality import answer_line, changed
 from ..core.verdicts import STRONG, WORDS
 from .app import application
 from .export import png_bytes
@@ -228,6 +232,13 @@ class ForkCard(QWidget):
                              f'&nbsp;&nbsp;<span style="font-size:11pt">{_esc(sub)}</span>')
         lay.addWidget(self.header)
         lay.addWidget(_label(f"<b>{_esc(trace_title(trace))}</b>", size=10.5))
+        self.task: QLabel | None = None
+        task = answer_line(trace)
+        if task is not None:  # the prompt came from a task suite: whether the fork changed the answer comes first
+            tint = STRONG["state"] if changed(trace) else STRONG["identical"]
+            self.task = _label(f'<span style="color:{tint}; font-weight:bold">{_esc(task)}</span>', size=10.5)
+            self.task.setObjectName("card_task")
+            lay.addWidget(self.task)
         self.panes: list[TokenPane] = []
         if not c.identical:
             lay.addLayout(self._fork_texts(trace, inner - 110, pal))

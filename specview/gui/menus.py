@@ -98,7 +98,12 @@ def build_menus(w: Any) -> None:
         act.setToolTip(title)
         w.act_presets[name] = act
         m_presets.addAction(act)
-    m_run.addActions([w.act_kernels, w.act_cancel])
+    w.act_quality = QAction("&Quality: do forks change answers?", w, shortcut=QKeySequence("Ctrl+Shift+Q"),
+                            triggered=lambda _checked=False: w.quality_tab.bring_to_front())
+    w.act_quality.setToolTip("the Quality tab: a task suite through both arms with the current settings, and whether "
+                             "any fork changes an answer")
+    w.quality_tab.connect_cancel(w.act_cancel.triggered)
+    m_run.addActions([w.act_kernels, w.act_quality, w.act_cancel])
     m_run.addSeparator()
     m_run.addActions([w.act_fork, w.act_next, w.act_prev])
     for a in (w.act_run, w.act_cancel, w.act_next, w.act_prev, w.act_fork, w.act_matrix, w.act_kernels):
@@ -129,9 +134,16 @@ def build_menus(w: Any) -> None:
 
 
 def open_dialog(w: Any) -> None:
-    path, _ = QFileDialog.getOpenFileName(w, "Open a specview trace, matrix or kernel map", str(Path.cwd()),
-                                          "specview traces, matrices and kernel maps (*.json);;All files (*)")
-    if path:
+    path, _ = QFileDialog.getOpenFileName(w, "Open a specview trace, matrix, kernel map or quality result",
+                                          str(Path.cwd()), "specview files (*.json);;All files (*)")
+    if not path:
+        return
+    from .quality import is_quality_file
+
+    if is_quality_file(path):  # a quality.json opens in its tab
+        if w.quality_tab.open(path):
+            w.quality_tab.bring_to_front()
+    else:
         w.open_trace(path)
 
 

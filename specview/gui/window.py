@@ -163,8 +163,8 @@ class MainWindow(QMainWindow):
             self.run()
 
     def _long_job(self) -> bool:
-        """A matrix, kernel map or prescription holds the worker (a run does not)."""
-        return self.matrix_tab.request is not None or self.kernels_tab.request is not None
+        """A matrix, kernel map, prescription or quality run holds the worker (a run does not)."""
+        return any(t.request is not None for t in (self.matrix_tab, self.kernels_tab, self.quality_tab))
 
     def _engine_checked(self, name: str, problem: str | None) -> None:
         self.engine_problem = problem
@@ -272,7 +272,7 @@ class MainWindow(QMainWindow):
                                    "Esc cancels.", "info")
 
     def _on_progress(self, ev: Progress) -> None:
-        if self.kernels_tab.on_progress(ev):  # a kernel map's fraction and text
+        if self.kernels_tab.on_progress(ev) or self.quality_tab.on_progress(ev):  # a map's fraction, a suite's ETA
             return
         # progress messages come while models load or derive and while the fork is diagnosed,
         # not while tokens stream: show an indeterminate bar until the next tokens arrive

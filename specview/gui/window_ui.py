@@ -13,6 +13,7 @@ from .live import LiveView
 from .locate import LocateTab
 from .matrix import MatrixTab
 from .matrix.tab import TAB_TIP
+from .quality import QualityTab
 from .model_menu import attach_discovery
 from .side_by_side import SideBySide
 from .verdict_bar import VerdictBar
@@ -109,6 +110,7 @@ def build_ui(w: Any) -> None:
     w.statusBar().addWidget(w.status_label, 1)
     w.statusBar().addPermanentWidget(w.counters)
     w.statusBar().addPermanentWidget(w.progress)
+    w.quality_tab = QualityTab.attach(w)
     attach_discovery(w)
 
 

@@ -123,6 +123,25 @@ class PrescriptionRequest(_Cancellable):
     cancel_event: threading.Event = field(default_factory=threading.Event, repr=False)
 
 
+@dataclass
+class JobRequest(_Cancellable):
+    """A view's own long work on the runner of ``backend``: ``work(runner, progress, fraction, cancel)`` runs on the
+    worker thread, like a matrix, and its result comes back in :class:`JobFinished` (None when cancelled)."""
+
+    backend: str
+    work: Any  # Callable[[Runner, Callable[[str], None], Callable[[float], None], Callable[[], bool]], Any]
+    id: int = field(default_factory=lambda: next(_ids))
+    cancel_event: threading.Event = field(default_factory=threading.Event, repr=False)
+
+
+@dataclass(frozen=True)
+class JobFinished:
+    request_id: int
+    result: Any
+    cancelled: bool
+    seconds: float
+
+
 @dataclass(frozen=True)
 class KernelMapFinished:
     request_id: int
@@ -244,6 +263,7 @@ class ModelWorker(QObject):
     sigMatrixFinished = Signal(object)  # MatrixFinished
     sigKernelMapFinished = Signal(object)  # KernelMapFinished
     sigPrescriptionFinished = Signal(object)  # PrescriptionFinished
+    sigJobFinished = Signal(object)  # JobFinished
 
     def __init__(self) -> None:
         super().__init__()
@@ -446,6 +466,11 @@ class ModelWorker(QObject):
 
         self._job(req, work, PrescriptionFinished, self.sigPrescriptionFinished)
 
+    @Slot(object)
+    def run_job(self, req: JobRequest) -> None:
+        self._job(req, lambda text, fraction: req.work(self.runner_for(req.backend), text, fraction,
+                                                       req.cancel_event.is_set), JobFinished, self.sigJobFinished)
+
     @Slot()
     def shutdown(self) -> None:
         try:
@@ -495,6 +520,7 @@ class WorkerHost(QObject):
     _sigMatrix = Signal(object)
     _sigKernelMap = Signal(object)
     _sigPrescribe = Signal(object)
+    _sigJob = Signal(object)
     _sigShutdown = Signal()
     #: a request was queued (after the one running was cancelled): a view that was waiting for another lets go
     sigSubmitted = Signal(object)
@@ -511,9 +537,10 @@ class WorkerHost(QObject):
         self._sigMatrix.connect(self.worker.run_matrix)
         self._sigKernelMap.connect(self.worker.kernel_map)
         self._sigPrescribe.connect(self.worker.prescribe)
+        self._sigJob.connect(self.worker.run_job)
         self._sigShutdown.connect(self.worker.shutdown)
         self.thread.start()
-        self.current: RunRequest | MatrixRequest | KernelMapRequest | PrescriptionRequest | None = None
+        self.current: Any = None  # the request running (or queued) last: a submit cancels it
         self._stopped = False
 
     def _submit(self, req: Any, queue: Any) -> Any:
@@ -539,6 +566,10 @@ class WorkerHost(QObject):
     def submit_prescription(self, req: PrescriptionRequest) -> PrescriptionRequest:
         """Cancel whatever is running and queue the prescription (a later request cancels it in turn)."""
         return self._submit(req, self._sigPrescribe)
+
+    def submit_job(self, req: JobRequest) -> JobRequest:
+        """Cancel whatever is running and queue a view's own job (a later request cancels it in turn)."""
+        return self._submit(req, self._sigJob)
 
     def cancel(self) -> None:
         if self.current is not None:

@@ -1,0 +1,75 @@
+"""Asking before model-written code runs: what will run, and what the sandbox enforces on this machine.
+
+A code suite (HumanEval, a JSONL file with tests) is scored by running each
+arm's completion with the item's test.  Nothing runs before the user says yes
+(``specview quality --execute`` is the CLI's yes); the dialog says how many
+programs, what each is made of, and the sandbox's own account of what it
+enforces here (:func:`specview.core.quality.execute.sandbox_report`), or the
+limits it is given where that account is not available.  No (or Esc) runs
+nothing.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QMessageBox, QWidget
+
+
+def sandbox_lines() -> list[str]:
+    """What the sandbox enforces, a line each: its report on this platform, else the limits every sample gets."""
+    from ...core.errors import SpecviewError
+    from ...core.quality import execute
+
+    report = getattr(execute, "sandbox_report", None)
+    if report is not None:
+        try:
+            r = report()
+            lines = r.splitlines() if isinstance(r, str) else list(getattr(r, "lines", lambda: [str(r)])())
+            if any(x.strip() for x in lines):
+                return [x for x in lines if x.strip()]
+        except (SpecviewError, OSError, NotImplementedError):
+            pass
+    lim = execute.Limits()
+    return [
+        "each sample runs in a fresh Python process (no site-packages, none of your environment variables: no tokens, "
+        "no keys), in its own new temporary folder (its working folder, HOME and TMPDIR), removed afterwards",
+        f"wall clock {lim.wall_s:g} s and CPU {lim.cpu_s:g} s, then the whole process group is killed",
+        f"memory {lim.memory_mb} MB; files up to {lim.file_mb} MB, {lim.disk_mb} MB in all",
+        "no new processes or threads" if lim.processes == 0 else f"at most {lim.processes} processes",
+        "no network and no other process's signals where the platform gives namespaces (Linux); writes outside its "
+        "folder refused where it gives Landlock",
+    ]
+
+
+class ExecuteConfirm(QMessageBox):
+    """Yes / No before a suite's model-written code runs; No is the default."""
+
+    def __init__(self, suite: Any, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("quality_execute_confirm")
+        self.setIcon(QMessageBox.Icon.Warning)
+        self.setWindowTitle("Run model-written code?")
+        code = [it for it in suite.items if it.kind == "code"]
+        self.setTextFormat(Qt.TextFormat.RichText)
+        self.setText(f"<b>Scoring {html.escape(suite.name)} runs Python code the model wrote.</b>")
+        self.lines = sandbox_lines()
+        self.setInformativeText(
+            f"{len(code)} code item{'s' if len(code) != 1 else ''} × 2 arms: up to {2 * len(code)} programs, each the "
+            "item's prompt, one arm's completion and the item's test (<code>check(candidate)</code>), run one at a "
+            "time in the sandbox (<code>specview quality --execute</code> does the same).<br><br>"
+            "<b>The sandbox enforces:</b><ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in self.lines) + "</ul>"
+            "No runs nothing.")
+        self.setStandardButtons(QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No)
+        self.setDefaultButton(QMessageBox.StandardButton.No)
+        self.setEscapeButton(QMessageBox.StandardButton.No)
+        self.button(QMessageBox.StandardButton.Yes).setText("Run the code")
+
+    def confirmed(self) -> bool:
+        """Show the dialog; True only for Yes."""
+        return self.exec() == QMessageBox.StandardButton.Yes
+
+
+__all__ = ["ExecuteConfirm", "sandbox_lines"]

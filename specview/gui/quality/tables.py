@@ -1,0 +1,167 @@
+"""The Quality tab's two tables: the paired 2x2 outcome table with its totals, and the items, each opening its trace.
+
+:class:`OutcomeTable` reads a :class:`~specview.core.quality.Table`: vanilla's
+outcome by row, the speculative arm's by column, each row and column with its
+total and the grand total in the corner (so the figures add up on screen as
+they must), the two discordant cells (the answers that changed) tinted.
+
+:class:`ItemsTable` lists every :class:`~specview.core.quality.ItemOutcome`:
+its id, each arm's pass or fail, whether the texts were identical, the fork's
+token and its diagnosis; a changed answer is tinted, one whose fork is a state
+bug in the state colour and bold.  Double-click (or Enter) emits
+``sigOpenTrace`` with the item's saved trace.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QEvent, QObject, Qt, Signal
+from PySide6.QtGui import QBrush, QColor
+from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTableWidget, QTableWidgetItem, QWidget
+
+from ...core import verdicts
+from .words import fork_token, item_tooltip, passed, verdict_text
+
+#: the 2x2 table's row and column headers
+ROWS = ("vanilla passes", "vanilla fails", "total")
+COLS = ("speculative passes", "speculative fails", "total")
+#: the discordant cells, (row, column): only vanilla passes, only speculative passes
+DISCORDANT = ((0, 1), (1, 0))
+ITEM_COLUMNS = ("item", "vanilla", "speculative", "identical", "fork token", "verdict")
+OUTCOME_ROLE = Qt.ItemDataRole.UserRole + 1
+DARK_TEXT = QColor(17, 17, 17)  # the tints are light in every theme
+
+
+def counts(table: Any) -> list[list[int]]:
+    """The 3x3 figures of a 2x2 table with its totals: [[both, only vanilla, vanilla passes], [only speculative,
+    both fail, vanilla fails], [speculative passes, speculative fails, n]]."""
+    a, b, c, d = table.both_pass, table.only_vanilla, table.only_speculative, table.both_fail
+    return [[a, b, a + b], [c, d, c + d], [a + c, b + d, a + b + c + d]]
+
+
+def _cell(text: str, *, tint: str | None = None, bold: bool = False, tip: str = "") -> QTableWidgetItem:
+    item = QTableWidgetItem(text)
+    item.setTextAlignment(Qt.AlignmentFlag.AlignCenter)
+    if tint is not None:
+        item.setBackground(QBrush(QColor(tint)))
+        item.setForeground(QBrush(DARK_TEXT))
+    if bold:
+        f = item.font()
+        f.setBold(True)
+        item.setFont(f)
+    if tip:
+        item.setToolTip(tip)
+    return item
+
+
+class OutcomeTable(QTableWidget):
+    """The paired outcomes as a 2x2 table with row and column totals; the discordant cells tinted."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(3, 3, parent)
+        self.setObjectName("quality_outcomes")
+        self.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
+        self.setHorizontalHeaderLabels(list(COLS))
+        self.setVerticalHeaderLabels(list(ROWS))
+        self.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.verticalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.figures: list[list[int]] = [[0] * 3 for _ in range(3)]
+        self.set_table(None)
+
+    def set_table(self, table: Any) -> None:
+        """Show ``table`` (a :class:`~specview.core.quality.Table`; None: empty)."""
+        self.figures = counts(table) if table is not None else [[0] * 3 for _ in range(3)]
+        tips = {(0, 0): "both arms pass", (1, 1): "both arms fail",
+                (0, 1): "the answer changed: vanilla passes, speculative fails",
+                (1, 0): "the answer changed: speculative passes, vanilla fails"}
+        for r in range(3):
+            for c in range(3):
+                n = self.figures[r][c]
+                tint = verdicts.COLOURS["state"] if (r, c) in DISCORDANT and n else (
+                    verdicts.COLOURS["diverged"] if (r, c) in DISCORDANT else None)
+                self.setItem(r, c, _cell(str(n) if table is not None else "–", tint=tint,
+                                         bold=(r, c) in DISCORDANT or (r, c) == (2, 2), tip=tips.get((r, c), "total")))
+        self.resizeColumnsToContents()
+        self.resizeRowsToContents()
+        self.setFixedSize(self.verticalHeader().width() + sum(self.columnWidth(c) for c in range(3)) + 4,
+                          self.horizontalHeader().height() + sum(self.rowHeight(r) for r in range(3)) + 4)
+
+    def value(self, row: int, col: int) -> int:
+        """The figure shown at (row, col), read back from the widget."""
+        return int(self.item(row, col).text())
+
+
+class ItemsTable(QTableWidget):
+    """One row per item; double-click or Enter opens its trace (``sigOpenTrace``)."""
+
+    sigOpenTrace = Signal(str)
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(0, len(ITEM_COLUMNS), parent)
+        self.setObjectName("quality_items")
+        self.setHorizontalHeaderLabels(list(ITEM_COLUMNS))
+        self.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.verticalHeader().setVisible(False)
+        h = self.horizontalHeader()
+        h.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        h.setSectionResizeMode(len(ITEM_COLUMNS) - 2, QHeaderView.ResizeMode.Stretch)
+        self.base: Path | None = None
+        self.cellDoubleClicked.connect(lambda row, _col: self.open_row(row))
+        self.installEventFilter(self)
+
+    def set_items(self, items: list[Any], base: str | Path | None = None) -> None:
+        """Show ``items`` (ItemOutcomes); their trace paths are relative to ``base`` (the result file's folder)."""
+        self.base = Path(base) if base is not None else None
+        self.setRowCount(len(items))
+        for r, o in enumerate(items):
+            changed = o.discordant
+            state = changed and o.verdict == "state"
+            tint = verdicts.COLOURS["state"] if state else verdicts.COLOURS["diverged"] if changed else None
+            texts = (o.item_id, passed(o.vanilla), passed(o.speculative), "yes" if o.identical else "no",
+                     fork_token(o), verdict_text(o))
+            tip = item_tooltip(o)
+            for c, text in enumerate(texts):
+                cell = _cell(text, tint=tint, bold=state, tip=tip)
+                if c in (0, 4, 5):
+                    cell.setTextAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter)
+                if c in (1, 2) and tint is None:
+                    cell.setForeground(QBrush(QColor(verdicts.STRONG["identical" if text == "pass" else "state"])))
+                cell.setData(OUTCOME_ROLE, o)
+                self.setItem(r, c, cell)
+
+    def outcome(self, row: int) -> Any:
+        item = self.item(row, 0)
+        return None if item is None else item.data(OUTCOME_ROLE)
+
+    def trace_path(self, row: int) -> str | None:
+        """The saved trace of the item on ``row`` (None when it has none, or it is gone)."""
+        o = self.outcome(row)
+        if o is None or not o.trace_path:
+            return None
+        p = Path(o.trace_path)
+        if not p.is_absolute() and self.base is not None:
+            p = self.base / p
+        return str(p) if p.exists() else None
+
+    def open_row(self, row: int) -> None:
+        path = self.trace_path(row)
+        if path is not None:
+            self.sigOpenTrace.emit(path)
+
+    def eventFilter(self, obj: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt name
+        if obj is self and event.type() == QEvent.Type.KeyPress and event.key() in (Qt.Key.Key_Return,
+                                                                                    Qt.Key.Key_Enter):
+            if self.currentRow() >= 0:
+                self.open_row(self.currentRow())
+                return True
+        return super().eventFilter(obj, event)
+
+
+__all__ = ["COLS", "DISCORDANT", "ITEM_COLUMNS", "ItemsTable", "OutcomeTable", "ROWS", "counts"]

@@ -1,0 +1,246 @@
+"""The Quality tab: a task suite through both arms on the model worker, its 2x2 table, its items and their traces.
+
+An engine registered for the test answers the generated ``arithmetic`` suite:
+the vanilla arm always right, the speculative arm wrong on planted items (its
+text forks at the answer's last digit); the diagnosis calls one planted fork
+a state bug and the others near-ties.  The figures the tab shows are read
+back from its widgets and checked against the plant, a double-clicked item
+opens its own trace side by side, and a code suite whose confirmation is
+answered No runs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import QMessageBox
+
+from specview.core import verdicts
+from specview.core.arms.compare import compare_arms
+from specview.core.quality import QualityResult, load_suite, mcnemar_exact
+from specview.core.quality.score import prompt_for
+from specview.core.registry import Backend, register_backend, unregister_backend
+from specview.core.trace import ArmResult, Step, Trace
+from specview.gui.quality import ExecuteConfirm, OutcomeTable
+from specview.gui.quality.tables import DISCORDANT, counts
+
+ENGINE = "quality-gui-fake"
+N_ITEMS = 7
+PLANTED = (1, 4, 5)  # the speculative arm answers these wrong
+STATE_ITEM = 4  # ... and its fork is diagnosed a state bug; the other planted forks near-ties
+TIMEOUT = 60_000
+
+
+def _arm(name: str, text: str) -> ArmResult:
+    steps = [Step(index=i, token=ord(ch), piece=ch, pos=4 + i, top_ids=[ord(ch), 0], top_logits=[1.0, 0.9],
+                  margin=0.1) for i, ch in enumerate(text)]
+    return ArmResult(name=name, tokens=[s.token for s in steps], steps=steps, text=text, gen_ms=10.0,
+                     stop_reason="eos", drafter=None if name == "vanilla" else "x")
+
+
+def wrong(answer: str) -> str:
+    return answer[:-1] + str((int(answer[-1]) + 1) % 10)
+
+
+class AnswerRunner:
+    """The registered engine's runner: answers each suite item, and records every run it was asked for."""
+
+    calls: list[Any] = []
+
+    def __init__(self) -> None:
+        suite = load_suite("arithmetic", n=N_ITEMS, seed=0)
+        self.items = {prompt_for(it, True): (i, it) for i, it in enumerate(suite.items)}
+        self.loads = self.vanilla_runs = self.speculative_runs = 0
+
+    def close(self) -> None:
+        pass
+
+    def run(self, cfg, *, cancel=None, on_event=None, reuse_vanilla=True):
+        AnswerRunner.calls.append(cfg)
+        i, it = self.items[cfg.prompt]
+        v = f"The answer is {it.answer}."
+        s = f"The answer is {wrong(it.answer) if i in PLANTED else it.answer}."
+        va, sa = _arm("vanilla", v), _arm("speculative", s)
+        return Trace(config=cfg.to_dict(), environment={"specview": "test"},
+                     models={"target": {"file": cfg.target, "quantization": "Q8_0"}, "draft": None},
+                     prompt={"text": cfg.prompt, "chat": cfg.chat, "tokens": [1, 2]},
+                     vanilla=va, speculative=sa, comparison=compare_arms(va, sa))
+
+    def diagnose(self, trace, cfg, **_kw):
+        i, _it = self.items[cfg.prompt]
+        return ({"verdict": "state", "rule": "serial-verify-differs", "gap": 6.5} if i == STATE_ITEM else
+                {"verdict": "near-tie", "rule": "serial-verify-reproduces-vanilla", "gap": 0.02})
+
+
+class AnswerBackend(Backend):
+    name = ENGINE
+    label = "Quality test engine"
+    model_kind = "gguf"
+    in_process = False
+
+    def runner(self, *, progress=None):
+        return AnswerRunner()
+
+
+@pytest.fixture
+def engine():
+    AnswerRunner.calls = []
+    register_backend(ENGINE, AnswerBackend)
+    yield ENGINE
+    unregister_backend(ENGINE)
+
+
+def window(make_window):
+    w = make_window()
+    w.set_controls(backend=ENGINE, target="demo:Q8_0", draft="demo:Q4_0", n_max=3, max_tokens=32)
+    assert w.engine_problem is None
+    return w
+
+
+def run_suite(w, qtbot, tmp_path: Path) -> QualityResult:
+    tab = w.quality_tab
+    tab.form.choose("arithmetic")
+    tab.form.items.setValue(N_ITEMS)
+    suite = load_suite("arithmetic", n=N_ITEMS, seed=0)
+    with qtbot.waitSignal(tab.sigFinished, timeout=TIMEOUT) as blk:
+        assert tab.start(suite, out_dir=tmp_path / "q") is not None and w.busy
+    res = blk.args[0].result
+    assert res is not None and res.status == "complete" and not w.busy
+    return res
+
+
+def figures(table: OutcomeTable) -> list[list[int]]:
+    return [[table.value(r, c) for c in range(3)] for r in range(3)]
+
+
+def test_the_table_adds_up_and_matches_the_result(engine, make_window, qtbot, tmp_path: Path):
+    w = window(make_window)
+    res = run_suite(w, qtbot, tmp_path)
+    tab = w.quality_tab
+    shown = figures(tab.outcomes)
+    # the plant, counted independently: every vanilla answer passes, the planted speculative ones fail
+    b = len(PLANTED)
+    assert shown == [[N_ITEMS - b, b, N_ITEMS], [0, 0, 0], [N_ITEMS - b, b, N_ITEMS]]
+    assert shown == counts(res.table)
+    for r in range(2):  # each row and column adds up to its total, the totals to n
+        assert shown[r][0] + shown[r][1] == shown[r][2] and shown[0][r] + shown[1][r] == shown[2][r]
+    assert shown[2][2] == shown[0][2] + shown[1][2] == len(AnswerRunner.calls) == N_ITEMS
+    # the discordant cells are tinted, a changed one in the state colour; the others are not
+    for r in range(2):
+        for c in range(2):
+            bg = tab.outcomes.item(r, c).background().color()
+            if (r, c) in DISCORDANT:
+                want = verdicts.COLOURS["state" if shown[r][c] else "diverged"]
+                assert bg == QColor(want), (r, c)
+            else:
+                assert tab.outcomes.item(r, c).background().style() == Qt.BrushStyle.NoBrush
+    p = mcnemar_exact(b, 0)
+    assert res.p_mcnemar == pytest.approx(p) == pytest.approx(2 * 0.5 ** b)
+    text = tab.headline.text()
+    assert ("No evidence speculation changes answers" in text) == (p >= 0.05)
+    assert "STATE fork" in text  # the planted state bug is named in the headline
+    assert f"vanilla passes {N_ITEMS} of {N_ITEMS}" in tab.rates.text()
+    assert f"speculative passes {N_ITEMS - b} of {N_ITEMS}" in tab.rates.text()
+    # the items: one row each, in suite order, the state fork on a changed answer marked and bold
+    items = tab.items
+    assert items.rowCount() == N_ITEMS
+    ids = [o.item_id for o in res.items]
+    assert [items.item(r, 0).text() for r in range(N_ITEMS)] == ids
+    for r in range(N_ITEMS):
+        row = [items.item(r, c).text() for c in range(items.columnCount())]
+        assert row[1] == "pass" and row[2] == ("fail" if r in PLANTED else "pass")
+        assert row[3] == ("no" if r in PLANTED else "yes")
+        assert row[5] == ("⚠ STATE (answer changed)" if r == STATE_ITEM else "near-tie" if r in PLANTED
+                          else "identical")
+        assert items.item(r, 0).font().bold() is (r == STATE_ITEM)
+        if r in PLANTED:
+            assert row[4].startswith(f"@{res.items[r].fork_index}:")
+    # the result file the tab points at reads back to the same table
+    saved = QualityResult.load(tab.source)
+    assert counts(saved.table) == shown and [o.item_id for o in saved.items] == ids
+
+
+def test_double_click_opens_the_items_own_trace(engine, make_window, qtbot, tmp_path: Path):
+    w = window(make_window)
+    res = run_suite(w, qtbot, tmp_path)
+    w.show()
+    w.tabs.setCurrentWidget(w.quality_tab)
+    items = w.quality_tab.items
+    for r in (STATE_ITEM, 0):
+        rect = items.visualItemRect(items.item(r, 0))
+        with qtbot.waitSignal(w.sigTraceShown, timeout=10_000) as blk:
+            qtbot.mouseClick(items.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())
+            qtbot.mouseDClick(items.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())
+        t = blk.args[0]
+        assert t.config["quality"]["item"] == res.items[r].item_id
+        assert t.config["quality"]["speculative_pass"] is (r not in PLANTED)
+        assert w.tabs.currentIndex() == 0 and w.trace is t
+        assert t.comparison.identical is (r not in PLANTED)
+        w.tabs.setCurrentWidget(w.quality_tab)
+
+
+def code_suite(tmp_path: Path) -> Path:
+    f = tmp_path / "code.jsonl"
+    f.write_text(json.dumps({"id": "add", "prompt": "def add(a, b):\n", "entry_point": "add",
+                             "test": "def check(candidate):\n    assert candidate(1, 2) == 3\n"}) + "\n")
+    return f
+
+
+def test_the_confirmations_no_runs_nothing(engine, make_window, qtbot, tmp_path: Path, monkeypatch):
+    w = window(make_window)
+    asked: list[ExecuteConfirm] = []
+
+    def answer_no(dlg):
+        asked.append(dlg)
+        return QMessageBox.StandardButton.No
+
+    monkeypatch.setattr(ExecuteConfirm, "exec", answer_no)
+    tab = w.quality_tab
+    tab.form.choose(str(code_suite(tmp_path)))
+    before = w.host.current
+    assert tab.start(out_dir=tmp_path / "q") is None
+    assert len(asked) == 1 and AnswerRunner.calls == [] and tab.request is None
+    assert w.host.current is before and not w.busy and not (tmp_path / "q").exists()
+    assert "Nothing ran" in w.verdict.text()
+    # the question says what would run and what the sandbox enforces
+    dlg = asked[0]
+    info = dlg.informativeText()
+    assert "1 code item" in info and "up to 2 programs" in info and dlg.lines
+    assert all(line in info or line.replace("'", "&#x27;") in info for line in dlg.lines)
+    assert dlg.defaultButton() is dlg.button(QMessageBox.StandardButton.No)
+
+
+def test_a_saved_result_opens_and_a_bad_file_is_an_error(engine, make_window, qtbot, tmp_path: Path):
+    w = window(make_window)
+    res = run_suite(w, qtbot, tmp_path)
+    other = make_window()
+    path = tmp_path / "q" / "quality.json"
+    assert other.quality_tab.open(path)
+    assert figures(other.quality_tab.outcomes) == counts(res.table)
+    assert other.quality_tab.items.trace_path(STATE_ITEM) == str(tmp_path / "q" / res.items[STATE_ITEM].trace_path)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{\"schema\": \"specview.quality/1\"}")
+    assert not other.quality_tab.open(bad) and other.verdict_kind == "error"
+    assert figures(other.quality_tab.outcomes) == counts(res.table)  # what was shown stays
+
+
+def test_the_fork_card_says_whether_the_answer_changed(qapp, synth):
+    from specview.gui.card import ForkCard
+
+    t = synth(n=40, fork=25)
+    assert ForkCard(t).task is None  # a prompt from no suite: nothing about answers
+    t.config["quality"] = {"suite": "arithmetic", "item": "arithmetic-0002", "expected": "961", "vanilla_pass": True,
+                           "speculative_pass": False, "vanilla_got": "961", "speculative_got": "951"}
+    card = ForkCard(t)
+    text = card.task.text()
+    assert "answer changed: yes: vanilla passes, speculative fails" in text
+    assert "expected &#x27;961&#x27;" in text or "expected '961'" in text
+    assert "951" in text and "arithmetic-0002" in text
+    t.config["quality"].update(speculative_pass=True, speculative_got="961")
+    card = ForkCard(t)
+    assert "answer changed: no: both arms pass" in card.task.text()
