@@ -50,8 +50,7 @@ def reading(res: QualityResult) -> list[str]:
                    + (f" (the texts forked on {forks}, without changing the outcome)." if forks else
                       " (and every text was identical)."))
         return out
-    way = (f"vanilla passed {b} item{'s' if b != 1 else ''} the speculative arm failed, and the speculative arm "
-           f"passed {c} vanilla failed")
+    way = f"{b} passed by vanilla only, {c} by the speculative arm only"
     if p < ALPHA:
         worse = "lower" if b > c else "higher"
         out.append(f"Speculative decoding changed answers: {way}; McNemar's exact test p = {p_text(p)} < {ALPHA}, "

@@ -48,12 +48,19 @@ def figure_rows(res: QualityResult) -> list[tuple[str, str]]:
     return rows
 
 
+def short(text: str | None, n: int = 60) -> str:
+    """What an arm's reply was read as, cut to ``n`` characters (a reply read whole can be long)."""
+    if not text:
+        return "—"
+    return text if len(text) <= n else text[:n - 1] + "…"
+
+
 def item_rows(items: list[Any], suite: Any) -> list[tuple[str, ...]]:
     expected = {it.id: it.expected for it in suite.items}
     rows = []
     for o in items:
-        rows.append((o.item_id, OUTCOME_WORDS[o.outcome], expected.get(o.item_id, ""), o.vanilla.got or "—",
-                     o.speculative.got or "—", "" if o.fork_index is None else str(o.fork_index),
+        rows.append((o.item_id, OUTCOME_WORDS[o.outcome], short(expected.get(o.item_id, "")),
+                     short(o.vanilla.got), short(o.speculative.got), "" if o.fork_index is None else str(o.fork_index),
                      o.fork_context or "identical texts",
                      words(o.verdict) if o.verdict else ("diagnosis failed" if o.diagnosis_error else "—"),
                      o.trace_path or ""))
