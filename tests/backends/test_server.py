@@ -75,6 +75,14 @@ def runner():
 
 
 @pytest.fixture(scope="module")
+def in_process():
+    """The in-process engine the server's arms are compared with: one worker and one load of demo:Q8_0 for them all."""
+    s = Session()
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
 def draft_trace(runner, server_bin, prompt_tokens) -> Trace:
     return runner.run(cfg(server_bin, prompt_tokens, spec_type="draft-simple", draft="demo:Q4_0"))
 
@@ -87,14 +95,10 @@ def test_the_spec_types_and_version_come_from_the_binary(server_bin):
     assert "version:" in sb.server_version(server_bin)
 
 
-def test_vanilla_on_the_server_equals_the_in_process_engine(draft_trace, prompt_tokens):
+def test_vanilla_on_the_server_equals_the_in_process_engine(draft_trace, prompt_tokens, in_process):
     t = draft_trace
-    s = Session()
-    try:
-        local = s.run(RunConfig(target="demo:Q8_0", draft=None, spec_type="none", max_tokens=48,
+    local = in_process.run(RunConfig(target="demo:Q8_0", draft=None, spec_type="none", max_tokens=48,
                                 prompt_tokens=prompt_tokens, engine=ENG)).vanilla
-    finally:
-        s.close()
     assert len(t.vanilla.tokens) == 48 and t.vanilla.tokens == local.tokens and t.vanilla.text == local.text
     # log-probability differences are logit differences: the server's margins are the in-process ones
     for a, b in zip(t.vanilla.steps, local.steps):
@@ -198,33 +202,25 @@ def test_p_min_1_on_the_command_line_is_identical_to_vanilla(server_bin, prompt_
     assert t.speculative.n_drafted == 0 and t.speculative.n_accepted == 0
 
 
-def test_both_engines_stop_at_the_end_of_generation_token_alike(runner, server_bin):
+def test_both_engines_stop_at_the_end_of_generation_token_alike(runner, server_bin, in_process):
     c = RunConfig(target="demo:Q8_0", draft=None, spec_type="ngram-simple", max_tokens=64,
                   prompt="Reply with one word: hello.", engine=replace(ENG, server_bin=server_bin),
                   backend="llama-server")
     t = runner.run(c)
-    s = Session()
-    try:
-        local = s.run(RunConfig(target="demo:Q8_0", draft=None, spec_type="none", max_tokens=64,
+    local = in_process.run(RunConfig(target="demo:Q8_0", draft=None, spec_type="none", max_tokens=64,
                                 prompt_tokens=tuple(t.prompt["tokens"]), engine=ENG)).vanilla
-    finally:
-        s.close()
     assert t.vanilla.stop_reason == local.stop_reason == "eos"
     assert t.vanilla.tokens == local.tokens and len(local.tokens) < 64  # the EOS token itself included
     assert t.speculative.tokens == t.vanilla.tokens
 
 
-def test_tokens_inside_a_multi_byte_character_get_no_top_k_but_keep_their_place(runner, server_bin):
+def test_tokens_inside_a_multi_byte_character_get_no_top_k_but_keep_their_place(runner, server_bin, in_process):
     c = RunConfig(target="demo:Q8_0", draft=None, spec_type="ngram-simple", max_tokens=24,
                   prompt="Translate 'good morning' into Chinese characters and Russian.",
                   engine=replace(ENG, server_bin=server_bin), backend="llama-server")
     t = runner.run(c)
-    s = Session()
-    try:
-        local = s.run(RunConfig(target="demo:Q8_0", draft=None, spec_type="none", max_tokens=24,
+    local = in_process.run(RunConfig(target="demo:Q8_0", draft=None, spec_type="none", max_tokens=24,
                                 prompt_tokens=tuple(t.prompt["tokens"]), engine=ENG)).vanilla
-    finally:
-        s.close()
     assert t.vanilla.tokens == local.tokens and t.speculative.tokens == t.vanilla.tokens
     missing = [st.index for st in t.vanilla.steps if not st.top_ids]
     assert missing and len(missing) < len(t.vanilla.steps)
