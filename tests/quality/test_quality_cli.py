@@ -60,3 +60,17 @@ def test_a_bad_suite_is_an_error_naming_it(tmp_path, capsys):
     oracle.register(load_suite("mixed", 1), name="oracle-cli-bad")
     assert cli("oracle-cli-bad", tmp_path, "--suite", "nonsense") == 2
     assert "--suite 'nonsense': not a suite" in capsys.readouterr().err
+
+
+def test_the_report_escapes_what_the_suite_and_the_model_wrote(tmp_path):
+    p = tmp_path / "hostile.jsonl"
+    p.write_text(json.dumps({"id": "<script>x</script>|a", "prompt": "Say <b>", "answer": "<img src=x>"}) + "\n")
+    suite = load_suite(str(p))
+    oracle.register(suite, name="oracle-hostile", fault="keep-rejected")
+    assert cli("oracle-hostile", tmp_path / "out", "--suite", str(p), "--max-tokens", "20") == 1
+    written = write_report(tmp_path / "out" / RESULT_FILE, tmp_path / "report")
+    html = written["html"].read_text()
+    assert "<script>" not in html and "<img" not in html and "&lt;script&gt;" in html
+    md = written["markdown"].read_text()
+    row = next(ln for ln in md.splitlines() if "only vanilla passes" in ln)
+    assert row.count(" | ") == 8  # the item's | is escaped, so the row keeps its nine cells
