@@ -5,12 +5,15 @@
     xvfb-run -s '-screen 0 1600x1000x24' python scripts/screenshots.py matrix suite.json docs/screenshots/matrix-rates.png
     xvfb-run -s '-screen 0 1600x1000x24' python scripts/screenshots.py kernels kmap.json docs/screenshots/kernels.png
     xvfb-run -s '-screen 0 1600x1000x24' python scripts/screenshots.py locate loc.json docs/screenshots/locate.png
+    xvfb-run -s '-screen 0 1600x1000x24' python scripts/screenshots.py quality q/quality.json docs/screenshots/quality.png
 
 ``main`` runs the demo (its default target, draft, prompt and length, one thread, diagnosed) and
 grabs the window once the verdict is in, the fork in view; ``matrix`` and ``kernels`` open a file
 made by ``specview matrix --suite`` or ``specview kernels`` and select its first forked setting or
 its Q4_K_M row; ``locate`` opens a file made by ``specview locate --json`` and hovers its first
-differing node.  Nothing is staged: what the window shows is what the app computed or read.  The
+differing node; ``quality`` opens a ``quality.json`` made by ``specview quality -o DIR`` in the
+Quality tab and selects its first changed answer.  Nothing is staged: what the window shows is what
+the app computed or read.  The
 app's settings go to a temporary file, so the user's own are untouched.
 """
 
@@ -24,7 +27,7 @@ from pathlib import Path
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["main", "matrix", "kernels", "locate"])
+    ap.add_argument("what", choices=["main", "matrix", "kernels", "locate", "quality"])
     ap.add_argument("args", nargs="+", help="[FILE] OUT.png")
     ap.add_argument("--theme", default="light", choices=["light", "dark"])
     ap.add_argument("--size", default="1600x1000")
@@ -69,6 +72,13 @@ def main() -> int:
         if a.what == "main":
             w.sigTraceShown.connect(lambda _t: QTimer.singleShot(800, grab))
             w.run()
+            return
+        if a.what == "quality":
+            if w.quality_tab.open(src):
+                w.tabs.setCurrentWidget(w.quality_tab)
+                changed = [i for i, o in enumerate(w.quality_tab.result.items) if o.discordant]
+                w.quality_tab.items.selectRow(changed[0] if changed else 0)
+                QTimer.singleShot(800, grab)
             return
         if w.open_trace(src) is not None or w.last_error:
             return

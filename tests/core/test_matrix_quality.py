@@ -16,53 +16,18 @@ from pathlib import Path
 
 import pytest
 
+from answers import AnswerRunner as Answers
+from answers import wrong
+
 from specview import cli
-from specview.core.arms.compare import compare_arms
 from specview.core.matrix import MatrixError, MatrixSpec, load_matrix, run_matrix
 from specview.core.matrix.quality import answers_text, suite_block, task_prompts
 from specview.core.matrix.rates import format_rates
 from specview.core.quality import answer_changed, load_suite
-from specview.core.trace import ArmResult, Step, Trace
+from specview.core.trace import Trace
 
 N_ITEMS = 6
 PLANTED = (1, 3, 4)  # the items the speculative arm answers wrong, where it drafts
-
-
-def _arm(name: str, text: str) -> ArmResult:
-    steps = [Step(index=i, token=ord(ch), piece=ch, pos=5 + i, top_ids=[ord(ch), 0], top_logits=[1.0, 0.5],
-                  margin=0.5) for i, ch in enumerate(text)]
-    return ArmResult(name=name, tokens=[s.token for s in steps], steps=steps, text=text, gen_ms=10.0,
-                     stop_reason="eos", drafter=None if name == "vanilla" else "x")
-
-
-def wrong(answer: str) -> str:
-    return answer[:-1] + str((int(answer[-1]) + 1) % 10)
-
-
-class AnswerRunner:
-    """Answers the suite's prompts: vanilla right; speculative wrong on the planted items when it drafts."""
-
-    def __init__(self, suite, planted=PLANTED):
-        self.answers = {p.text: it.answer for p, it in zip(task_prompts(suite), suite.items)}
-        self.wrong = {task_prompts(suite)[i].text for i in planted}
-        self.loads = self.vanilla_runs = self.speculative_runs = 0
-        self.calls: list = []
-
-    def close(self):
-        pass
-
-    def run(self, cfg, *, cancel=None, on_event=None):
-        self.calls.append(cfg)
-        self.vanilla_runs += 1
-        self.speculative_runs += 1
-        a = self.answers[cfg.prompt]
-        drafts = cfg.spec_type != "none"
-        v, s = f"The answer is {a}.", f"The answer is {wrong(a) if drafts and cfg.prompt in self.wrong else a}."
-        va, sa = _arm("vanilla", v), _arm("speculative", s)
-        return Trace(config=cfg.to_dict(), environment={"specview": "test"},
-                     models={"target": {"file": cfg.target, "quantization": "Q8_0"}, "draft": None},
-                     prompt={"text": cfg.prompt, "chat": cfg.chat, "tokens": [1, 2, 3]},
-                     vanilla=va, speculative=sa, comparison=compare_arms(va, sa))
 
 
 def mcnemar_by_formula(b: int, c: int) -> float:
@@ -81,6 +46,10 @@ def spec_of(suite, **kw) -> MatrixSpec:
              quality=suite_block("arithmetic", N_ITEMS, 0))
     d.update(kw)
     return MatrixSpec(**d)
+
+
+def AnswerRunner(suite):  # noqa: N802 - the runner of the planted answers
+    return Answers(suite, PLANTED)
 
 
 def test_each_cell_scores_both_arms_and_each_setting_counts_the_changed_answers(suite, tmp_path: Path):

@@ -13,19 +13,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
-
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QMessageBox
 
+from answers import AnswerRunner
+
 from specview.core import verdicts
-from specview.core.arms.compare import compare_arms
 from specview.core.quality import QualityResult, load_suite, mcnemar_exact
-from specview.core.quality.score import prompt_for
 from specview.core.registry import Backend, register_backend, unregister_backend
-from specview.core.trace import ArmResult, Step, Trace
 from specview.gui.quality import ExecuteConfirm, OutcomeTable
 from specview.gui.quality.tables import DISCORDANT, counts
 
@@ -36,60 +33,26 @@ STATE_ITEM = 4  # ... and its fork is diagnosed a state bug; the other planted f
 TIMEOUT = 60_000
 
 
-def _arm(name: str, text: str) -> ArmResult:
-    steps = [Step(index=i, token=ord(ch), piece=ch, pos=4 + i, top_ids=[ord(ch), 0], top_logits=[1.0, 0.9],
-                  margin=0.1) for i, ch in enumerate(text)]
-    return ArmResult(name=name, tokens=[s.token for s in steps], steps=steps, text=text, gen_ms=10.0,
-                     stop_reason="eos", drafter=None if name == "vanilla" else "x")
-
-
-def wrong(answer: str) -> str:
-    return answer[:-1] + str((int(answer[-1]) + 1) % 10)
-
-
-class AnswerRunner:
-    """The registered engine's runner: answers each suite item, and records every run it was asked for."""
-
-    calls: list[Any] = []
-
-    def __init__(self) -> None:
-        suite = load_suite("arithmetic", n=N_ITEMS, seed=0)
-        self.items = {prompt_for(it, True): (i, it) for i, it in enumerate(suite.items)}
-        self.loads = self.vanilla_runs = self.speculative_runs = 0
-
-    def close(self) -> None:
-        pass
-
-    def run(self, cfg, *, cancel=None, on_event=None, reuse_vanilla=True):
-        AnswerRunner.calls.append(cfg)
-        i, it = self.items[cfg.prompt]
-        v = f"The answer is {it.answer}."
-        s = f"The answer is {wrong(it.answer) if i in PLANTED else it.answer}."
-        va, sa = _arm("vanilla", v), _arm("speculative", s)
-        return Trace(config=cfg.to_dict(), environment={"specview": "test"},
-                     models={"target": {"file": cfg.target, "quantization": "Q8_0"}, "draft": None},
-                     prompt={"text": cfg.prompt, "chat": cfg.chat, "tokens": [1, 2]},
-                     vanilla=va, speculative=sa, comparison=compare_arms(va, sa))
-
-    def diagnose(self, trace, cfg, **_kw):
-        i, _it = self.items[cfg.prompt]
-        return ({"verdict": "state", "rule": "serial-verify-differs", "gap": 6.5} if i == STATE_ITEM else
-                {"verdict": "near-tie", "rule": "serial-verify-reproduces-vanilla", "gap": 0.02})
-
-
 class AnswerBackend(Backend):
+    """The test's engine: its runner answers the suite (tests/answers.py), each made one kept in ``runners``."""
+
     name = ENGINE
     label = "Quality test engine"
     model_kind = "gguf"
     in_process = False
+    runners: list[AnswerRunner] = []
 
     def runner(self, *, progress=None):
-        return AnswerRunner()
+        r = AnswerRunner(load_suite("arithmetic", n=N_ITEMS, seed=0), PLANTED, state_item=STATE_ITEM)
+        AnswerBackend.runners.append(r)
+        return r
 
 
+def calls() -> list:
+    return [c for r in AnswerBackend.runners for c in r.calls]
 @pytest.fixture
 def engine():
-    AnswerRunner.calls = []
+    AnswerBackend.runners = []
     register_backend(ENGINE, AnswerBackend)
     yield ENGINE
     unregister_backend(ENGINE)
@@ -129,7 +92,7 @@ def test_the_table_adds_up_and_matches_the_result(engine, make_window, qtbot, tm
     assert shown == counts(res.table)
     for r in range(2):  # each row and column adds up to its total, the totals to n
         assert shown[r][0] + shown[r][1] == shown[r][2] and shown[0][r] + shown[1][r] == shown[2][r]
-    assert shown[2][2] == shown[0][2] + shown[1][2] == len(AnswerRunner.calls) == N_ITEMS
+    assert shown[2][2] == shown[0][2] + shown[1][2] == len(calls()) == N_ITEMS
     # the discordant cells are tinted, a changed one in the state colour; the others are not
     for r in range(2):
         for c in range(2):
@@ -204,7 +167,7 @@ def test_the_confirmations_no_runs_nothing(engine, make_window, qtbot, tmp_path:
     tab.form.choose(str(code_suite(tmp_path)))
     before = w.host.current
     assert tab.start(out_dir=tmp_path / "q") is None
-    assert len(asked) == 1 and AnswerRunner.calls == [] and tab.request is None
+    assert len(asked) == 1 and calls() == [] and tab.request is None
     assert w.host.current is before and not w.busy and not (tmp_path / "q").exists()
     assert "Nothing ran" in w.verdict.text()
     # the question says what would run and what the sandbox enforces
@@ -244,3 +207,33 @@ def test_the_fork_card_says_whether_the_answer_changed(qapp, synth):
     t.config["quality"].update(speculative_pass=True, speculative_got="961")
     card = ForkCard(t)
     assert "answer changed: no: both arms pass" in card.task.text()
+
+
+def test_a_matrix_over_a_task_suite_shows_its_answers_beside_its_forks(qtbot, tmp_path: Path):
+    from specview.core.matrix import MatrixSpec, run_matrix
+    from specview.core.matrix.quality import suite_block, task_prompts
+    from specview.gui.matrix import MatrixView
+    from specview.gui.matrix.rates import COL_ANSWERS
+
+    suite = load_suite("arithmetic", n=N_ITEMS, seed=0)
+    spec = MatrixSpec(targets=["demo:Q8_0"], drafters=["demo:Q4_0", "none"], n_max=[3], p_min=[0.0],
+                      flash_attn=["auto"], prompts=task_prompts(suite), max_tokens=32, diagnose=True,
+                      quality=suite_block("arithmetic", N_ITEMS, 0))
+    run_matrix(spec, AnswerRunner(suite, PLANTED, state_item=STATE_ITEM), out=tmp_path / "m.json")
+    view = MatrixView()
+    qtbot.addWidget(view)
+    view.loadFile(tmp_path / "m.json")
+    tree = view.rates_panel.tree
+    assert not tree.isColumnHidden(COL_ANSWERS)
+    rows = {tree.topLevelItem(i).toolTip(0).split(":")[0]: tree.topLevelItem(i).text(COL_ANSWERS)
+            for i in range(tree.topLevelItemCount())}
+    b = len(PLANTED)
+    p = f"{mcnemar_exact(b, 0):.3g}"
+    assert sorted(rows.values()) == sorted([f"{N_ITEMS - b} same / {b} changed (p={p}) [{b} only vanilla passes, "
+                                            f"0 only speculative]; 1 changed at a STATE fork", f"{N_ITEMS} same / 0 "
+                                            "changed (p=1)"])
+    texts = [view.table.item(r, c).text() for r in range(view.table.rowCount())
+             for c in range(view.table.columnCount())]
+    assert sum("ANSWER CHANGED" in t for t in texts) == 1  # the state fork's
+    assert sum("answer changed" in t for t in texts) == b - 1
+    assert sum("answer same" in t for t in texts) == 2 * N_ITEMS - b

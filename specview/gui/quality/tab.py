@@ -67,6 +67,7 @@ class QualityTab(QWidget):
         self.result: Any = None  # the QualityResult on screen
         self.source: Path | None = None  # its quality.json
         self._live: tuple[Any, dict[str, Any], list[Any]] | None = None  # suite, config, outcomes while running
+        self.tabs: QTabWidget | None = None  # the window's tabs, once attached
 
         lay = QVBoxLayout(self)
         lay.setContentsMargins(6, 6, 6, 6)
@@ -123,6 +124,7 @@ class QualityTab(QWidget):
         the window, Esc and the Run panel's Cancel stopping it, a double-clicked item opening side by side."""
         tab = cls(w.host, w.build_config, lambda: w.diagnose.isChecked())
         w.tabs.setTabToolTip(w.tabs.addTab(tab, "Quality"), TAB_TIP)
+        tab.tabs = w.tabs
         tab.sigSubmitting.connect(w._leave_run)
         tab.sigVerdict.connect(w._matrix_verdict)
         tab.sigStatus.connect(w._set_status)
@@ -141,11 +143,9 @@ class QualityTab(QWidget):
             t.connect(lambda *_a: self.cancel())
 
     def bring_to_front(self) -> None:
-        tabs = self.parent()
-        while tabs is not None and not isinstance(tabs, QTabWidget):
-            tabs = tabs.parent()
-        if tabs is not None:
-            tabs.setCurrentWidget(self)
+        """Show the tab in front of the window's others (nothing for a tab on its own)."""
+        if self.tabs is not None:
+            self.tabs.setCurrentWidget(self)
 
     # ------------------------------------------------------------ running
     def start(self, suite: Any = None, *, execute: bool | None = None,
