@@ -21,10 +21,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from ..prompts import PromptSpec
-from .spec import MatrixError, show
+from .spec import MatrixError, check_block
 
-#: the keys of a matrix spec's ``quality`` block, with their types
-SPEC_KEYS = {"suite": str, "items": int, "seed": int, "execute": bool}
 #: the paired outcomes, in the order a 2x2 table reads them
 OUTCOMES = ("both_pass", "both_fail", "only_vanilla", "only_speculative")
 
@@ -41,19 +39,6 @@ def suite_block(name: str, items: int | None = None, seed: int = 0, execute: boo
     whether scoring may run model-written code."""
     block = {"suite": name, "items": items, "seed": seed, "execute": execute}
     check_block(block, "--suite")
-    return block
-
-
-def check_block(block: Any, where: str) -> dict[str, Any]:
-    """``block`` checked as a spec's ``quality`` block, or a MatrixError naming ``where`` and the key."""
-    if not isinstance(block, dict) or not isinstance(block.get("suite"), str) or not block["suite"]:
-        raise MatrixError(f"{where}: quality must name a task suite (got {show(block)})")
-    for key, typ in SPEC_KEYS.items():
-        v = block.get(key)
-        if v is not None and (not isinstance(v, typ) or (typ is int and isinstance(v, bool))):
-            raise MatrixError(f"{where}: quality.{key} must be {typ.__name__} (got {show(v)})")
-    if isinstance(block.get("items"), int) and block["items"] < 1:
-        raise MatrixError(f"{where}: quality.items must be at least 1 (got {block['items']})")
     return block
 
 

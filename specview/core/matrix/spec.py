@@ -303,8 +303,6 @@ class _SpecMethods:
                                   f"(got {show(d['kernel_map'])})")
             kw["kernel_map"] = d["kernel_map"]
         if d.get("quality") is not None:
-            from .quality import check_block
-
             kw["quality"] = dict(check_block(d["quality"], f"{source}: spec"))
         if d.get("parts"):
             kw["parts"] = parts_from_json(d["parts"], source)
@@ -373,6 +371,24 @@ def _checked(cls: type, name: str, value: Any, what: str, *, plural: bool = Fals
         if msg.startswith(name + " "):
             msg = msg[len(name) + 1:]
         raise MatrixError(f"{what} {msg}") from None
+
+
+#: the keys of a matrix spec's ``quality`` block (the task suite whose items are its prompts), with their types
+QUALITY_KEYS = {"suite": str, "items": int, "seed": int, "execute": bool}
+
+
+def check_block(block: Any, where: str) -> dict[str, Any]:
+    """``block`` checked as a spec's ``quality`` block (a task suite, core/matrix/quality.py), or a MatrixError
+    naming ``where`` and the key."""
+    if not isinstance(block, dict) or not isinstance(block.get("suite"), str) or not block["suite"]:
+        raise MatrixError(f"{where}: quality must name a task suite (got {show(block)})")
+    for key, typ in QUALITY_KEYS.items():
+        v = block.get(key)
+        if v is not None and (not isinstance(v, typ) or (typ is int and isinstance(v, bool))):
+            raise MatrixError(f"{where}: quality.{key} must be {typ.__name__} (got {show(v)})")
+    if isinstance(block.get("items"), int) and block["items"] < 1:
+        raise MatrixError(f"{where}: quality.items must be at least 1 (got {block['items']})")
+    return block
 
 
 def _as_list(key: str, value: Any, source: str) -> list[Any]:
