@@ -45,22 +45,21 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return p
 
 
-def _size(n: int | None) -> str:
+def _scaled(n: int | None, units: tuple[tuple[str, float], ...], sep: str) -> str:
     if not n:
         return "-"
-    for unit, div in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+    for unit, div in units:
         if n >= div:
-            return f"{n / div:.1f} {unit}"
-    return f"{n} B"
+            return f"{n / div:.1f}{sep}{unit}"
+    return str(n)
+
+
+def _size(n: int | None) -> str:
+    return _scaled(n, (("GB", 1e9), ("MB", 1e6), ("kB", 1e3), ("B", 1)), " ")
 
 
 def _params(n: int | None) -> str:
-    if not n:
-        return "-"
-    for unit, div in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= div:
-            return f"{n / div:.1f}{unit}"
-    return str(n)
+    return _scaled(n, (("B", 1e9), ("M", 1e6), ("k", 1e3)), "")
 
 
 def _notes(m: M.ModelInfo) -> str:

@@ -54,22 +54,33 @@ def _why(exc: OSError, *, folder: bool = False) -> str:
     return f"cannot be read ({exc.strerror or exc})"
 
 
+def _enter(d: Path, seen: set[tuple[int, int]], problems: list[Problem], *,
+           missing_ok: bool = False) -> list[os.DirEntry] | None:
+    """The entries of folder ``d`` by name, or None (with a Problem) when it cannot be listed or was entered
+    before through another path (a symlink loop: ``seen`` holds the folders entered)."""
+    try:
+        st = d.stat()
+        entries = sorted(os.scandir(d), key=lambda e: e.name)
+    except OSError as exc:
+        if not (missing_ok and isinstance(exc, FileNotFoundError)):
+            problems.append(Problem(str(d), _why(exc, folder=True)))
+        return None
+    if (st.st_dev, st.st_ino) in seen:
+        problems.append(Problem(str(d), "a symlink loop: this folder was reached before through another path"))
+        return None
+    seen.add((st.st_dev, st.st_ino))
+    return entries
+
+
 def walk(top: Path, problems: list[Problem], *, depth: int = MAX_DEPTH) -> Iterator[tuple[Path, str]]:
     """(path, "gguf" | "folder") for every GGUF file (first shard only) and model folder under ``top``."""
     seen: set[tuple[int, int]] = set()
     stack = [(top, 0)]
     while stack:
         d, level = stack.pop()
-        try:
-            st = d.stat()
-            entries = sorted(os.scandir(d), key=lambda e: e.name)
-        except OSError as exc:
-            problems.append(Problem(str(d), _why(exc, folder=True)))
+        entries = _enter(d, seen, problems)
+        if entries is None:
             continue
-        if (st.st_dev, st.st_ino) in seen:
-            problems.append(Problem(str(d), "a symlink loop: this folder was reached before through another path"))
-            continue
-        seen.add((st.st_dev, st.st_ino))
         if is_model_folder({e.name for e in entries}):
             yield d, "folder"
         subdirs = []
@@ -221,17 +232,9 @@ def ollama(top: Path, problems: list[Problem]) -> Iterator[Found]:
     seen: set[tuple[int, int]] = set()
     while stack:
         d, parts = stack.pop()
-        try:
-            st = d.stat()
-            entries = sorted(os.scandir(d), key=lambda e: e.name)
-        except OSError as exc:
-            if d != mdir or not isinstance(exc, FileNotFoundError):
-                problems.append(Problem(str(d), _why(exc, folder=True)))
+        entries = _enter(d, seen, problems, missing_ok=d == mdir)  # a store with no models has no manifests yet
+        if entries is None:
             continue
-        if (st.st_dev, st.st_ino) in seen:
-            problems.append(Problem(str(d), "a symlink loop: this folder was reached before through another path"))
-            continue
-        seen.add((st.st_dev, st.st_ino))
         for e in entries:
             if e.name.startswith("."):
                 continue
