@@ -49,7 +49,7 @@ def reading(res: QualityResult) -> list[str]:
         out.append(f"No answer changed: on all {t.n} items both arms pass or both fail"
                    + (f" (the texts forked on {forks}, without changing the outcome)." if forks else
                       " (and every text was identical)."))
-        return out
+        return out + _state_elsewhere(res)
     way = f"{b} passed by vanilla only, {c} by the speculative arm only"
     if p < ALPHA:
         worse = "lower" if b > c else "higher"
@@ -67,7 +67,17 @@ def reading(res: QualityResult) -> list[str]:
     elif vc and set(vc) == {"near-tie"}:
         out.append("Every changed answer comes from a near-tie flipped by batched-versus-single numerics: the "
                    "invariant that holds on this hardware is 'divergences only at near-ties'.")
-    return out
+    return out + _state_elsewhere(res)
+
+
+def _state_elsewhere(res: QualityResult) -> list[str]:
+    """A warning for state forks on items whose answer did not change: a bug this suite's answers did not show."""
+    n = sum(1 for o in res.items if o.verdict == "state" and not o.discordant)
+    if not n:
+        return []
+    return [f"But {n} fork{'s' if n != 1 else ''} on items whose outcome did not change read state: the "
+            "speculative loop or its cache is wrong, whether or not this suite's answers show it (see those "
+            "items' traces)."]
 
 
 def table_lines(res: QualityResult) -> list[str]:
