@@ -13,8 +13,7 @@ made by ``specview matrix --suite`` or ``specview kernels`` and select its first
 its Q4_K_M row; ``locate`` opens a file made by ``specview locate --json`` and hovers its first
 differing node; ``quality`` opens a ``quality.json`` made by ``specview quality -o DIR`` in the
 Quality tab and selects its first changed answer.  Nothing is staged: what the window shows is what
-the app computed or read.  The
-app's settings go to a temporary file, so the user's own are untouched.
+the app computed or read.  The app's settings go to a temporary file, so the user's own are untouched.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from specview.core import verdicts
 from specview.core.quality import QualityResult, load_suite, mcnemar_exact
 from specview.core.registry import Backend, register_backend, unregister_backend
 from specview.gui.quality import ExecuteConfirm, OutcomeTable
-from specview.gui.quality.tables import DISCORDANT, counts
+from specview.gui.quality.tables import DISCORDANT, ITEM_COLUMNS, counts
 
 ENGINE = "quality-gui-fake"
 N_ITEMS = 7
@@ -118,11 +118,11 @@ def test_the_table_adds_up_and_matches_the_result(engine, make_window, qtbot, tm
         row = [items.item(r, c).text() for c in range(items.columnCount())]
         assert row[1] == "pass" and row[2] == ("fail" if r in PLANTED else "pass")
         assert row[3] == ("no" if r in PLANTED else "yes")
-        assert row[5] == ("⚠ STATE (answer changed)" if r == STATE_ITEM else "near-tie" if r in PLANTED
+        assert row[ITEM_COLUMNS.index("verdict")] == ("⚠ STATE (answer changed)" if r == STATE_ITEM else "near-tie" if r in PLANTED
                           else "identical")
         assert items.item(r, 0).font().bold() is (r == STATE_ITEM)
         if r in PLANTED:
-            assert row[4].startswith(f"@{res.items[r].fork_index}:")
+            assert row[4].startswith(f"@{res.items[r].fork_index}:") and row[5] == res.items[r].fork_context
     # the result file the tab points at reads back to the same table
     saved = QualityResult.load(tab.source)
     assert counts(saved.table) == shown and [o.item_id for o in saved.items] == ids

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
@@ -100,6 +101,12 @@ class QualityForm(QWidget):
             self.file.setText(name)
         else:
             self.suite.setCurrentIndex(i)
+
+    def show_suite(self, suite: Any) -> None:
+        """Show the suite a result was run on: its name (or file), its number of items and its seed."""
+        self.choose(suite.name if self.suite.findData(suite.name) >= 0 else suite.source or suite.name)
+        self.items.setValue(len(suite.items))
+        self.seed.setValue(int(suite.seed or 0))
 
     def spec(self) -> tuple[str, int | None, int]:
         """(suite name or file, items or None, seed); SpecviewError when a file is asked for and none given."""

@@ -303,6 +303,8 @@ class QualityTab(QWidget):
                                       " discordant items (the changed answers; the tinted cells)"]
                                      + ([f"{errors} item(s) could not run (outside the table)"] if errors else [])))
         self.items.set_items(res.items, self.source.parent if self.source is not None else None)
+        if not running:  # the form says what was run, so Run suite runs it again
+            self.form.show_suite(res.suite)
         self.sigShown.emit(res)
 
     def show_verdict(self, tooltip: str = "") -> None:

@@ -7,7 +7,7 @@ they must), the two discordant cells (the answers that changed) tinted.
 
 :class:`ItemsTable` lists every :class:`~specview.core.quality.ItemOutcome`:
 its id, each arm's pass or fail, whether the texts were identical, the fork's
-token and its diagnosis; a changed answer is tinted, one whose fork is a state
+token, the text around it and its diagnosis; a changed answer is tinted, one whose fork is a state
 bug in the state colour and bold.  Double-click (or Enter) emits
 ``sigOpenTrace`` with the item's saved trace.
 """
@@ -22,6 +22,7 @@ from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTableWidget, QTableWidgetItem, QWidget
 
 from ...core import verdicts
+from ...core.report.escape import visible
 from .words import fork_token, item_tooltip, passed, verdict_text
 
 #: the 2x2 table's row and column headers
@@ -29,7 +30,9 @@ ROWS = ("vanilla passes", "vanilla fails", "total")
 COLS = ("speculative passes", "speculative fails", "total")
 #: the discordant cells, (row, column): only vanilla passes, only speculative passes
 DISCORDANT = ((0, 1), (1, 0))
-ITEM_COLUMNS = ("item", "vanilla", "speculative", "identical", "fork token", "verdict")
+ITEM_COLUMNS = ("item", "vanilla", "speculative", "identical", "fork token", "around the fork", "verdict")
+#: the column that takes the width left over (the text around the fork)
+CONTEXT_COL = ITEM_COLUMNS.index("around the fork")
 OUTCOME_ROLE = Qt.ItemDataRole.UserRole + 1
 DARK_TEXT = QColor(17, 17, 17)  # the tints are light in every theme
 
@@ -111,7 +114,7 @@ class ItemsTable(QTableWidget):
         self.verticalHeader().setVisible(False)
         h = self.horizontalHeader()
         h.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        h.setSectionResizeMode(len(ITEM_COLUMNS) - 2, QHeaderView.ResizeMode.Stretch)
+        h.setSectionResizeMode(CONTEXT_COL, QHeaderView.ResizeMode.Stretch)
         self.base: Path | None = None
         self.cellDoubleClicked.connect(lambda row, _col: self.open_row(row))
         self.installEventFilter(self)
@@ -125,11 +128,11 @@ class ItemsTable(QTableWidget):
             state = changed and o.verdict == "state"
             tint = verdicts.COLOURS["state"] if state else verdicts.COLOURS["diverged"] if changed else None
             texts = (o.item_id, passed(o.vanilla), passed(o.speculative), "yes" if o.identical else "no",
-                     fork_token(o), verdict_text(o))
+                     fork_token(o), visible(o.fork_context or ""), verdict_text(o))
             tip = item_tooltip(o)
             for c, text in enumerate(texts):
                 cell = _cell(text, tint=tint, bold=state, tip=tip)
-                if c in (0, 4, 5):
+                if c in (0, 4, 5, 6):
                     cell.setTextAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter)
                 if c in (1, 2) and tint is None:
                     cell.setForeground(QBrush(QColor(verdicts.STRONG["identical" if text == "pass" else "state"])))
@@ -164,4 +167,4 @@ class ItemsTable(QTableWidget):
         return super().eventFilter(obj, event)
 
 
-__all__ = ["COLS", "DISCORDANT", "ITEM_COLUMNS", "ItemsTable", "OutcomeTable", "ROWS", "counts"]
+__all__ = ["COLS", "CONTEXT_COL", "DISCORDANT", "ITEM_COLUMNS", "ItemsTable", "OutcomeTable", "ROWS", "counts"]
