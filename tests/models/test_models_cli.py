@@ -8,8 +8,11 @@ import os
 import shlex
 from pathlib import Path
 
+import pytest
+
 from specview.cli import main
 from specview.core import models as M
+from specview.core.errors import SpecviewError
 
 
 def run(capsys, *argv):
@@ -119,7 +122,8 @@ def test_a_run_by_store_names_records_both_names_and_files_and_its_report_reruns
     code, _out, err = run(capsys, "report", str(first), "-o", str(tmp_path / "rep"))
     assert code == 0, err
     md = (tmp_path / "rep" / "report.md").read_text()
-    assert "Run this again with specview" in md and "specview run -m ollama:tiny:8b -md hf:tinyorg/Tiny-Draft-GGUF" in md
+    assert "Run this again with specview" in md
+    assert "specview run -m ollama:tiny:8b -md hf:tinyorg/Tiny-Draft-GGUF" in md
     assert block["draft"]["path"] in md
 
 
@@ -153,3 +157,29 @@ def test_a_matrix_takes_store_names_and_refuses_a_missing_one(at_home, capsys, t
     code, _o, err = run(capsys, "matrix", "-m", "ollama:nope", "-md", "ngram-simple", "-p", "x", "-n", "4",
                         "-o", str(tmp_path / "m2.json"), "-q")
     assert code == 2 and "target ollama:nope: no such model in ollama's store" in err
+
+
+@pytest.mark.parametrize("engine", ["llama.cpp", "llama-server", "mlx", "mlx-server"])
+def test_every_engine_turns_a_store_name_into_the_file_or_folder_of_its_kind(at_home, engine):
+    """Each engine's resolve (what its runs and jobs load) takes store names of its model kind, and refuses
+    the other kind's saying so."""
+    from require import missing
+
+    from specview.core.errors import BackendUnavailable
+    from specview.core.registry import get_backend
+
+    try:
+        be = get_backend(engine)
+    except BackendUnavailable as exc:
+        missing(f"the {engine} engine is not usable here ({exc})",
+                switch="SPECVIEW_REQUIRE_MLX" if engine.startswith("mlx") else "SPECVIEW_REQUIRE_SERVER")
+    names = {"gguf": {"ollama:tiny:8b": "ollama:tiny:8b",
+                      "hf:tinyorg/Tiny-Multi-GGUF:q8_0": "hf:tinyorg/Tiny-Multi-GGUF:Q8_0",
+                      "lmstudio:tinypub/Tiny-GGUF:F32": "lmstudio:tinypub/Tiny-GGUF:F32"},
+             "folder": {"hf:mlx-community/Tiny-4bit": "hf:mlx-community/Tiny-4bit",
+                        "lmstudio:tinypub/Tiny-MLX": "lmstudio:tinypub/Tiny-MLX"}}
+    for name, key in names[be.model_kind].items():
+        assert Path(be.resolve(name)) == at_home.expected[key], name
+    other = next(iter(names["folder" if be.model_kind == "gguf" else "gguf"]))
+    with pytest.raises(SpecviewError, match="this engine needs"):
+        be.resolve(other)

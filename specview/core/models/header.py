@@ -109,7 +109,9 @@ def _gguf_info(path: Path, name: str, source: str) -> ModelInfo:
                        tok_model if isinstance(tok_model, str) else "") if hd.n_tokens is not None else None
     return ModelInfo(
         path=str(path), kind="gguf", name=name, source=source,
-        family=family_of(None, None, target) if kind and target else family_of(title, basename, path.name), arch=arch, n_params=n_params or None, size=size,
+        # a head belongs to its target's family
+        family=family_of(None, None, target) if kind and target else family_of(title, basename, path.name),
+        arch=arch, n_params=n_params or None, size=size,
         quant=hd.quant, n_ctx=hd.arch_int("context_length"), vocab=vocab, mtp=nextn > 0,
         drafter_kind=kind, drafter_for=target, header_hash=hd.header_hash,
         n_embd=width if kind else hd.arch_int("embedding_length"), n_layer=hd.arch_int("block_count"),

@@ -85,7 +85,8 @@ class ModelInfo:
     drafter_kind: str | None
     drafter_for: str | None
     header_hash: str
-    #: the width of the hidden state and the number of layers (a drafter head must match its target's)
+    #: the width of the hidden state and the number of layers; for a drafter head, the width of the target's
+    #: hidden states it reads (it must equal the target's ``n_embd``)
     n_embd: int | None = None
     n_layer: int | None = None
     #: a drafter head's target layers (EAGLE-3, DFlash, DSpark read the target's hidden states there)
