@@ -111,6 +111,10 @@ def test_an_interrupted_run_resumes_where_it_stopped(tmp_path):
     assert done.items[:4] == saved.items
     fresh, _ = run("oracle-resume", suite)
     assert fresh.table == done.table
+    more, runner = run("oracle-resume", load_suite("mixed", 12), tmp_path, resume=True)  # a larger -n extends it
+    assert runner.speculative_runs == 3 and len(more.items) == 12 and more.items[:9] == done.items
+    fewer, runner = run("oracle-resume", load_suite("mixed", 5), tmp_path, resume=True)  # a smaller one keeps 5
+    assert runner.speculative_runs == 0 and fewer.items == more.items[:5]
 
 
 def test_resume_refuses_another_suite_other_settings_or_another_machine(tmp_path):

@@ -280,17 +280,20 @@ def _resume(result: QualityResult, out: Path | None, say: ProgressFn) -> tuple[d
         return {}, None
     prev = QualityResult.load(f)
     suite = result.suite
-    if (prev.suite.name, prev.suite.seed) != (suite.name, suite.seed) or prev.suite.key() != suite.key():
+    before, now = prev.suite.key(), suite.key()
+    common = min(len(before), len(now))  # one suite a prefix of the other: a larger or smaller -n
+    if (prev.suite.name, prev.suite.seed) != (suite.name, suite.seed) or before[:common] != now[:common]:
         raise QualityError(f"cannot resume {f}: it was made with another suite ({prev.suite.name}, "
-                           f"{len(prev.suite.items)} items, seed {prev.suite.seed}); give the same suite, -n and "
-                           "--seed, or write to another folder")
+                           f"{len(prev.suite.items)} items, seed {prev.suite.seed}); give the same suite and --seed "
+                           "(a larger -n extends it), or write to another folder")
     if prev.execute != result.execute:
         raise QualityError(f"cannot resume {f}: it ran {'with' if prev.execute else 'without'} --execute")
     diffs = sorted(k for k in set(prev.config) | set(result.config) if prev.config.get(k) != result.config.get(k))
     if diffs:
         raise QualityError(f"cannot resume {f}: it was made with other settings ({', '.join(diffs)}); give the same "
                            "settings, or write to another folder")
-    kept = {o.item_id: o for o in prev.items if o.error is None}
+    wanted = {it.id for it in suite.items}
+    kept = {o.item_id: o for o in prev.items if o.error is None and o.item_id in wanted}
     result.environment = dict(prev.environment)
     result.elapsed = prev.elapsed
     result.created = prev.created or result.created
