@@ -105,11 +105,12 @@ class Catalog:
     """The last scan, and the questions the pickers ask of it (the facts of a name, what fits a target)."""
 
     def __init__(self, scan: Scan | None = None):
-        self.scan = scan or Scan()
         self._headers: dict[tuple[str, int, int], tuple[ModelInfo | None, str | None]] = {}
+        self.set_scan(scan or Scan())
 
     def set_scan(self, scan: Scan) -> None:
         self.scan = scan
+        self._by_path = {str(_real(Path(m.path))): m for m in scan.models}
 
     # -- the facts of a name ---------------------------------------------------------------
     def demo_info(self, name: str) -> ModelInfo | None:
@@ -134,11 +135,8 @@ class Catalog:
             return found, None
         p = Path(name).expanduser()
         if p.exists():
-            real = _real(p)
-            for m in self.scan.models:
-                if _real(Path(m.path)) == real:
-                    return m, None
-            return self._read(str(p))
+            found = self._by_path.get(str(_real(p)))
+            return (found, None) if found is not None else self._read(str(p))
         if _store_name(name):
             try:
                 return resolve_name(name, kind, scan=self.scan), None
@@ -213,11 +211,12 @@ class Catalog:
         groups += group_models(fits)
         if groups:
             n = sum(len(g.entries) for g in groups)
+            s, who = "s" if n != 1 else "", short_name(target)
             if head:
-                note = f"{n} {st.removeprefix('draft-')} head{'s' if n != 1 else ''} made for {target}"
+                note = f"the list holds the {st.removeprefix('draft-')} head{s} made for {who}"
             else:
                 vocab = f" ({t.vocab.n} tokens)" if t.vocab else ""
-                note = f"{n} drafter{'s' if n != 1 else ''} with the vocabulary of {target}{vocab}"
+                note = f"the list holds the {n} drafter{s} with the vocabulary of {who}{vocab}"
             return DraftOffer(groups, note=note)
         return DraftOffer(note=self.none_fit_text(t, st, kind, name=target), none_fit=True)
 
@@ -236,8 +235,8 @@ class Catalog:
             why = "; ".join(f"{n} {one if n == 1 else many}" for (one, many), n in reasons.most_common())
             why = why or "none of them fits"
             why = f"of {len(others)} models found, {why}"
-        hint = " or ".join(NGRAM_HINT)
-        return (f"No compatible drafters found for {name or t.name}{vocab} with {spec_type}: {why}. "
+        hint = ", ".join(NGRAM_HINT)
+        return (f"No compatible drafters found for {short_name(name or t.name)}{vocab} with {spec_type}: {why}. "
                 f"The n-gram spec types ({hint}) need no drafter.")
 
     def refusal(self, target: str, draft: str | None, spec_type: str | None, kind: str) -> str | None:
@@ -279,6 +278,11 @@ def _reason_kind(t: ModelInfo, m: ModelInfo, spec_type: str, reason: str) -> tup
     if "vocabulary" in reason:
         return "has another vocabulary", "have another vocabulary"
     return "does not fit", "do not fit"
+
+
+def short_name(name: str) -> str:
+    """A name as a line of text shows it: a path by its file name, any other name whole."""
+    return Path(name).name if name.startswith(("/", "~")) or (os.sep in name and ":" not in name) else name
 
 
 def _real(p: Path) -> Path:

@@ -13,6 +13,7 @@ controls' ``config()`` refuse the run before anything loads.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from PySide6.QtCore import QObject, Signal
@@ -24,6 +25,14 @@ from .model_catalog import Catalog, DraftOffer, Entry, Group
 from .model_picker import ModelPicker
 
 RECENT_GROUP = "Used before"
+_FINGERPRINTS = re.compile(r" \((?:target|draft) [^()]*\)")
+_LEADING_PATH = re.compile(r"^(/[^:]*/)([^/:]+): ")
+
+
+def short_reason(why: str) -> str:
+    """A refusal short enough for the line under the picker: no vocabulary fingerprints, a leading path cut to
+    its file name (the error bar and the tool tip keep the whole reason)."""
+    return _LEADING_PATH.sub(r"\2: ", _FINGERPRINTS.sub("", why))
 
 
 class ModelOffers(QObject):
@@ -108,7 +117,7 @@ class ModelOffers(QObject):
         why = self.refusal() if st in DRAFT_FILE_TYPES else None
         if why:
             extra = f"\n{offer.note}" if offer.note else ""
-            self.draft.set_note(f"Refused: {why}{extra}", "error")
+            self.draft.set_note(f"Refused: {short_reason(why)}{extra}", "error", tip=f"Refused: {why}{extra}")
             if user and why != self._refused:
                 self.sigRefused.emit(f"the draft model is refused: {why}")
         elif offer.none_fit:

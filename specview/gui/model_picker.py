@@ -201,13 +201,28 @@ class ModelPicker(QWidget):
         return [self.combo.itemText(i) for i in range(self.combo.count())
                 if not self.list_model.item(i, 0).data(HEADING)]
 
-    def set_note(self, text: str, kind: str = "info") -> None:
-        """The line under the picker ("" hides it); ``kind`` "warn" or "error" colours it."""
+    def set_note(self, text: str, kind: str = "info", *, tip: str = "") -> None:
+        """The line under the picker ("" hides it); ``kind`` "warn" or "error" colours it; ``tip``, the whole
+        story when the line is a short one."""
         self.note_kind = kind if text else ""
         colour = NOTE_COLOURS.get(kind, "")
         self.note.setStyleSheet(f"color: {colour};" if colour else "")
         self.note.setText(text)
+        self.note.setToolTip(tip or text)
         self.note.setVisible(bool(text))
+        self._fit_note()
+
+    def _fit_note(self) -> None:
+        """A wrapped label in a form in a scroll area is not given its height for its width: ask it, at the
+        width it has (the picker's before the first layout)."""
+        width = self.note.width() if self.note.width() > 50 else self.width()
+        self.note.setMinimumHeight(0)  # else the label answers with the height it was fixed at
+        self.note.setMaximumHeight(16777215)
+        self.note.setFixedHeight(self.note.heightForWidth(max(width, 50)) if self.note.text() else 0)
+
+    def resizeEvent(self, ev) -> None:  # noqa: N802 - Qt name
+        super().resizeEvent(ev)
+        self._fit_note()
 
     def set_value(self, name: str, *, emit: bool = False) -> None:
         with QSignalBlocker(self.combo):

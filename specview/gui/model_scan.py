@@ -20,8 +20,9 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 from ..core.models import Problem, Scan, scan
 
 
-class ScanCancelled(Exception):
-    """Raised from the scan's progress callback when a newer scan or the window's close superseded it."""
+class ScanCancelled(BaseException):
+    """Raised from the scan's progress callback when a newer scan or the window's close superseded it (a
+    BaseException: the scan's guard against one bad file, ``except Exception``, must not swallow it)."""
 
 
 @dataclass
