@@ -49,7 +49,9 @@ def test_a_fork_that_keeps_the_outcome_says_no_and_a_run_outside_a_suite_says_no
     same = trace("It is 961.", "The answer is 961.", block(True, True, "961", "961"))
     assert dict(quality_rows(same))["answer changed"] == "no: both arms pass"
     wrong = trace("It is 960.", "It is 951.", block(False, False, "960", "951"))
-    assert dict(quality_rows(wrong))["answer changed"] == "no: both arms fail"
+    assert dict(quality_rows(wrong))["answer changed"] == "no: both arms fail, with different answers"
+    same_wrong = trace("It is 960.", "Well, 960.", block(False, False, "960", "960"))
+    assert dict(quality_rows(same_wrong))["answer changed"] == "no: both arms fail"
     plain = trace("The answer is 961.", "The answer is 951.", None)
     assert quality_rows(plain) == [] and answer_line(plain) is None
     for report in (trace_markdown(plain, {}), trace_html(plain, {})):

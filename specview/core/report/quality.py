@@ -47,7 +47,11 @@ def outcome_words(trace: Any) -> str | None:
     v, s = q["vanilla_pass"], q["speculative_pass"]
     if changed(trace):
         return f"yes: vanilla {'passes' if v else 'fails'}, speculative {'passes' if s else 'fails'}"
-    return f"no: both arms {'pass' if v else 'fail'}" if v == s else "no"
+    if v != s:
+        return "no"
+    gv, gs = q.get("vanilla_got"), q.get("speculative_got")
+    other = isinstance(gv, str) and isinstance(gs, str) and gv != gs  # the fork changed what was read, not the score
+    return f"no: both arms {'pass' if v else 'fail'}" + (", with different answers" if other else "")
 
 
 def quality_rows(trace: Any) -> list[tuple[str, str]]:
