@@ -72,6 +72,12 @@ def test_program_of_a_continuation_and_of_a_restated_function():
     wrong = program(CODE, "```python\ndef add(xs):\n    return len(xs)\n```")
     assert not runs(wrong)
     assert completion_code(CODE, "```\nx\n```") == "x\n"
+    # a chat reply: the function's block, not the example after it, and not the usage inside it
+    reply = ("```python\ndef add(xs):\n    return sum(xs)\n\n\ndef unused():\n    pass\n\n# Example usage:\n"
+             "print(add([1, 2]\n```\n\nUsage:\n```python\nprint(add([3]))\n```")
+    code = completion_code(CODE, reply)
+    assert code.startswith("def add(xs)") and "def unused" in code and "print" not in code
+    assert runs(program(CODE, reply))
 
 
 def test_code_is_never_run_without_execute():

@@ -30,9 +30,14 @@ def last_number(text: str) -> str | None:
     return found[-1].replace(",", "") if found else None
 
 
+def fenced_blocks(text: str) -> list[str]:
+    """The contents of the fenced blocks (```...```; an unclosed last fence runs to the end), in order."""
+    return FENCE.findall(text or "")
+
+
 def last_fenced_block(text: str) -> str | None:
-    """The content of the last fenced block (```...```; an unclosed last fence runs to the end), or None."""
-    blocks = FENCE.findall(text or "")
+    """The content of the last fenced block, or None."""
+    blocks = fenced_blocks(text)
     return blocks[-1] if blocks else None
 
 
@@ -74,4 +79,4 @@ def numbers_equal(got: str, want: str) -> bool:
         return False
 
 
-__all__ = ["candidates", "last_fenced_block", "last_number", "normalise", "numbers_equal"]
+__all__ = ["candidates", "fenced_blocks", "last_fenced_block", "last_number", "normalise", "numbers_equal"]

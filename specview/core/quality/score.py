@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .extract import candidates, last_fenced_block, last_number, normalise, numbers_equal
+from .extract import candidates, fenced_blocks, last_number, normalise, numbers_equal
 from .suites import Item, QualityError
 
 #: seconds one code sample may run (HumanEval's own harness gives 3)
@@ -56,15 +56,39 @@ def prompt_for(item: Item, chat: bool) -> str:
     return item.prompt
 
 
+#: where a fenced function ends: the example usage a chat model writes after it (top-level code or a comment)
+AFTER_FUNCTION = ("\n#", "\nif ", "\nprint(", "\nassert ")
+
+
+def _defines(item: Item) -> re.Pattern[str] | None:
+    if not item.entry_point:
+        return None
+    return re.compile(rf"^\s*def\s+{re.escape(item.entry_point)}\s*\(", re.M)
+
+
+def _cut(code: str, stops: tuple[str, ...], start: int = 0) -> str:
+    at = [i for i in (code.find(s, start) for s in stops) if i >= 0]
+    return code[:min(at)] if at else code
+
+
 def completion_code(item: Item, text: str) -> str:
-    """The code of a completion: its last fenced block where it has one (a chat model fences its code), else
-    the text up to where a new top-level block starts (:data:`STOP_SEQUENCES`, as HumanEval's harness cuts a
-    continuation)."""
-    block = last_fenced_block(text)
-    if block is not None:
-        return block
-    cut = min([i for i in (text.find(s) for s in STOP_SEQUENCES) if i >= 0], default=len(text))
-    return text[:cut]
+    """The code of a completion.
+
+    A chat model fences its code and often adds a second block of example usage: the last fenced block that
+    defines the entry point is taken (else the first block), up to the top-level code or comment that follows
+    the function (:data:`AFTER_FUNCTION`; helper functions after it stay).  Unfenced text is a continuation of
+    the prompt, cut where a new top-level block starts (:data:`STOP_SEQUENCES`, as HumanEval's harness cuts it).
+    """
+    blocks = fenced_blocks(text)
+    if not blocks:
+        return _cut(text, STOP_SEQUENCES)
+    pat = _defines(item)
+    defining = [b for b in blocks if pat is not None and pat.search(b)]
+    if not defining:
+        return blocks[0]
+    code = defining[-1]
+    m = pat.search(code) if pat is not None else None
+    return _cut(code, AFTER_FUNCTION, m.end()) if m else code
 
 
 def program(item: Item, text: str) -> str:
@@ -77,7 +101,8 @@ def program(item: Item, text: str) -> str:
     as it is.
     """
     code = completion_code(item, text)
-    whole = bool(item.entry_point) and re.search(rf"^\s*def\s+{re.escape(item.entry_point or '')}\s*\(", code, re.M)
+    pat = _defines(item)
+    whole = pat is not None and pat.search(code) is not None
     head = item.prompt.rstrip("\n") + "\n    pass\n\n\n" + code if whole else item.prompt + code
     parts = [head, item.test or ""]
     if item.entry_point:
@@ -119,5 +144,5 @@ def score(item: Item, text: str, *, execute: bool = False, limits: Any = None) -
     return Score(False, got, "no answer in the reply" if got is None else "not the expected answer")
 
 
-__all__ = ["CODE_REQUEST", "CODE_TIMEOUT", "STOP_SEQUENCES", "Score", "completion_code", "program", "prompt_for",
+__all__ = ["AFTER_FUNCTION", "CODE_REQUEST", "CODE_TIMEOUT", "STOP_SEQUENCES", "Score", "completion_code", "program", "prompt_for",
            "score"]
