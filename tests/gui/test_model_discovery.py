@@ -84,12 +84,24 @@ STORE_MODELS = {"lmstudio:tinypub/Tiny-GGUF:Q8_0": "Q8_0", "ollama:tiny:8b": "Q8
 MLX_FOLDERS = ("lmstudio:tinypub/Tiny-MLX", "hf:mlx-community/Tiny-4bit")
 
 
-def test_the_window_opens_on_the_demo_names_before_the_scan_ends(make_window, home):
+def test_the_window_opens_on_the_demo_names_and_scans_off_the_gui_thread(make_window, qtbot, home, monkeypatch):
+    import threading
+
+    from specview.gui import model_scan
+
+    threads = []
+    real = model_scan.scan
+    monkeypatch.setattr(model_scan, "scan", lambda *a, **kw: (threads.append(threading.current_thread()),
+                                                             real(*a, **kw))[1])
     w = make_window(settings_path=None)
-    assert w.model_scan.last is None  # nothing scanned yet: the event loop has not run
+    assert w.model_scan.last is None and not threads  # nothing scanned while the window was made
     names = w.target.names()
     assert "demo:Q8_0" in names and "demo:Q4_K_M" in names
     assert not set(STORE_MODELS) & set(names)
+    with qtbot.waitSignal(w.model_scan.sigScanned, timeout=SCAN_TIMEOUT):
+        pass
+    assert len(threads) == 1 and threads[0] is not threading.main_thread()
+    assert set(STORE_MODELS) <= set(w.target.names())
 
 
 def test_the_target_picker_lists_the_found_models_with_size_and_quantization(make_window, qtbot, home):
