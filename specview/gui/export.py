@@ -166,8 +166,8 @@ def write_trace_report(trace: Any, folder: str | os.PathLike[str], *, kernel_map
 
 # -- File > Export Report: the report of the tab in front -------------------------------------------
 def report_source(w: Any) -> tuple[str, Any] | None:
-    """What the main window ``w`` would report: ("run", trace), ("matrix", doc), ("kernel map", map) or
-    ("locate", Located) of the tab in front, or None when that tab shows nothing yet (a departure on the Locate tab
+    """What the main window ``w`` would report: ("run", trace), ("matrix", doc), ("kernel map", map),
+    ("locate", Located) or ("quality run", QualityResult) of the tab in front, or None when that tab shows nothing yet (a departure on the Locate tab
     is the run's: its report is the run's)."""
     tab = w.tabs.currentWidget()
     if tab is getattr(w, "locate_tab", None) and tab.located is not None:
@@ -176,6 +176,8 @@ def report_source(w: Any) -> tuple[str, Any] | None:
         return ("matrix", w.matrix_tab.doc) if w.matrix_tab.doc.get("cells") else None
     if tab is w.kernels_tab:
         return ("kernel map", w.kernels_tab.kmap) if w.kernels_tab.kmap is not None else None
+    if tab is getattr(w, "quality_tab", None):
+        return ("quality run", tab.result) if tab.result is not None and tab.result.items else None
     return ("run", w.trace) if w.trace is not None else None
 
 

@@ -126,6 +126,11 @@ def test_the_table_adds_up_and_matches_the_result(engine, make_window, qtbot, tm
     # the result file the tab points at reads back to the same table
     saved = QualityResult.load(tab.source)
     assert counts(saved.table) == shown and [o.item_id for o in saved.items] == ids
+    # File ▸ Export Report with the tab in front writes the quality run's report
+    w.tabs.setCurrentWidget(tab)
+    assert w.act_export.isEnabled() and w.report_source() == ("quality run", tab.result)
+    written = w.export_report(tmp_path / "report")
+    assert written is not None and res.items[STATE_ITEM].item_id in written["html"].read_text()
 
 
 def test_double_click_opens_the_items_own_trace(engine, make_window, qtbot, tmp_path: Path):

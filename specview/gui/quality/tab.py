@@ -133,6 +133,7 @@ class QualityTab(QWidget):
         tab.sigProgress.connect(lambda done, total: (w.progress.setRange(0, total), w.progress.setValue(done)))
         tab.sigOpenTrace.connect(lambda path: w._open_cell(None, path))
         tab.connect_cancel(w.cancel_button.clicked)
+        tab.sigShown.connect(lambda _res: w._update_export())  # File ▸ Export Report writes the result in front
         w.tabs.currentChanged.connect(lambda i: tab.show_verdict(str(tab.source or "")) if w.tabs.widget(i) is tab
                                       and tab.request is None else None)
         return tab
