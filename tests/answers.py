@@ -10,6 +10,7 @@ use it, so what a planted item scores is decided in one place.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Iterable
 
 from specview.core.arms.compare import compare_arms
@@ -32,7 +33,9 @@ def wrong(answer: str) -> str:
 class AnswerRunner:
     """Answers the items of ``suite`` (found by the prompt a run sends for them); records every run."""
 
-    def __init__(self, suite: Any, planted: Iterable[int], *, state_item: int | None = None, chat: bool = True):
+    def __init__(self, suite: Any, planted: Iterable[int], *, state_item: int | None = None, chat: bool = True,
+                 delay: float = 0.0):
+        self.delay = delay  # seconds each run takes (a run long enough to be cancelled)
         self.items = {prompt_for(it, chat): (i, it) for i, it in enumerate(suite.items)}
         self.planted, self.state_item = set(planted), state_item
         self.loads = self.vanilla_runs = self.speculative_runs = 0
@@ -43,6 +46,7 @@ class AnswerRunner:
 
     def run(self, cfg: Any, *, cancel: Any = None, on_event: Any = None, reuse_vanilla: bool = True) -> Trace:
         self.calls.append(cfg)
+        time.sleep(self.delay)
         self.vanilla_runs += 1
         self.speculative_runs += 1
         i, it = self.items[cfg.prompt]

@@ -41,9 +41,11 @@ class AnswerBackend(Backend):
     model_kind = "gguf"
     in_process = False
     runners: list[AnswerRunner] = []
+    delay = 0.0
 
     def runner(self, *, progress=None):
-        r = AnswerRunner(load_suite("arithmetic", n=N_ITEMS, seed=0), PLANTED, state_item=STATE_ITEM)
+        r = AnswerRunner(load_suite("arithmetic", n=N_ITEMS, seed=0), PLANTED, state_item=STATE_ITEM,
+                         delay=AnswerBackend.delay)
         AnswerBackend.runners.append(r)
         return r
 
@@ -52,7 +54,7 @@ def calls() -> list:
     return [c for r in AnswerBackend.runners for c in r.calls]
 @pytest.fixture
 def engine():
-    AnswerBackend.runners = []
+    AnswerBackend.runners, AnswerBackend.delay = [], 0.0
     register_backend(ENGINE, AnswerBackend)
     yield ENGINE
     unregister_backend(ENGINE)
@@ -242,3 +244,21 @@ def test_a_matrix_over_a_task_suite_shows_its_answers_beside_its_forks(qtbot, tm
     assert sum("ANSWER CHANGED" in t for t in texts) == 1  # the state fork's
     assert sum("answer changed" in t for t in texts) == b - 1
     assert sum("answer same" in t for t in texts) == 2 * N_ITEMS - b
+
+
+def test_escape_cancels_a_running_suite_and_keeps_the_finished_items(engine, make_window, qtbot, tmp_path: Path):
+    AnswerBackend.delay = 0.3
+    w = window(make_window)
+    tab = w.quality_tab
+    suite = load_suite("arithmetic", n=N_ITEMS, seed=0)
+    with qtbot.waitSignal(tab.sigShown, timeout=TIMEOUT, check_params_cb=lambda res: len(res.items) == 1):
+        tab.start(suite, out_dir=tmp_path / "q")
+    assert w.busy and tab.request is not None and w.progress.maximum() == N_ITEMS
+    with qtbot.waitSignal(tab.sigFinished, timeout=TIMEOUT) as blk:
+        w.act_cancel.trigger()  # Esc
+    res = blk.args[0].result
+    assert res.status == "interrupted" and 1 <= len(res.items) < N_ITEMS
+    assert not w.busy and tab.request is None and tab.form.run_button.isEnabled()
+    kept = QualityResult.load(tmp_path / "q" / "quality.json")
+    assert [o.item_id for o in kept.items] == [o.item_id for o in res.items]
+    assert figures(tab.outcomes)[2][2] == len(res.items) == len(calls())
