@@ -3,7 +3,8 @@
 
 Each mutation is a small textual patch of one source file (the exact text it replaces must be
 found once, or the mutation is reported as stale) and the few fast tests that exist to catch it
-(fake engines, tiny GGUF models, stand-in servers).  The checked-out files (``git ls-files``) are
+(fake engines, tiny GGUF models, stand-in servers): the test functions that fail on it, not their
+whole files, so neither the baseline nor a mutation's run pays for tests that cannot kill it.  The checked-out files (``git ls-files``) are
 copied to a temporary folder; the named tests first run there unmutated and must pass; then, for
 each mutation in turn, the patch is applied, the same tests run with ``PYTHONPATH`` pointing at
 the copy, and they must fail.  One line per mutation says which test killed it and how long it
@@ -73,49 +74,49 @@ MUTATIONS: tuple[Mutation, ...] = (
         "specview/core/diagnose/classify.py",
         '        return _rule("state", "serial-verify-differs")',
         '        return _rule("near-tie", "serial-verify-differs")',
-        ("tests/core/test_diagnose.py",),
+        ("tests/core/test_diagnose.py::test_classify",),
     ),
     Mutation(
         "diagnosis: a gap far beyond the envelope is never a state bug",
         "specview/core/diagnose/classify.py",
         "    if gap > far_threshold(env_max, factor=factor, floor=floor):",
         "    if gap > 1e9 * far_threshold(env_max, factor=factor, floor=floor):",
-        ("tests/core/test_diagnose.py",),
+        ("tests/core/test_diagnose.py::test_classify",),
     ),
     Mutation(
         "matrix resume: failed cells are kept, so they are never run again",
         "specview/core/matrix/run.py",
         'run.records = [r for r in resume["cells"] if r.get("status") == "ok"\n',
         'run.records = [r for r in resume["cells"] if r.get("status") in ("ok", "error")\n',
-        ("tests/backends/test_matrix_resume.py",),
+        ("tests/backends/test_matrix_resume.py::test_resume_runs_the_failed_cells_again_and_keeps_the_finished_ones",),
     ),
     Mutation(
         "matrix resume: cells from another machine, build or thread count are mixed in",
         "specview/core/matrix/run.py",
         "                    resumed.check(trace)",
         "                    resumed.differences(trace)",
-        ("tests/backends/test_matrix_resume.py",),
+        ("tests/backends/test_matrix_resume.py::test_resume_from_another_machine_is_refused",),
     ),
     Mutation(
         "report escaping: HTML is written as it comes",
         "specview/core/report/escape.py",
         "    return html.escape(value if isinstance(value, str) else text(value), quote=True)",
         "    return value if isinstance(value, str) else text(value)",
-        ("tests/core/test_report.py",),
+        ("tests/core/test_report.py::test_html_report_escapes_every_token",),
     ),
     Mutation(
         "report escaping: Markdown specials pass through",
         "specview/core/report/escape.py",
         '    s = _MD_SPECIAL.sub(r"\\\\\\1", visible(value))',
         "    s = visible(value)",
-        ("tests/core/test_report.py",),
+        ("tests/core/test_report.py::test_md_helpers_hold_any_backtick_run",),
     ),
     Mutation(
         "kernel map: a width that differs from single-token passes still counts as proven lossless",
         "specview/core/kernels/evidence.py",
         "    differ = [w for w in measured if not row.widths[w].bit_identical]",
         "    differ = []",
-        ("tests/core/test_kernel_evidence.py",),
+        ("tests/core/test_kernel_evidence.py::test_n_max_below_the_planted_width_is_proven_and_above_it_differs",),
     ),
     Mutation(
         "backend check: the llama.cpp build's gpu_offload fact is always false, so no GPU diagnosis checks first",
@@ -129,7 +130,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "specview/backends/local_server/process.py",
         "            srv.stop(grace=1.0)",
         "            pass",
-        ("tests/backends/test_server_process.py",),
+        ("tests/backends/test_server_process.py::test_sigterm_to_specview_stops_its_servers_first",),
     ),
     Mutation(
         "worker death: a worker killed by a signal is reported without it",
@@ -157,7 +158,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "specview/core/resolve.py",
         "            if get_setting(cfg, d.setting) is None:",
         "            if False:",
-        ("tests/core/test_repack.py",),
+        ("tests/core/test_repack.py::test_the_reason_travels_with_the_resolved_config_not_on_the_settings",),
     ),
     Mutation(
         "drafters axis: TYPE:MODEL runs as draft-simple",
