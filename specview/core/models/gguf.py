@@ -45,6 +45,17 @@ FILE_TYPES = {
 }
 
 
+#: ggml tensor types: (elements per block, bytes per block), as ggml.c's type traits (F32, F16, Q4_0 ... MXFP4)
+TYPE_SIZES = {
+    0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 9: (32, 40),
+    10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 15: (256, 292),
+    16: (256, 66), 17: (256, 74), 18: (256, 98), 19: (256, 50), 20: (32, 18), 21: (256, 110), 22: (256, 82),
+    23: (256, 136), 24: (1, 1), 25: (1, 2), 26: (1, 4), 27: (1, 8), 28: (1, 8), 29: (256, 56), 30: (1, 2),
+    34: (256, 54), 35: (256, 66), 39: (32, 17), 40: (64, 36), 41: (128, 18),
+}
+DEFAULT_ALIGNMENT = 32
+
+
 class GGUFError(ValueError):
     """The bytes are not a readable GGUF header; the message says where and what."""
 
@@ -65,6 +76,8 @@ class Header:
     #: sha256 of the header's bytes (metadata and tensor table), 16 hex digits
     header_hash: str = ""
     header_bytes: int = 0
+    #: where the last tensor's data ends (None when a tensor's type is one this reader does not know)
+    data_end: int | None = None
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.meta.get(key, default)
@@ -161,29 +174,35 @@ def _value(r: _Reader, vtype: int, wide: bool, key: str, hashers: tuple[Any, ...
 
 def _strings(r: _Reader, wide: bool, n: int, what: str, on_block: Any = None) -> None:
     """Walk ``n`` strings from the reader's position; ``on_block(bytes, full)`` gets each :data:`BLOCK` of them
-    (and the last, shorter one: ``full`` False) joined as ``s0 NUL s1 NUL ...`` with a final NUL."""
+    (and the last, shorter one: ``full`` False) joined as ``s0 NUL s1 NUL ...`` with a final NUL.
+
+    The loop checks nothing per string (a vocabulary has 150,000 of them): a length past the end makes the
+    next length unreadable or leaves the position past the end, and both are caught once."""
     buf, size, pos = r.buf, r.size, r.pos
     unpack = struct.Struct("<Q" if wide else "<I").unpack_from
     width = 8 if wide else 4
     pieces: list[bytes] = []
-    for i in range(n):
-        if pos + width > size:
-            raise GGUFError(f"truncated: the length of {what} {i} at byte {pos} runs past the file's end ({size})")
-        (ln,) = unpack(buf, pos)
-        pos += width
-        if ln > MAX_STRING:
-            raise GGUFError(f"{what} {i} at byte {pos} claims {ln} bytes, beyond any real model's ({MAX_STRING})")
-        if pos + ln > size:
-            raise GGUFError(f"truncated: {what} {i} at byte {pos} needs {ln} bytes, the file has {size}")
-        if on_block is not None:
-            pieces.append(buf[pos:pos + ln])
-            if len(pieces) == BLOCK:
-                on_block(b"\0".join(pieces) + b"\0", True)
-                pieces = []
-        pos += ln
-    if on_block is not None and pieces:
-        on_block(b"\0".join(pieces) + b"\0", False)
+    keep = pieces.append
+    try:
+        if on_block is None:
+            for _ in range(n):
+                pos += width + unpack(buf, pos)[0]
+        else:
+            for _ in range(n):
+                ln = unpack(buf, pos)[0]
+                pos += width
+                keep(buf[pos:pos + ln])
+                pos += ln
+    except (struct.error, OverflowError):  # a length read from the bytes took the position past any buffer
+        pos = size + 1
+    if pos > size:
+        raise GGUFError(f"truncated or corrupt: the {n} strings of {what} from byte {r.pos} run past the "
+                        f"file's end ({size})")
     r.pos = pos
+    if on_block is not None:
+        for k in range(0, n, BLOCK):
+            chunk = pieces[k:k + BLOCK]
+            on_block(b"\0".join(chunk) + b"\0", len(chunk) == BLOCK)
 
 
 def _tokens(r: _Reader, wide: bool, hashers: tuple[Any, ...]) -> tuple[int, tuple[str, ...]]:
@@ -233,6 +252,7 @@ def parse(buf: Any, size: int) -> Header:
             hd.meta[key] = _value(r, vtype, wide, key)
     if hd.n_tokens is not None:
         hd.vocab_digest = full.hexdigest()[:16]
+    spans: list[tuple[str, int, int, int]] = []
     for i in range(n_tensors):
         name = r.string(wide, f"tensor {i}'s name")
         n_dims = r.scalar("<I", f"tensor {name}'s dimension count")
@@ -241,12 +261,34 @@ def parse(buf: Any, size: int) -> Header:
         n = 1
         for _ in range(n_dims):
             n *= r.scalar("<Q" if wide else "<I", f"a dimension of {name}")
-        r.scalar("<I", f"tensor {name}'s type")
-        r.scalar("<Q", f"tensor {name}'s offset")
+        ttype = r.scalar("<I", f"tensor {name}'s type")
+        offset = r.scalar("<Q", f"tensor {name}'s offset")
         hd.tensors[name] = n
+        spans.append((name, ttype, offset, n))
     hd.header_bytes = r.pos
     hd.header_hash = hashlib.sha256(bytes(buf[0:r.pos])).hexdigest()[:16]
+    hd.data_end = _data_end(hd, spans)
+    if hd.data_end is not None and hd.data_end > size:
+        raise GGUFError(f"truncated: its weights end at byte {hd.data_end} and the file has {size} "
+                        "(an interrupted download?)")
     return hd
+
+
+def _data_end(hd: Header, spans: list[tuple[str, int, int, int]]) -> int | None:
+    """The byte the tensor data ends at: the aligned end of the header plus the furthest tensor's end."""
+    align = hd.meta.get("general.alignment", DEFAULT_ALIGNMENT)
+    if isinstance(align, bool) or not isinstance(align, int) or align <= 0 or align & (align - 1):
+        raise GGUFError(f"general.alignment is {align!r}, not a power of two")
+    start = -(-hd.header_bytes // align) * align
+    end = start
+    for name, ttype, offset, n in spans:
+        if ttype not in TYPE_SIZES:
+            return None
+        block, nbytes = TYPE_SIZES[ttype]
+        if n % block:
+            raise GGUFError(f"tensor {name} has {n} elements, not a whole number of its type's {block}-blocks")
+        end = max(end, start + offset + n // block * nbytes)
+    return end
 
 
 def read(path: str | os.PathLike[str]) -> Header:
