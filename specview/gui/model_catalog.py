@@ -113,15 +113,18 @@ class Catalog:
         self._by_path = {str(_real(Path(m.path))): m for m in scan.models}
 
     # -- the facts of a name ---------------------------------------------------------------
-    def demo_info(self, name: str) -> ModelInfo | None:
-        """A demo name's facts: the scan's entry when its copy exists, else the shipped file's (one vocabulary)."""
+    def demo_info(self, name: str, kind: str = "gguf") -> ModelInfo | None:
+        """A demo name's facts: the scan's entry when its copy exists, else the shipped file's (one vocabulary).
+
+        None for another ``kind`` than the file's: an MLX engine converts the demo into a folder whose
+        tokenizer header is not the GGUF's, so nothing here can say which folders share it (the engine says).
+        """
         found = self.scan.by_name(name)
-        if found is not None:
-            return found
-        if demo_drafter(name):
+        if found is None and demo_drafter(name):
             return None  # a demo head is written on first use: made for the demo, nothing to read yet
-        info, _why = self._read(str(shipped_path())) if _has_shipped() else (None, None)
-        return info
+        if found is None:
+            found = self._read(str(shipped_path()))[0] if _has_shipped() else None
+        return found if found is not None and found.kind == kind else None
 
     def info(self, name: str, kind: str) -> tuple[ModelInfo | None, str | None]:
         """(what the header of the model ``name`` says, None) or (None, why it cannot be read); (None, None)
@@ -129,7 +132,7 @@ class Catalog:
         if not name:
             return None, None
         if is_demo_name(name):
-            return self.demo_info(name), None
+            return self.demo_info(name, kind), None
         found = self.scan.by_name(name)
         if found is not None:
             return found, None
