@@ -262,3 +262,29 @@ def test_escape_cancels_a_running_suite_and_keeps_the_finished_items(engine, mak
     kept = QualityResult.load(tmp_path / "q" / "quality.json")
     assert [o.item_id for o in kept.items] == [o.item_id for o in res.items]
     assert figures(tab.outcomes)[2][2] == len(res.items) == len(calls())
+
+
+def test_a_task_suite_from_the_matrix_dialog_is_the_cli_one(qtbot):
+    import argparse
+
+    from specview.commands.matrix import add_parser, spec_from_args
+    from specview.core.config import RunConfig
+    from specview.gui.matrix import MatrixDialog
+
+    cfg = RunConfig(prompt="Write an essay on sleep.", target="demo:Q4_K_M", draft="demo:Q4_0", n_max=3)
+    dlg = MatrixDialog(cfg, diagnose=True)
+    qtbot.addWidget(dlg)
+    assert not dlg.task_suite.isEnabled()
+    dlg.prompt_task.setChecked(True)
+    dlg.task_suite.setCurrentText("arithmetic")
+    dlg.task_items.setValue(5)
+    assert dlg.task_suite.isEnabled() and not dlg.stop_box.isEnabled() and not dlg.stop_box.isChecked()
+    p = argparse.ArgumentParser()
+    add_parser(p.add_subparsers())
+    cli = spec_from_args(p.parse_args(["matrix", "--suite", "arithmetic", "--items", "5", "--targets", "demo:Q4_K_M",
+                                       "--drafters", "demo:Q4_0", "--n-max", "3"]))
+    spec = dlg.spec()
+    assert spec.to_json() == cli.to_json()
+    assert spec.quality == {"suite": "arithmetic", "items": 5, "seed": 0, "execute": False}
+    assert [q.name for q in spec.prompts] == [it.id for it in load_suite("arithmetic", n=5).items]
+    assert spec.stop_after_fork is None and dlg.count.text().startswith("5 cells (5 prompts × 1 setting)")

@@ -11,7 +11,10 @@ instead of the current prompt, as ``specview matrix --suite`` does: it starts
 from the setting on screen (its target, drafter and n_max), and cells stop their
 speculative arm :data:`~specview.core.matrix.suite.STOP_AFTER_FORK` tokens after
 their fork unless full texts are asked for; the Matrix tab then shows the
-divergence rates.  An optional kernel map file is cited as ``--kernel-map``
+divergence rates.  "Task suite" runs the items of a task suite of ``specview
+quality`` (the ones scored without running code), as ``specview matrix --suite
+NAME --items N``: each cell scores both arms' answers and each setting says how
+many changed.  An optional kernel map file is cited as ``--kernel-map``
 cites it.
 """
 
@@ -23,6 +26,7 @@ from pathlib import Path
 from PySide6.QtWidgets import (
     QButtonGroup,
     QCheckBox,
+    QComboBox,
     QDialog,
     QDialogButtonBox,
     QFileDialog,
@@ -42,7 +46,9 @@ from ...core.config import RunConfig, field_of, get_setting
 from ...core.errors import SpecviewError
 from ...core.matrix import MatrixSpec, PromptSpec, expand, model_label
 from ...core.matrix.spec import axis_fields, cell_settings
+from ...core.matrix.quality import load_items, suite_block, task_prompts
 from ...core.matrix.suite import STOP_AFTER_FORK, SUITE_CATEGORIES, suite
+from ...core.quality import BUILTIN
 
 DEMO_TARGETS = ("demo:F16", "demo:Q8_0", "demo:Q4_K_M")
 
@@ -68,7 +74,8 @@ KEEP = object()
 
 def matrix_spec(cfg: RunConfig, targets: list[str], drafters: list[str], n_max: list[int], *,
                 diagnose: bool = True, suite_categories: list[str] | None | bool = False,
-                stop_after_fork: int | None | object = KEEP, kernel_map: str | None = None) -> MatrixSpec:
+                stop_after_fork: int | None | object = KEEP, kernel_map: str | None = None,
+                task: dict | None = None) -> MatrixSpec:
     """A matrix over ``targets`` x ``drafters`` x ``n_max`` sharing ``cfg``'s prompt and every other setting.
 
     The settings a matrix declares (its axes and the settings its cells share) are taken from ``cfg`` by
@@ -79,8 +86,12 @@ def matrix_spec(cfg: RunConfig, targets: list[str], drafters: list[str], n_max: 
     cells then stop :data:`STOP_AFTER_FORK` tokens after their fork unless ``stop_after_fork`` says
     otherwise (None: full texts).  ``kernel_map`` (a ``specview.kernels/1`` file) is cited as
     ``specview matrix --kernel-map FILE`` cites it: each cell records what the map predicts for it.
+    ``task`` (:func:`~specview.core.matrix.quality.suite_block`) runs a task suite's items instead, each cell's
+    answers scored, as ``specview matrix --suite NAME --items N``; its cells never stop after the fork.
     """
-    if suite_categories is not False:
+    if task is not None:
+        prompts = task_prompts(load_items(task), chat=cfg.chat)
+    elif suite_categories is not False:
         prompts = suite(None if suite_categories in (None, True) else list(suite_categories))
     elif cfg.prompt_tokens:
         prompts = [PromptSpec(name="tokens", tokens=tuple(cfg.prompt_tokens), chat=False)]
@@ -90,7 +101,9 @@ def matrix_spec(cfg: RunConfig, targets: list[str], drafters: list[str], n_max: 
     kw.update({f.name: getattr(cfg, f.name) for f in cell_settings(RunConfig)})
     kw.update(targets=list(targets), drafters=list(drafters), n_max=list(n_max), prompts=prompts,
               backend=cfg.backend, engine=replace(cfg.engine), diagnose=diagnose, kernel_map=kernel_map or None)
-    if stop_after_fork is not KEEP:
+    if task is not None:
+        kw.update(quality=task, stop_after_fork=None)  # an answer is scored on the whole text
+    elif stop_after_fork is not KEEP:
         kw["stop_after_fork"] = stop_after_fork
     elif suite_categories is not False and kw.get("stop_after_fork") is None:
         kw["stop_after_fork"] = STOP_AFTER_FORK
@@ -164,6 +177,7 @@ class MatrixDialog(QDialog):
         self.prompt_current.setChecked(True)
         bl.addWidget(self.prompt_current)
         bl.addWidget(self.prompt_suite)
+        bl.addLayout(self._task_row())
         cats = QGridLayout()
         cats.setContentsMargins(24, 0, 0, 0)
         self.category_boxes: list[tuple[str, QCheckBox]] = []
@@ -194,6 +208,37 @@ class MatrixDialog(QDialog):
         self.stop_box.toggled.connect(self._stop_toggled)
         self.stop_n.valueChanged.connect(self._update)
         return box
+
+    def _task_row(self) -> QHBoxLayout:
+        """A task suite (its items the prompts, each cell's answers scored): the suite and how many items."""
+        row = QHBoxLayout()
+        self.prompt_task = QRadioButton("Task suite, whether the answers change:")
+        self.prompt_task.setObjectName("matrix_prompt_task")
+        self.prompt_task.setToolTip("each item of a task suite is a prompt; every cell scores both arms' answers and "
+                                    "each setting says how many stayed the same and how many changed, with McNemar's "
+                                    "exact p (specview matrix --suite NAME --items N)")
+        self.prompt_group.addButton(self.prompt_task)
+        self.task_suite = QComboBox()
+        self.task_suite.setObjectName("matrix_task_suite")
+        self.task_suite.addItems([*BUILTIN, "mixed"])  # the suites scored without running code
+        self.task_items = QSpinBox()
+        self.task_items.setObjectName("matrix_task_items")
+        self.task_items.setRange(1, 100_000)
+        self.task_items.setValue(20)
+        self.task_items.setSuffix(" items")
+        for w in (self.prompt_task, self.task_suite, self.task_items):
+            row.addWidget(w)
+        row.addStretch(1)
+        self.prompt_task.toggled.connect(self._prompt_changed)
+        self.task_suite.currentIndexChanged.connect(self._update)
+        self.task_items.valueChanged.connect(self._update)
+        return row
+
+    def task(self) -> dict | None:
+        """The task suite chosen (a spec's ``quality`` block), or None."""
+        if not self.prompt_task.isChecked():
+            return None
+        return suite_block(self.task_suite.currentText(), self.task_items.value())
 
     def _kernel_map_box(self) -> QGroupBox:
         box = QGroupBox("Kernel map (optional)")
@@ -242,7 +287,7 @@ class MatrixDialog(QDialog):
         return matrix_spec(self.cfg, self.chosen("targets"), self.chosen("drafters"),
                            [int(n) for n in self.chosen("n_max")], diagnose=self.diagnose, suite_categories=cats,
                            stop_after_fork=self.stop_after_fork(),
-                           kernel_map=self.kernel_map.text().strip() or None)
+                           kernel_map=self.kernel_map.text().strip() or None, task=self.task())
 
     # -- keeping the choices consistent -------------------------------------------------
     def _axis_toggled(self, *_a) -> None:
@@ -258,7 +303,7 @@ class MatrixDialog(QDialog):
     def _prompt_changed(self, *_a) -> None:
         """The suite starts from the setting on screen, as ``--suite`` starts from the demo's, and stops its cells
         after the fork; the current prompt runs them in full (unless the user chose otherwise)."""
-        on = self.prompt_suite.isChecked()
+        on = self.prompt_suite.isChecked() or self.prompt_task.isChecked()  # many prompts: the setting on screen
         self._quiet = True
         try:
             if not self._axes_touched:
@@ -271,17 +316,21 @@ class MatrixDialog(QDialog):
                     for value, c in row:
                         c.setChecked(value in current[axis] if on else bool(on_by_default.get(value)))
             if not self._stop_touched:
-                self.stop_box.setChecked(on or self.cfg.stop_after_fork is not None)
+                self.stop_box.setChecked(self.prompt_suite.isChecked() or self.cfg.stop_after_fork is not None)
                 if not on and self.cfg.stop_after_fork is not None:
                     self.stop_n.setValue(self.cfg.stop_after_fork)
         finally:
             self._quiet = False
         for _cat, c in self.category_boxes:
-            c.setEnabled(on)
+            c.setEnabled(self.prompt_suite.isChecked())
+        task = self.prompt_task.isChecked()
+        self.task_suite.setEnabled(task)
+        self.task_items.setEnabled(task)
+        self.stop_box.setEnabled(not task)  # an answer is scored on the whole text
         self._update()
 
     def _update(self, *_a) -> None:
-        self.stop_n.setEnabled(self.stop_box.isChecked())
+        self.stop_n.setEnabled(self.stop_box.isChecked() and self.stop_box.isEnabled())
         ok = self.buttons.button(QDialogButtonBox.StandardButton.Ok)
         try:
             spec = self.spec()
