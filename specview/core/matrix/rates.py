@@ -28,27 +28,15 @@ import math
 from typing import Any, Sequence
 
 from ..diagnose.classify import FAR_FLOOR
+from ..quality.stats import wilson  # the Wilson interval of a rate: one formula for fork rates and pass rates
 from .evidence import group_prediction, group_prediction_text
 from .quality import answers, answers_text
 from .summary import _setting_label, setting_key
 
-Z95 = 1.959963984540054
 #: edges of the gap histogram, in logits (the last bin is open: 2.0 is the gate one engine uses)
 GAP_EDGES = (0.0, 0.01, 0.1, 0.5, 2.0)
 SEVERITIES = ("near-tie", "material", "undiagnosed")
 POSITION_BINS = 8
-
-
-def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """The Wilson score interval of a proportion ``k`` of ``n`` (``(0, 1)`` when n is 0)."""
-    if n <= 0:
-        return 0.0, 1.0
-    p = k / n
-    denom = 1.0 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    # at 0 of n and n of n the interval ends exactly at 0 and 1 (rounding would leave it a hair short)
-    return (0.0 if k <= 0 else max(0.0, centre - half)), (1.0 if k >= n else min(1.0, centre + half))
 
 
 def _num(x: Any) -> float | None:
