@@ -229,6 +229,8 @@ class HeaderCache:
     def save(self) -> None:
         if self.file is None or not self.dirty:
             return
+        # the reads of files that are gone (deleted models, old temporary homes) are dropped
+        self.entries = {k: v for k, v in self.entries.items() if os.path.exists(k)}
         try:
             self.file.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(self.file, json.dumps({"version": CACHE_VERSION, "entries": self.entries}))
