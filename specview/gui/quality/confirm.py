@@ -4,8 +4,9 @@ A code suite (HumanEval, a JSONL file with tests) is scored by running each
 arm's completion with the item's test.  Nothing runs before the user says yes
 (``specview quality --execute`` is the CLI's yes); the dialog says how many
 programs, what each is made of, and the sandbox's own account of what it
-enforces here (:func:`specview.core.quality.execute.sandbox_report`), or the
-limits it is given where that account is not available.  No (or Esc) runs
+enforces here (:func:`specview.core.quality.execute.sandbox_report`, with what
+it cannot enforce on this platform), or the limits it is given where its probe
+did not run.  No (or Esc) runs
 nothing.
 """
 
@@ -26,11 +27,11 @@ def sandbox_lines() -> list[str]:
     report = getattr(execute, "sandbox_report", None)
     if report is not None:
         try:
-            r = report()
-            lines = r.splitlines() if isinstance(r, str) else list(getattr(r, "lines", lambda: [str(r)])())
+            r = report()  # a probe sample, once per process: what held around it on this platform
+            lines = [*r.lines(), *(f"NOT enforced here: {g}" for g in r.gaps())]
             if any(x.strip() for x in lines):
                 return [x for x in lines if x.strip()]
-        except (SpecviewError, OSError, NotImplementedError):
+        except (SpecviewError, OSError):
             pass
     lim = execute.Limits()
     return [
