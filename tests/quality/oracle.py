@@ -123,15 +123,16 @@ def reply_for(item: Any) -> str:
     return item.answer
 
 
-def register(suite: Any, *, name: str = "oracle", fault: str | None = None) -> Any:
-    """Register an oracle backend named ``name`` answering ``suite``'s prompts (with ``fault`` planted in the
-    target's rollbacks: a :class:`fakes.FaultyBackend` over it); returns the backend."""
+def register(suite: Any, *, name: str = "oracle", fault: str | None = None, reply: Any = None) -> Any:
+    """Register an oracle backend named ``name`` answering ``suite``'s prompts with ``reply(item)`` (default
+    :func:`reply_for`), with ``fault`` planted in the target's rollbacks (a :class:`fakes.FaultyBackend` over
+    it); returns the backend."""
     from fakes import FaultyBackend
     from specview.core.quality.score import prompt_for
     from specview.core.registry import register_backend
 
     base = OracleBackend()
-    base.replies.update({prompt_for(it, True): reply_for(it) for it in suite.items})
+    base.replies.update({prompt_for(it, True): (reply or reply_for)(it) for it in suite.items})
     be: Any = base
     if fault is not None:
         be = FaultyBackend(base, name=name)
