@@ -12,6 +12,19 @@ import pytest
 os.environ.setdefault("GGML_NO_BACKTRACE", "1")
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
+
+def _lane_threads() -> None:
+    """The suite runs in lanes (pytest-xdist, ``-n auto``: one a core); lanes share the cores, so an engine
+    whose thread count is left to the machine (``--threads 0``) takes its lane's share, not every core, and
+    two lanes never oversubscribe them.  ``$SPECVIEW_THREADS`` set by hand wins (``-t 1`` / ``-t 2`` runs)."""
+    lanes = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if lanes and lanes.isdigit() and not os.environ.get("SPECVIEW_THREADS"):
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        os.environ["SPECVIEW_THREADS"] = str(max(1, cores // int(lanes)))
+
+
+_lane_threads()
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 from tinymodel import write_tiny_llama  # noqa: E402
