@@ -288,9 +288,11 @@ def _error_reason(outcome: dict[str, Any], limits: Limits) -> str:
 
 
 def _kill_group(proc: subprocess.Popen[bytes], records: list[dict[str, Any]]) -> None:
-    """SIGKILL the launcher's process group; without a PID namespace also the sample, in case it left it."""
-    for target in [("group", proc.pid)] + [("pid", r["sample_pid"]) for r in records
-                                          if "sample_pid" in r and not _has_pid_ns(records)]:
+    """SIGKILL the launcher's process group; without a PID namespace also the sample, in case it left it, and
+    wait (up to :data:`KILL_MARGIN`) until that sample is dead: it is not our child, so nothing else would
+    tell us, and a caller that looks right after must find nothing left running."""
+    strays = [r["sample_pid"] for r in records if "sample_pid" in r and not _has_pid_ns(records)]
+    for target in [("group", proc.pid)] + [("pid", pid) for pid in strays]:
         try:
             if target[0] == "group":
                 os.killpg(target[1], signal.SIGKILL)
@@ -298,6 +300,28 @@ def _kill_group(proc: subprocess.Popen[bytes], records: list[dict[str, Any]]) ->
                 os.kill(target[1], signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+    deadline = time.monotonic() + KILL_MARGIN
+    while strays and time.monotonic() < deadline:
+        strays = [pid for pid in strays if _alive(pid)]
+        if strays:
+            time.sleep(0.01)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie has ended: only its parent's wait is missing)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc (macOS): ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
 
 
 def _has_pid_ns(records: list[dict[str, Any]]) -> bool:
