@@ -326,7 +326,7 @@ def export_card(window: Any, path: str | Path) -> Path | None:
         window.show_error(f"{p}: could not write the fork card ({exc})")
         return None
     QGuiApplication.clipboard().setImage(image)
-    window._set_status(f"fork card written to {p} and copied to the clipboard")
+    window.show_status(f"fork card written to {p} and copied to the clipboard")
     return p
 
 

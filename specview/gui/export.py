@@ -195,7 +195,7 @@ def export_tab_report(w: Any, folder: str | os.PathLike[str]) -> dict[str, Path]
         w.show_error(what.get(w.tabs.currentWidget(), "no trace to report yet: run both arms or open a saved trace first"))
         return None
     kind, obj = src
-    w._set_status(f"writing the {kind} report into {folder}…")
+    w.show_status(f"writing the {kind} report into {folder}…")
     try:
         if kind == "run":  # the kernel map in its tab joins the report when it covers this run
             written = write_trace_report(obj, folder, kernel_map=w.kernels_tab.map_for_report(obj))
@@ -206,6 +206,6 @@ def export_tab_report(w: Any, folder: str | os.PathLike[str]) -> dict[str, Path]
     except (SpecviewError, OSError) as exc:
         w.show_error(f"{folder}: could not write the report ({exc})")
         return None
-    w._set_status(f"{kind} report written: {written['html']} and {written['markdown']}")
+    w.show_status(f"{kind} report written: {written['html']} and {written['markdown']}")
     w.sigReportWritten.emit(written)
     return written

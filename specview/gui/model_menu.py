@@ -27,7 +27,7 @@ def attach_discovery(w: Any) -> None:
     """The window's scanner; its first scan starts when the event loop runs (the window is shown first)."""
     w.model_scan = ModelScanner(w)
     w.model_scan.sigScanned.connect(lambda scan: scanned(w, scan))
-    w.model_scan.sigProgress.connect(lambda msg: w.busy or w._set_status(f"looking for models: {msg}"))
+    w.model_scan.sigProgress.connect(lambda msg: w.busy or w.show_status(f"looking for models: {msg}"))
     w.controls.offers.sigRefused.connect(w.show_error)
     QTimer.singleShot(0, w.model_scan.start)
 
@@ -39,7 +39,7 @@ def scanned(w: Any, scan: Scan) -> None:
     w.act_scan_problems.setText(f"Scan &problems ({n})…")
     w.act_scan_problems.setEnabled(n > 0)
     if not w.busy:
-        w._set_status(f"found {len(scan.models)} models" + (f", skipped {n} (Models ▸ Scan problems)" if n else ""))
+        w.show_status(f"found {len(scan.models)} models" + (f", skipped {n} (Models ▸ Scan problems)" if n else ""))
 
 
 def build_models_menu(w: Any, menubar: Any) -> QMenu:
@@ -72,7 +72,7 @@ def _change_folders(w: Any, change: Any, folder: str, said: str) -> bool:
     except SpecviewError as exc:
         w.show_error(str(exc))
         return False
-    w._set_status(f"{said} {folder}; looking for models…")
+    w.show_status(f"{said} {folder}; looking for models…")
     w.model_scan.start()
     return True
 

@@ -82,13 +82,13 @@ class MainWindow(QMainWindow):
         self.auto_timer.timeout.connect(self._auto_run)
         self._suspend_auto = False
         if self.controls.engine_problem is not None:
-            self._engine_checked(self.controls.backend_name(), self.controls.engine_problem)
+            self.on_engine_checked(self.controls.backend_name(), self.controls.engine_problem)
         else:
             self.verdict.show_text("Ready. Press Run (Ctrl+R / F5) to run both arms; Esc cancels.", "info")
         if preload:
             try:
                 self._preload = self.host.preload(PreloadRequest(self.build_config()))
-                self._set_busy(True, "loading the models…")
+                self.set_busy(True, "loading the models…")
             except SpecviewError:
                 pass
 
@@ -147,14 +147,14 @@ class MainWindow(QMainWindow):
                 state[k] = v
         self.controls.set_state(state)
         if self.controls.engine_problem is None:
-            self._schedule_auto(AUTO_RUN_MS)
+            self.schedule_auto_run(AUTO_RUN_MS)
 
-    def _try_settings(self, settings: dict[str, Any]) -> None:
+    def try_settings(self, settings: dict[str, Any]) -> None:
         """A "try" link in the verdict bar: set those controls and run."""
         self.set_controls(**settings)
         self.run()
 
-    def _schedule_auto(self, ms: int) -> None:
+    def schedule_auto_run(self, ms: int) -> None:
         if self.auto_run.isChecked() and not self._suspend_auto and hasattr(self, "auto_timer"):
             self.auto_timer.start(ms)
 
@@ -166,19 +166,19 @@ class MainWindow(QMainWindow):
         """A matrix, kernel map, prescription or quality run holds the worker (a run does not)."""
         return any(t.request is not None for t in (self.matrix_tab, self.kernels_tab, self.quality_tab))
 
-    def _engine_checked(self, name: str, problem: str | None) -> None:
+    def on_engine_checked(self, name: str, problem: str | None) -> None:
         self.engine_problem = problem
         if problem is None:
             if self.verdict.kind == "warn" and "engine is not available" in self.verdict.text():
                 self.verdict.show_text(f"Engine {html.escape(name)} ready. Press Run (Ctrl+R / F5).", "info")
-            self._set_status(f"engine {name}")
+            self.show_status(f"engine {name}")
             return
         if hasattr(self, "auto_timer"):
             self.auto_timer.stop()
         self.verdict.show_text(f"<b>The {html.escape(name)} engine is not available</b>: {html.escape(problem)}"
                                "<br>Choose another engine in Models ▸ Engine to run here.", "warn")
         self.verdict.setToolTip("")
-        self._set_status(f"{name} unavailable: {problem}")
+        self.show_status(f"{name} unavailable: {problem}")
 
     # --------------------------------------------------------------- running
     def run(self, *, reuse_vanilla: bool = True) -> RunRequest | None:
@@ -216,7 +216,7 @@ class MainWindow(QMainWindow):
         self.side.streamed = self.live.begin(req).steps
         self.last_error = None
         self.host.submit(req)
-        self._set_busy(True, "starting…")
+        self.set_busy(True, "starting…")
         return req
 
     def cancel(self) -> None:
@@ -225,18 +225,18 @@ class MainWindow(QMainWindow):
         elif self.busy and (self.matrix_tab.request is not None or self.request is not None):
             self.host.cancel()
             what = "the matrix" if self.matrix_tab.request is not None else ""
-            self._set_status(f"cancelling {what} (stops within one forward pass)…".replace("  ", " "))
+            self.show_status(f"cancelling {what} (stops within one forward pass)…".replace("  ", " "))
         self.auto_timer.stop()
 
     def _current(self, rid: int) -> bool:
         return self.request is not None and rid == self.request.id
 
-    def _on_started(self, ev: RunStarted) -> None:
+    def on_started(self, ev: RunStarted) -> None:
         if self._current(ev.request_id):
-            self._set_status("running…")
+            self.show_status("running…")
             self.live.start_frames()
 
-    def _on_arm_started(self, ev: ArmStarted) -> None:
+    def on_arm_started(self, ev: ArmStarted) -> None:
         if not self._current(ev.request_id):
             return
         self.live.on_arm_started(ev)
@@ -244,10 +244,10 @@ class MainWindow(QMainWindow):
             self.trace = None
             self.side.clear_trace()
             self.act_save.setEnabled(False)
-            self._update_export()
-        self._set_status(f"{ev.arm} arm…")
+            self.update_export_actions()
+        self.show_status(f"{ev.arm} arm…")
 
-    def _on_frame(self, live: Live) -> None:
+    def on_frame(self, live: Live) -> None:
         req = live.request
         if req is None:
             return
@@ -262,7 +262,7 @@ class MainWindow(QMainWindow):
         fork = f" · arms differ from token {live.first_diff}" if live.first_diff is not None else ""
         self.verdict.show_text(f"Running: vanilla {nv}/{total} tokens, speculative {ns}/{total}{fork}", "info")
 
-    def _on_diagnosing(self, ev: RunStarted) -> None:
+    def on_diagnosing(self, ev: RunStarted) -> None:
         if not self._current(ev.request_id):
             return
         self.live.stop()
@@ -271,32 +271,32 @@ class MainWindow(QMainWindow):
             self.verdict.show_text(f"The arms differ from token {fork}: diagnosing the fork (replays and controls)… "
                                    "Esc cancels.", "info")
 
-    def _on_progress(self, ev: Progress) -> None:
+    def on_progress(self, ev: Progress) -> None:
         if self.kernels_tab.on_progress(ev) or self.quality_tab.on_progress(ev):  # a map's fraction, a suite's ETA
             return
         # progress messages come while models load or derive and while the fork is diagnosed,
         # not while tokens stream: show an indeterminate bar until the next tokens arrive
         if self.busy:
             self.progress.setRange(0, 0)
-        self._set_status(ev.message)
+        self.show_status(ev.message)
 
-    def _on_preloaded(self, rid: int) -> None:
+    def on_preloaded(self, rid: int) -> None:
         if self._preload is not None and rid == self._preload.id:
             self._preload = None
             if self.request is None or not self.busy:
-                self._set_busy(False, "models loaded; press Run (Ctrl+R)")
+                self.set_busy(False, "models loaded; press Run (Ctrl+R)")
 
-    def _on_finished(self, ev: RunFinished) -> None:
+    def on_finished(self, ev: RunFinished) -> None:
         if not self._current(ev.request_id):
             return
         self.live.stop()
         self.last_finished = ev
         self.counters.setText(f"runs: vanilla {ev.vanilla_runs} · speculative {ev.speculative_runs} · "
                               f"models loaded {ev.loads}")
-        self._set_busy(False, f"finished in {ev.seconds:.1f} s" + (" (cancelled)" if ev.cancelled else ""))
+        self.set_busy(False, f"finished in {ev.seconds:.1f} s" + (" (cancelled)" if ev.cancelled else ""))
         self.show_trace(ev.trace, cancelled=ev.cancelled, diagnosis_error=ev.diagnosis_error)
 
-    def _on_failed(self, ev: RunFailed) -> None:
+    def on_failed(self, ev: RunFailed) -> None:
         if self._derive is not None and ev.request_id == self._derive[0].id:
             self._derive = None
         elif self._preload is not None and ev.request_id == self._preload.id:
@@ -309,7 +309,7 @@ class MainWindow(QMainWindow):
             return
         else:
             self.live.stop()
-        self._set_busy(False, "")
+        self.set_busy(False, "")
         if ev.crash is not None:
             self.show_crash(ev)
         else:
@@ -326,7 +326,7 @@ class MainWindow(QMainWindow):
         self.last_error = ev.message
         self.verdict.show_text(crash_text(ev.message, ev.crash or {}, kept_tokens=kept), "error")
         self.verdict.setToolTip("\n".join((ev.crash or {}).get("log_tail") or []))
-        self._set_status(f"engine crashed: {(ev.crash or {}).get('signal') or 'exit'}")
+        self.show_status(f"engine crashed: {(ev.crash or {}).get('signal') or 'exit'}")
         self.sigError.emit(ev.message)
 
     def save_crash_trace(self, path: str | os.PathLike[str] | None = None) -> str | None:
@@ -356,13 +356,13 @@ class MainWindow(QMainWindow):
             except SpecviewError as exc:
                 self.show_error(str(exc))
                 return None
-        self._leave_run()
+        self.abandon_run()
         req = self.matrix_tab.start(spec, self.host, out_dir=out_dir)
         if req is not None:
             self.tabs.setCurrentWidget(self.matrix_tab)
         return req
 
-    def _leave_run(self) -> None:
+    def abandon_run(self) -> None:
         """A matrix or kernel map takes the worker: a run still streaming is cancelled by its submit, and its
         events are stale from here on."""
         self.auto_timer.stop()
@@ -383,12 +383,12 @@ class MainWindow(QMainWindow):
         self.tabs.setCurrentWidget(self.kernels_tab)
         return True
 
-    def _on_matrix_finished(self, ev: Any) -> None:
+    def on_matrix_finished(self, ev: Any) -> None:
         # a cell opened meanwhile keeps its verdict
         self.matrix_tab.on_finished(ev, show_verdict=self.tabs.currentWidget() is self.matrix_tab)
-        self._update_export()
+        self.update_export_actions()
 
-    def _matrix_verdict(self, text: str, kind: str, tooltip: str) -> None:
+    def show_verdict(self, text: str, kind: str, tooltip: str) -> None:
         self.verdict.show_text(text, kind)
         self.verdict.setToolTip(tooltip)
 
@@ -397,10 +397,10 @@ class MainWindow(QMainWindow):
         if not self.matrix_tab.open(path):
             return False
         self.tabs.setCurrentWidget(self.matrix_tab)
-        self._update_export()
+        self.update_export_actions()
         return True
 
-    def _open_cell(self, cfg: RunConfig | None, trace_path: str | None) -> None:
+    def open_cell(self, cfg: RunConfig | None, trace_path: str | None) -> None:
         """A double-clicked matrix cell: its saved trace when there is one, else a run of its config."""
         if trace_path and self.open_trace(trace_path) is not None:
             self.tabs.setCurrentIndex(0)
@@ -413,7 +413,8 @@ class MainWindow(QMainWindow):
         """What File ▸ Export Report writes: the tab in front's run, matrix or kernel map (None: nothing yet)."""
         return report_source(self)
 
-    def _update_export(self) -> None:
+    def update_export_actions(self) -> None:
+        """Enable Export Report when the tab in front has a report to write, Export fork card when a run is shown."""
         self.act_export.setEnabled(self.report_source() is not None)
         self.act_card.setEnabled(self.trace is not None)  # a fork card is a run's
 
@@ -422,16 +423,17 @@ class MainWindow(QMainWindow):
         (:func:`specview.gui.export.export_tab_report`)."""
         return export_tab_report(self, folder)
 
-    def _set_busy(self, busy: bool, status: str) -> None:
+    def set_busy(self, busy: bool, status: str) -> None:
+        """A job holds the worker (or no longer does): Cancel, the progress bar and the status line follow."""
         self.busy = busy
         self.cancel_button.setEnabled(busy)
         self.progress.setVisible(busy)
         if busy:
             self.progress.setRange(0, 0)
-        self._set_status(status)
+        self.show_status(status)
         self.sigBusy.emit(busy)
 
-    def _set_status(self, msg: str) -> None:
+    def show_status(self, msg: str) -> None:
         self.status_label.setText(msg)
 
     # ------------------------------------------------------------ derivation
@@ -440,14 +442,14 @@ class MainWindow(QMainWindow):
             return
         kind = (self.target if role == "target" else self.draft).model_kind
         self._derive = (self.host.derive(DeriveRequest(choice, kind)), role)
-        self._set_busy(True, f"deriving {choice.quant} from {Path(choice.source).name}…")
+        self.set_busy(True, f"deriving {choice.quant} from {Path(choice.source).name}…")
 
-    def _on_derived(self, ev: Derived) -> None:
+    def on_derived(self, ev: Derived) -> None:
         if self._derive is None or ev.request_id != self._derive[0].id:
             return
         role = self._derive[1]
         self._derive = None
-        self._set_busy(False, f"derived {ev.quant} in {ev.seconds:.1f} s: {ev.path}")
+        self.set_busy(False, f"derived {ev.quant} in {ev.seconds:.1f} s: {ev.path}")
         (self.target if role == "target" else self.draft).set_value(ev.path, emit=True)
 
     # ---------------------------------------------------------- displaying
@@ -455,7 +457,7 @@ class MainWindow(QMainWindow):
         """Show a finished or opened trace: panes, plots, marks, verdict."""
         self.trace = self.last_good = trace
         self.act_save.setEnabled(True)
-        self._update_export()
+        self.update_export_actions()
         self.live.live.pending = {"vanilla": [], "speculative": []}
         note = self.side.show_trace(trace)
         self.locate_tab.show_departure(trace)
@@ -475,10 +477,10 @@ class MainWindow(QMainWindow):
         self.verdict.show_text(text + locate_link(trace), kind)
         self.verdict.setToolTip(diagnosis_tooltip(trace.diagnosis if isinstance(trace.diagnosis, dict) else None))
 
-    def _tab_changed(self, _index: int) -> None:
+    def on_tab_changed(self, _index: int) -> None:
         """The verdict bar and File ▸ Export Report speak of the tab in front: its run, matrix or map (the
         verdict not while that tab's job streams)."""
-        self._update_export()
+        self.update_export_actions()
         w = self.tabs.currentWidget()
         if w is self.side and not (self.busy and self.request is not None):
             self.show_trace_verdict()
@@ -492,7 +494,7 @@ class MainWindow(QMainWindow):
         self.last_error = message
         self.verdict.show_text(f"<b>Error</b>: {html.escape(message)}".replace("\n", "<br>"), "error")
         self.verdict.setToolTip(details or "")
-        self._set_status("error")
+        self.show_status("error")
         self.sigError.emit(message)
 
     # ------------------------------------------------------------ selection
@@ -528,7 +530,7 @@ class MainWindow(QMainWindow):
             return None
         if self.busy and not self._long_job():  # a running matrix or map goes on
             self.cancel()
-            self._set_busy(False, "")  # the cancelled run's events are stale from here on
+            self.set_busy(False, "")  # the cancelled run's events are stale from here on
         self.request = None
         self.live.timer.stop()
         self.side.streamed = self.live.begin(None).steps
@@ -538,7 +540,7 @@ class MainWindow(QMainWindow):
         self.counters.setText("")
         self.show_trace(trace)
         if problem:
-            self._set_status(problem)
+            self.show_status(problem)
         return trace
 
     def _controls_from_trace(self, trace: Trace) -> str | None:
@@ -564,7 +566,7 @@ class MainWindow(QMainWindow):
         except (SpecviewError, OSError) as exc:
             self.show_error(f"{path}: could not save the trace ({exc})")
             return None
-        self._set_status(f"saved {p}")
+        self.show_status(f"saved {p}")
         return p
 
     # ------------------------------------------------------------ theme

@@ -99,8 +99,8 @@ class LocateTab(QWidget):
         tab = cls()
         w.tabs.setTabToolTip(w.tabs.addTab(tab, "Locate"), TAB_TIP)
         tab.sigError.connect(w.show_error)
-        tab.sigStatus.connect(w._set_status)
-        tab.sigShown.connect(lambda _x: w._update_export())
+        tab.sigStatus.connect(w.show_status)
+        tab.sigShown.connect(lambda _x: w.update_export_actions())
         w.verdict.sigLocate.connect(tab.bring_to_front)
         return tab
 

@@ -125,15 +125,16 @@ class QualityTab(QWidget):
         tab = cls(w.host, w.build_config, lambda: w.diagnose.isChecked())
         w.tabs.setTabToolTip(w.tabs.addTab(tab, "Quality"), TAB_TIP)
         tab.tabs = w.tabs
-        tab.sigSubmitting.connect(w._leave_run)
-        tab.sigVerdict.connect(w._matrix_verdict)
-        tab.sigStatus.connect(w._set_status)
+        tab.sigSubmitting.connect(w.abandon_run)
+        tab.sigVerdict.connect(w.show_verdict)
+        tab.sigStatus.connect(w.show_status)
         tab.sigError.connect(w.show_error)
-        tab.sigBusy.connect(w._set_busy)
+        tab.sigBusy.connect(w.set_busy)
         tab.sigProgress.connect(lambda done, total: (w.progress.setRange(0, total), w.progress.setValue(done)))
-        tab.sigOpenTrace.connect(lambda path: w._open_cell(None, path))
+        tab.sigOpenTrace.connect(lambda path: w.open_cell(None, path))
         tab.connect_cancel(w.cancel_button.clicked)
-        tab.sigShown.connect(lambda _res: w._update_export())  # File ▸ Export Report writes the result in front
+        # File ▸ Export Report writes the result in front
+        tab.sigShown.connect(lambda _res: w.update_export_actions())
         w.tabs.currentChanged.connect(lambda i: tab.show_verdict(str(tab.source or "")) if w.tabs.widget(i) is tab
                                       and tab.request is None else None)
         return tab
