@@ -56,7 +56,7 @@ def build_menus(w: Any) -> None:
     w.act_save = QAction("&Save trace…", w, shortcut=QKeySequence.StandardKey.Save, triggered=lambda: save_dialog(w))
     w.act_save.setEnabled(False)
     w.act_open_matrix = QAction("Open &Matrix…", w, shortcut=QKeySequence("Ctrl+Shift+O"),
-                                triggered=w.matrix_tab._choose_file)
+                                triggered=w.matrix_tab.choose_file)
     w.act_open_kernels = QAction("Open &kernel map…", w, triggered=lambda: open_kernels_dialog(w))
     w.act_open_kernels.setToolTip("show a saved kernel map (specview.kernels/1) in the Kernel map tab")
     w.act_export = QAction("&Export Report…", w, shortcut=QKeySequence("Ctrl+E"), triggered=lambda: export_dialog(w))

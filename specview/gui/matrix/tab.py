@@ -121,7 +121,8 @@ class MatrixTab(MatrixView):
         self.sigStatus.emit(f"matrix {path}")
         return True
 
-    def _choose_file(self) -> None:  # the tab's own "Open matrix…" button
+    def choose_file(self) -> None:
+        """Ask for a matrix file and open it (the tab's Open matrix… button, File ▸ Open Matrix…)."""
         path, _ = QFileDialog.getOpenFileName(self, "Open a specview matrix", str(Path.cwd()),
                                               "specview matrices (*.json);;All files (*)")
         if path:

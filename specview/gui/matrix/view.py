@@ -77,7 +77,7 @@ class MatrixView(QWidget):
         self.title = QLabel("No matrix")
         self.title.setTextFormat(Qt.TextFormat.PlainText)
         self.open_button = QPushButton("Open matrix…")
-        self.open_button.clicked.connect(self._choose_file)
+        self.open_button.clicked.connect(self.choose_file)
         top.addWidget(self.title, 1)
         top.addWidget(self.open_button)
         lay.addLayout(top)
@@ -183,7 +183,8 @@ class MatrixView(QWidget):
                 return True
         return super().eventFilter(obj, event)
 
-    def _choose_file(self) -> None:
+    def choose_file(self) -> None:
+        """Ask for a matrix file and show it; one that is not a matrix says why in the summary."""
         path, _ = QFileDialog.getOpenFileName(self, "Open a specview matrix", "", "Matrix JSON (*.json)")
         if path:
             try:
