@@ -388,10 +388,7 @@ class KernelTab(QWidget):
             self.sigError.emit(f"{path}: could not save the kernel map ({exc})", "")
             return None
         self.source = Path(p)
-        self.view.source = self.source
-        self.view._render()
-        if self.view.selected is not None:
-            self.view.selectTarget(self.view.selected)
+        self.view.setSource(self.source)
         self.sigStatus.emit(f"kernel map saved to {p}")
         return p
 

@@ -349,6 +349,13 @@ class KernelMapView(QWidget):
         else:
             self._show_detail(None)
 
+    def setSource(self, source: str | Path | None) -> None:
+        """The file the map on screen is now saved in: the title names it, the selected target stays selected."""
+        self.source = Path(source) if source is not None else None
+        self._render()
+        if self.selected is not None:
+            self.selectTarget(self.selected)
+
     def setMetric(self, metric: str) -> None:
         if metric not in METRIC_NAMES:
             raise ValueError(f"unknown metric {metric!r}; one of {', '.join(METRIC_NAMES)}")
