@@ -214,7 +214,24 @@ def _swatch(text: str, colour: str | None, tip: str = "") -> QLabel:
     return lab
 
 
+def _bold_label(text: str, name: str) -> QLabel:
+    lab = QLabel(text)
+    lab.setObjectName(name)
+    lab.setTextFormat(Qt.TextFormat.PlainText)
+    f = lab.font()
+    f.setBold(True)
+    lab.setFont(f)
+    return lab
+
+
 DETAIL_COLUMNS = ("Width", "Rows", "Bit-identical", "max |Δ|", "p95 |Δ|", "Flips", "Below shift", "First difference")
+#: what each column of the per-width table means (its header's tooltip)
+DETAIL_TIPS = ("verify width T: the last token plus T-1 drafts", "rows compared at this width",
+               "rows whose every logit equals the single-token row's, bit for bit",
+               "largest |logit difference| over both rows' top-k", "95th percentile of the same",
+               "rows whose argmax differs from the single-token row's",
+               "measured positions whose single-token top-1/top-2 margin is below this width's max shift",
+               "the earliest row that was not bit-identical: prompt, token, its row in the pass")
 
 
 class KernelMapView(QWidget):
@@ -231,22 +248,40 @@ class KernelMapView(QWidget):
         self.selected: int | None = None
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
-        split = QSplitter(Qt.Orientation.Vertical)
-        split.setChildrenCollapsible(False)
-        self.splitter = split
-        lay.addWidget(split)
+        self.splitter = QSplitter(Qt.Orientation.Vertical)
+        self.splitter.setChildrenCollapsible(False)
+        lay.addWidget(self.splitter)
+        self.splitter.addWidget(self._build_map_panel())
+        self.splitter.addWidget(self._build_bottom())
+        self.splitter.setStretchFactor(0, 2)
+        self.splitter.setStretchFactor(1, 3)
+        self._build_legend()
+        self._render_legend()
 
+    # -- building --------------------------------------------------------------
+    def _build_map_panel(self) -> QWidget:
+        """The upper part: the title and the metric menu, the map's facts, the legend's row and the heat grid."""
         top = QWidget()
         tl = QVBoxLayout(top)
         tl.setContentsMargins(0, 0, 0, 0)
         tl.setSpacing(4)
+        tl.addLayout(self._build_head())
+        self.facts = QLabel()
+        self.facts.setObjectName("kernel_facts")
+        self.facts.setTextFormat(Qt.TextFormat.PlainText)
+        self.facts.setWordWrap(True)
+        self.facts.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        tl.addWidget(self.facts)
+        self.legend = QHBoxLayout()
+        self.legend.setSpacing(4)
+        tl.addLayout(self.legend)
+        tl.addWidget(self._build_grid(), 1)
+        return top
+
+    def _build_head(self) -> QHBoxLayout:
+        """The map's title, and the menu of the metric the cells show."""
         head = QHBoxLayout()
-        self.title = QLabel("No kernel map yet: run one, or open a saved map.")
-        self.title.setObjectName("kernel_title")
-        self.title.setTextFormat(Qt.TextFormat.PlainText)
-        f = self.title.font()
-        f.setBold(True)
-        self.title.setFont(f)
+        self.title = _bold_label("No kernel map yet: run one, or open a saved map.", "kernel_title")
         head.addWidget(self.title, 1)
         head.addWidget(QLabel("Show"))
         self.metric_box = QComboBox()
@@ -257,17 +292,10 @@ class KernelMapView(QWidget):
         self.metric_box.setAccessibleName("Heat map metric")
         self.metric_box.currentIndexChanged.connect(lambda _i: self.setMetric(self.metric_box.currentData()))
         head.addWidget(self.metric_box)
-        tl.addLayout(head)
-        self.facts = QLabel()
-        self.facts.setObjectName("kernel_facts")
-        self.facts.setTextFormat(Qt.TextFormat.PlainText)
-        self.facts.setWordWrap(True)
-        self.facts.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        tl.addWidget(self.facts)
-        self.legend = QHBoxLayout()
-        self.legend.setSpacing(4)
-        tl.addLayout(self.legend)
+        return head
 
+    def _build_grid(self) -> QTableWidget:
+        """The heat grid: a row per target, a column per verify width; a selected cell or row shows its detail."""
         self.table = QTableWidget(0, 0)
         self.table.setObjectName("kernel_grid")
         self.table.setAccessibleName("Kernel map: targets by verify width")
@@ -284,23 +312,26 @@ class KernelMapView(QWidget):
         vh.setMinimumSectionSize(self.fontMetrics().lineSpacing() * 2 + 12)
         vh.sectionClicked.connect(lambda r: self.selectTarget(r))
         self.table.currentCellChanged.connect(lambda r, c, _r0, _c0: self._current_changed(r, c))
-        tl.addWidget(self.table, 1)
-        split.addWidget(top)
+        return self.table
 
-        # the detail, and room beside it for other panels (the tab puts the prescription there)
+    def _build_bottom(self) -> QSplitter:
+        """The lower part: the selected target's detail, and room beside it for other panels (the tab puts the
+        prescription there)."""
         self.bottom = QSplitter(Qt.Orientation.Horizontal)
         self.bottom.setChildrenCollapsible(False)
         self._split_moved = False  # the user's split is kept; until then the figures get what they need
         self.bottom.splitterMoved.connect(lambda *_a: setattr(self, "_split_moved", True))
-        bottom = QWidget()
-        bottom.setObjectName("kernel_detail_panel")
-        bl = QVBoxLayout(bottom)
+        self.bottom.addWidget(self._build_detail_panel())
+        return self.bottom
+
+    def _build_detail_panel(self) -> QWidget:
+        """The selected target's title, what its row proves, and its figures per width."""
+        panel = QWidget()
+        panel.setObjectName("kernel_detail_panel")
+        bl = QVBoxLayout(panel)
         bl.setContentsMargins(0, 4, 0, 0)
         bl.setSpacing(4)
-        self.detail_title = QLabel()
-        self.detail_title.setObjectName("kernel_detail_title")
-        self.detail_title.setTextFormat(Qt.TextFormat.PlainText)
-        self.detail_title.setFont(f)
+        self.detail_title = _bold_label("", "kernel_detail_title")
         self.detail_title.setWordWrap(True)
         bl.addWidget(self.detail_title)
         self.claim = QLabel("Select a row (a target) to see its figures per width and what they prove.")
@@ -309,6 +340,11 @@ class KernelMapView(QWidget):
         self.claim.setWordWrap(True)
         self.claim.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         bl.addWidget(self.claim)
+        bl.addWidget(self._build_detail_table(), 1)
+        return panel
+
+    def _build_detail_table(self) -> QTableWidget:
+        """The per-width table of the selected target, a row per width, each column's meaning in its tooltip."""
         self.detail = QTableWidget(0, len(DETAIL_COLUMNS))
         self.detail.setObjectName("kernel_detail")
         self.detail.setAccessibleName("The selected target's figures per verify width")
@@ -321,21 +357,27 @@ class KernelMapView(QWidget):
         self.detail.verticalHeader().setMinimumSectionSize(self.fontMetrics().lineSpacing() + 4)
         dh = self.detail.horizontalHeader()
         dh.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        tips = ("verify width T: the last token plus T-1 drafts", "rows compared at this width",
-                "rows whose every logit equals the single-token row's, bit for bit",
-                "largest |logit difference| over both rows' top-k", "95th percentile of the same",
-                "rows whose argmax differs from the single-token row's",
-                "measured positions whose single-token top-1/top-2 margin is below this width's max shift",
-                "the earliest row that was not bit-identical: prompt, token, its row in the pass")
-        for i, tip in enumerate(tips):
+        for i, tip in enumerate(DETAIL_TIPS):
             self.detail.horizontalHeaderItem(i).setToolTip(tip)
-        bl.addWidget(self.detail, 1)
-        self.bottom.addWidget(bottom)
-        split.addWidget(self.bottom)
-        split.setStretchFactor(0, 2)
-        split.setStretchFactor(1, 3)
-        self._build_legend()
-        self._render_legend()
+        return self.detail
+
+    def _build_legend(self) -> None:
+        """The legend's swatches, made once; the ramp's labels follow the metric shown."""
+        self.legend.addWidget(_swatch("=  bit-identical", IDENTICAL,
+                                      "every row of this width equals the single-token row, bit for bit"))
+        self.legend_metric = QLabel()
+        self.legend_metric.setTextFormat(Qt.TextFormat.PlainText)
+        self.legend.addWidget(self.legend_metric)
+        self.ramp_labels = [_swatch("", colour) for colour in RAMP]
+        for lab in self.ramp_labels:
+            self.legend.addWidget(lab)
+        self.legend.addWidget(_swatch("control failed", CONTROL_FAILED,
+                                      "width 1 (the same pass after a rollback) was not bit-identical: "
+                                      "the target is not deterministic and the map proves nothing for it"))
+        marks = _swatch("!  an argmax flipped    …  stopped at the first difference", None)
+        marks.setObjectName("kernel_legend_marks")
+        self.legend.addWidget(marks)
+        self.legend.addStretch(1)
 
     # -- data ------------------------------------------------------------------
     def setMap(self, kmap: Any, source: str | Path | None = None) -> None:
@@ -448,24 +490,6 @@ class KernelMapView(QWidget):
         self.table.resizeRowsToContents()
         rows = sum(self.table.rowHeight(i) for i in range(min(self.table.rowCount(), 8)))
         self.table.setMinimumHeight(self.table.horizontalHeader().height() + rows + 2 * self.table.frameWidth() + 2)
-
-    def _build_legend(self) -> None:
-        """The legend's swatches, made once; the ramp's labels follow the metric shown."""
-        self.legend.addWidget(_swatch("=  bit-identical", IDENTICAL,
-                                      "every row of this width equals the single-token row, bit for bit"))
-        self.legend_metric = QLabel()
-        self.legend_metric.setTextFormat(Qt.TextFormat.PlainText)
-        self.legend.addWidget(self.legend_metric)
-        self.ramp_labels = [_swatch("", colour) for colour in RAMP]
-        for lab in self.ramp_labels:
-            self.legend.addWidget(lab)
-        self.legend.addWidget(_swatch("control failed", CONTROL_FAILED,
-                                      "width 1 (the same pass after a rollback) was not bit-identical: "
-                                      "the target is not deterministic and the map proves nothing for it"))
-        marks = _swatch("!  an argmax flipped    …  stopped at the first difference", None)
-        marks.setObjectName("kernel_legend_marks")
-        self.legend.addWidget(marks)
-        self.legend.addStretch(1)
 
     def _render_legend(self) -> None:
         name = METRIC_NAMES[self.metric]
