@@ -67,7 +67,7 @@ class MainWindow(QMainWindow):
         self.last_finished: RunFinished | None = None
         self.last_error: str | None = None
         self._derive: tuple[DeriveRequest, str] | None = None
-        self._preload: PreloadRequest | None = None
+        self.pending_preload: PreloadRequest | None = None  # the models loading before the first Run
         self._suspend_auto = True
         self._said, self._said_fork = 0.0, None  # when the running count was last written, and its fork
 
@@ -87,7 +87,7 @@ class MainWindow(QMainWindow):
             self.verdict.show_text("Ready. Press Run (Ctrl+R / F5) to run both arms; Esc cancels.", "info")
         if preload:
             try:
-                self._preload = self.host.preload(PreloadRequest(self.build_config()))
+                self.pending_preload = self.host.preload(PreloadRequest(self.build_config()))
                 self.set_busy(True, "loading the models…")
             except SpecviewError:
                 pass
@@ -281,8 +281,8 @@ class MainWindow(QMainWindow):
         self.show_status(ev.message)
 
     def on_preloaded(self, rid: int) -> None:
-        if self._preload is not None and rid == self._preload.id:
-            self._preload = None
+        if self.pending_preload is not None and rid == self.pending_preload.id:
+            self.pending_preload = None
             if self.request is None or not self.busy:
                 self.set_busy(False, "models loaded; press Run (Ctrl+R)")
 
@@ -299,8 +299,8 @@ class MainWindow(QMainWindow):
     def on_failed(self, ev: RunFailed) -> None:
         if self._derive is not None and ev.request_id == self._derive[0].id:
             self._derive = None
-        elif self._preload is not None and ev.request_id == self._preload.id:
-            self._preload = None
+        elif self.pending_preload is not None and ev.request_id == self.pending_preload.id:
+            self.pending_preload = None
         elif self.matrix_tab.on_failed(ev.request_id, ev.message, ev.details):
             return
         elif self.kernels_tab.on_failed(ev.request_id, ev.message, ev.details):
@@ -535,7 +535,7 @@ class MainWindow(QMainWindow):
         self.live.timer.stop()
         self.side.streamed = self.live.begin(None).steps
         self.panes.clear()
-        problem = self._controls_from_trace(trace)
+        problem = self.set_controls_from_trace(trace)
         self.setWindowTitle(f"specview — {Path(path).name}")
         self.counters.setText("")
         self.show_trace(trace)
@@ -543,7 +543,7 @@ class MainWindow(QMainWindow):
             self.show_status(problem)
         return trace
 
-    def _controls_from_trace(self, trace: Trace) -> str | None:
+    def set_controls_from_trace(self, trace: Trace) -> str | None:
         """Show the trace's run in the controls; a reason when it cannot be run again here."""
         try:
             cfg = run_of_trace(trace)

@@ -16,10 +16,10 @@ TIMEOUT = 600_000
 def test_the_default_start_preloads_the_demo_models_and_the_first_run_loads_nothing_more(make_window, qtbot,
                                                                                         demo_paths):
     w = make_window(settings_path=None, preload=True)
-    assert w._preload is not None and w.busy, "the default start did not ask the worker to load the models"
+    assert w.pending_preload is not None and w.busy, "the default start did not ask the worker to load the models"
     cfg = w.build_config()
     assert (cfg.backend, cfg.target, cfg.draft) == ("llama.cpp", "demo:Q4_K_M", "demo:Q4_0")
-    qtbot.waitUntil(lambda: w._preload is None, timeout=TIMEOUT)
+    qtbot.waitUntil(lambda: w.pending_preload is None, timeout=TIMEOUT)
     assert not w.busy and w.last_error is None, w.last_error
     runner = w.host.worker.runners[cfg.backend]  # made by the preload (the worker is idle now)
     assert runner.loads == 2  # the target and the draft

@@ -57,7 +57,7 @@ def test_engine_is_remembered_and_restored_from_a_trace(synth, make_window, tmp_
     trace = synth(20, fork=None)
     trace.config["backend"] = "llama.cpp"
     w2.show_trace(trace)
-    w2._controls_from_trace(trace)
+    w2.set_controls_from_trace(trace)
     assert w2.engine.currentData() == "llama.cpp"
 
 
