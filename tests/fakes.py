@@ -406,11 +406,8 @@ class FaultyBackend(InProcessBackend):
     def environment(self) -> dict[str, Any]:
         return self.base.environment()
 
-    def decide(self, cfg, *, measure: bool = True):
-        return self.base.decide(cfg, measure=measure)
-
-    def decide_engine(self, settings: EngineSettings, *, measure: bool = True):
-        return self.base.decide_engine(settings, measure=measure)
+    def decide(self, cfg, **kw):
+        return self.base.decide(cfg, **kw)
 
     def check(self, cfg) -> None:
         self.base.check(cfg)

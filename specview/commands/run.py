@@ -11,8 +11,8 @@ from ..core.diagnose import format_verdict
 from ..core.diagnose.words import rollback_line
 from ..core.errors import ConfigError, EngineCrashed, SpecviewError
 from ..core.models import is_store_name
-from ..core.registry import get_backend
-from ..core.resolve import Resolved, decided, resolve
+from ..core.registry import Runner, get_backend
+from ..core.resolve import Resolved, decided
 from ..core.trace import Step, Trace
 from .common import (Progress, add_engine_choice, add_setting_flags, cli_error, engine_settings, given_settings,
                      parse_tokens, read_prompt_file)
@@ -84,7 +84,7 @@ def resolved_from_args(args: argparse.Namespace) -> Resolved:
     """The run the flags describe, with what this machine decides for what they leave unset: no repack where
     the crash probe crashed, and with no --target the demo quantization that can fork on this build."""
     cfg = config_from_args(args)
-    return resolve(cfg, default_target="target" not in given_settings(args, RunConfig),
+    return Runner.resolve(cfg, default_target="target" not in given_settings(args, RunConfig),
                    progress=Progress(getattr(args, "quiet", False)))
 
 

@@ -325,7 +325,13 @@ class LoadedModel(ABC):
     def tokenize(self, text: str, *, chat: bool = False) -> list[int]: ...
 
     @abstractmethod
-    def new_engine(self, settings: EngineSettings, n_ctx: int) -> Engine: ...
+    def new_engine(self, settings: EngineSettings, n_ctx: int) -> Engine:
+        """A context on these weights; ``settings`` are decided (:class:`specview.core.resolve.DecidedSettings`)."""
+
+    def draft_settings(self, settings: EngineSettings) -> tuple[EngineSettings, str]:
+        """``(settings, why)`` for this model's context when it drafts for a target run on ``settings``: the same
+        settings, and no reason, unless the engine opens a draft context otherwise (llama.cpp: as llama-server)."""
+        return settings, ""
 
     @property
     def n_ctx_train(self) -> int | None:

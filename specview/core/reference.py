@@ -24,19 +24,18 @@ same-top-1 share is below :data:`TOP1_LIMIT`, or a logit is not finite.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from .config import EngineSettings
+from .config import EngineSettings, default_threads
 from .engine import Engine
 from .errors import SpecviewError
 from .eta import WorkEta
 from .arms.generate import GenOptions, run_to_end, vanilla_greedy
-from .registry import get_backend
+from .registry import Runner, get_backend
 
 ProgressFn = Callable[[str], None]
 CancelFn = Callable[[], bool]
@@ -85,7 +84,7 @@ def choose_pair(backend: str, settings: EngineSettings, *, cpu_count: int | None
         # -ngl 0 alone is not the CPU: a GPU build still computes batches of >= 32 tokens on the GPU (op offload)
         return Pair("gpu-vs-cpu", reference=replace(settings, gpu_layers=0, no_op_offload=True), test=settings,
                     reference_label="CPU (-ngl 0 --no-op-offload)", test_label=f"GPU (-ngl {ngl})")
-    n = settings.threads if settings.threads > 1 else (cpu_count or os.cpu_count() or 1)
+    n = settings.threads if settings.threads > 1 else (cpu_count or default_threads())
     if n <= 1:
         return ("this is a CPU-only build on one core: there is no GPU to compare with the CPU and no second "
                 "thread split to compare with one thread")
@@ -250,6 +249,8 @@ def run_check(
         raise SpecviewError("the backend check needs at least one prompt")
     if continuation < 0:
         raise SpecviewError(f"the continuation must be >= 0 tokens (got {continuation})")
+    # decided (Runner.job resolved them; a direct call gets the same door), as a run's are
+    settings = Runner.resolve_settings(settings, backend=backend, target=target)[0]
     chosen = pair if pair is not None else choose_pair(backend, settings)
     base: dict[str, Any] = {
         "kind": None, "reference_label": None, "test_label": None, "target": target, "prompts": [],

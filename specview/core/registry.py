@@ -30,6 +30,7 @@ from .errors import BackendUnavailable, ConfigError
 from .facts import Fact
 
 if TYPE_CHECKING:
+    from .resolve import DecidedSettings, Decision, Resolved
     from .trace import Trace
 
 ProgressFn = Callable[[str], None]
@@ -53,16 +54,68 @@ class Runner(ABC):
     cross threads) and keeps what it can reuse between runs: loaded models,
     cached vanilla arms, running servers.  ``loads`` counts real model loads
     (or server starts), so a caller can show and test reuse.
+
+    This base is the one door to what the machine decides (:mod:`specview.core.resolve`):
+    :meth:`run` and :meth:`job` resolve what they are given exactly once, then hand an engine
+    only decided settings (:meth:`run_resolved`, :meth:`run_job`), and a front end that must show
+    a decision before it runs asks :meth:`resolve`.
     """
 
     loads: int = 0
     vanilla_runs: int = 0
     speculative_runs: int = 0
 
-    @abstractmethod
-    def run(self, cfg: RunConfig, *, on_event: EventFn | None = None, cancel: CancelFn | None = None,
-            reuse_vanilla: bool = True) -> "Trace":
-        """Run (or reuse) the vanilla arm and run the speculative arm; return the trace."""
+    # -- what the machine decides, asked here alone -------------------------------------------------
+    @staticmethod
+    def resolve(cfg: "RunConfig | Resolved", *, default_target: bool = False, measure: bool = True,
+                progress: ProgressFn | None = None) -> "Resolved":
+        """``cfg`` with what its backend's one ``decide`` says for the settings it leaves unset, with why.
+
+        ``default_target``: the user named no target (the demo pick may run); ``measure=False``: only what
+        is known already (a cached probe), for a front end that must not wait.
+        """
+        from .resolve import Resolved, resolve
+
+        name = cfg.config.backend if isinstance(cfg, Resolved) else cfg.backend
+        return resolve(cfg, get_backend(name), default_target=default_target, measure=measure, progress=progress)
+
+    @staticmethod
+    def resolve_settings(settings: EngineSettings, *, backend: str, target: str | None = None,
+                         measure: bool = True) -> "tuple[DecidedSettings, tuple[Decision, ...]]":
+        """Engine settings alone (a job's, a matrix's free axes) decided for ``backend`` (and ``target``)."""
+        from .resolve import NothingDecides, resolve_engine
+
+        try:
+            be: Any = get_backend(backend)
+        except BackendUnavailable:  # an engine the registry does not know (a test's own Session): nothing decides
+            be = NothingDecides()
+        return resolve_engine(settings, be, target=target, measure=measure)
+
+    @staticmethod
+    def as_decided(settings: EngineSettings, *, backend: str) -> EngineSettings:
+        """``settings`` as a run of ``backend`` here would have them, from what is already known (no probe runs):
+        for comparing a query with recorded (resolved) settings; an engine not available here gives plain values."""
+        from .config import fill_plain
+        from .errors import SpecviewError
+
+        try:
+            return Runner.resolve_settings(settings, backend=backend, measure=False)[0]
+        except SpecviewError:
+            return fill_plain(settings)
+
+    # -- runs ----------------------------------------------------------------------------------------
+    def run(self, cfg: "RunConfig | Resolved", *, on_event: EventFn | None = None, cancel: CancelFn | None = None,
+            reuse_vanilla: bool = True, **kw: Any) -> "Trace":
+        """Run (or reuse) the vanilla arm and run the speculative arm; return the trace.  ``cfg`` is resolved
+        here, once; the trace's ``config.decided`` says why each decided setting has its value."""
+        resolved = self.resolve(cfg)
+        return resolved.record(self.run_resolved(resolved, on_event=on_event, cancel=cancel,
+                                                 reuse_vanilla=reuse_vanilla, **kw))
+
+    def run_resolved(self, resolved: "Resolved", *, on_event: EventFn | None = None, cancel: CancelFn | None = None,
+                     reuse_vanilla: bool = True, **kw: Any) -> "Trace":
+        """:meth:`run` on a config already resolved: what each engine's runner implements."""
+        raise NotImplementedError(f"{type(self).__name__} runs nothing")
 
     @abstractmethod
     def diagnose(self, trace: "Trace", cfg: RunConfig, *, controls: bool = False,
@@ -75,8 +128,22 @@ class Runner(ABC):
     def job(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn(session, *args, **kwargs)`` where this engine's models live: the kernel map, the backend
         check, the prescription.  ``fn`` is a module-level function; keyword arguments that are callables
-        (``progress=``, ``on_pass=`` ...) are called back here, ``cancel=`` is polled.  Only in-process
-        engines have a Session to give it."""
+        (``progress=``, ``on_pass=`` ...) are called back here, ``cancel=`` is polled.  A ``settings=``
+        argument (one EngineSettings or a list) is resolved here, once, for ``backend=`` (and ``target=``,
+        where the job names one).  Only in-process engines have a Session to give it."""
+        if "settings" in kwargs and kwargs.get("backend"):
+            from .resolve import NothingDecides, resolve_settings
+
+            target = kwargs.get("target") if isinstance(kwargs.get("target"), str) else None
+            try:
+                be: Any = get_backend(kwargs["backend"])
+            except BackendUnavailable:  # an engine the registry does not know: nothing decides
+                be = NothingDecides()
+            kwargs["settings"] = resolve_settings(kwargs["settings"], be, target=target)
+        return self.run_job(fn, args, kwargs)
+
+    def run_job(self, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
+        """:meth:`job` with its settings resolved: what a runner with a Session implements."""
         raise BackendUnavailable(f"{getattr(fn, '__name__', 'this')} needs an engine whose forward passes specview "
                                  "runs itself (llama.cpp, mlx)")
 
@@ -122,30 +189,25 @@ class Backend(ABC):
         """Turn a user-given model name into something :meth:`load` accepts."""
         return name
 
-    def load(self, name: str, settings: EngineSettings) -> LoadedModel:
+    def load(self, name: str, settings: "DecidedSettings") -> LoadedModel:
+        """Load ``name`` on decided settings (an EngineSettings with a setting left unset never gets here)."""
         raise BackendUnavailable(f"the {self.name} engine does not load models in-process")
 
     def model_key(self, name: str, settings: EngineSettings) -> tuple:
         """Two names with the same key share one loaded model."""
         return (name, settings.gpu_layers)
 
-    # -- what this machine decides (specview.core.resolve asks, once per run, cell or job) -------------
-    def decide(self, cfg: RunConfig, *, measure: bool = True) -> list[Any]:
-        """Decisions for the settings ``cfg`` leaves unset, on this machine and for this run's models.
+    # -- what this machine decides (Runner.resolve asks, once per run, cell or job) -------------------
+    def decide(self, cfg: RunConfig, *, measure: bool = True, default_target: bool = False,
+               progress: ProgressFn | None = None) -> "list[Decision]":
+        """Every decision for the settings ``cfg`` leaves unset, on this machine and for this run's models, each
+        with its reason: the one place an engine decides (no repack, rollback, the demo pick ...).
 
         ``measure=False``: only what is known without running anything new (a cached probe).
-        The default decides the engine settings alone (:meth:`decide_engine`).
+        ``default_target``: the user named no target, so a ``target`` decision may pick one.
+        None by default.
         """
-        return self.decide_engine(cfg.engine, measure=measure)
-
-    def decide_engine(self, settings: EngineSettings, *, measure: bool = True) -> list[Any]:
-        """Decisions for the engine settings ``settings`` leaves unset (none by default)."""
         return []
-
-    def default_target(self, settings: EngineSettings, *, default: str, progress: ProgressFn | None = None,
-                       measure: bool = True) -> Any:
-        """The target to run when the user named none (``default`` is the demo's): None keeps ``default``."""
-        return None
 
     # -- what the front ends ask of a model (they import no backend) ---------------------------
     def has_mtp_heads(self, target: str) -> bool:

@@ -26,7 +26,7 @@ from .arms.generate import Event, GenOptions, context_needed, run_to_end, specul
 from .doctor import cpu_name, environment_facts, machine_facts
 from .engine import LoadedModel
 from .registry import Backend, Runner, get_backend
-from .resolve import resolve, resolve_engine, resolve_settings
+from .resolve import DecidedSettings, Resolved, require_decided
 from .trace import ArmResult, Trace
 
 ProgressFn = Callable[[str], None]
@@ -45,14 +45,16 @@ class Session(Runner):
         self._models: dict[tuple, LoadedModel] = {}
         self._engines: dict[tuple, Engine] = {}
         self._vanilla: dict[tuple, tuple[ArmResult, int]] = {}
-        self._settings: dict[EngineSettings, EngineSettings] = {}  # as given -> as resolved
+        self.draft_why = ""  # why the last run's draft context rolls back otherwise than the target's
         self.loads = 0
         self.vanilla_runs = 0
         self.speculative_runs = 0
 
     # -- models ----------------------------------------------------------------
-    def model(self, backend: str, name: str, settings: EngineSettings) -> LoadedModel:
-        settings = self.settings_for(backend, settings)
+    def model(self, backend: str, name: str, settings: DecidedSettings) -> LoadedModel:
+        """``name`` loaded once on ``settings`` (decided: :meth:`Runner.resolve`, or a job's, resolved by
+        :meth:`Runner.job`), shared by every arm, drafter and replay."""
+        settings = require_decided(settings, "Session.model")
         be = get_backend(backend)
         resolved = be.resolve(name, progress=self.progress)
         key = (backend, *be.model_key(resolved, settings))
@@ -65,15 +67,7 @@ class Session(Runner):
             self.loads += 1
         return m
 
-    def settings_for(self, backend: str, settings: EngineSettings) -> EngineSettings:
-        """``settings`` with what this machine decides for those left unset (asked once per settings)."""
-        got = self._settings.get(settings)
-        if got is None:
-            got = self._settings[settings] = resolve_engine(settings, backend=backend)[0]
-            self._settings[got] = got
-        return got
-
-    def engine(self, role: str, model: LoadedModel, settings: EngineSettings, n_ctx: int) -> Engine:
+    def engine(self, role: str, model: LoadedModel, settings: DecidedSettings, n_ctx: int) -> Engine:
         """A context for ``role`` ("vanilla", "speculative", "draft", ...) on ``model``, reused when it fits."""
         # an explicit --n-ctx stays in the key: llama.cpp clamps n_batch to it, so it changes the prefill chunks
         key = (role, id(model), settings)
@@ -114,31 +108,32 @@ class Session(Runner):
             return NgramDrafter(size_n=cfg.ngram_size_n, size_m=cfg.ngram_size_m), None
         dmodel = self.model(cfg.backend, cfg.draft or "", cfg.engine)
         check_draft_compatible(target.vocab, dmodel.vocab, draft_name=f"draft {dmodel.path}")
-        deng = self.engine("draft", dmodel, cfg.engine, n_ctx)
+        dsettings, self.draft_why = dmodel.draft_settings(cfg.engine)
+        deng = self.engine("draft", dmodel, dsettings, n_ctx)
         return ModelDrafter(deng, n_max=cfg.n_max, n_min=cfg.n_min, p_min=cfg.p_min, n_batch=cfg.engine.n_batch), dmodel
 
-    def preload(self, cfg: RunConfig) -> None:
-        """Load the target (and the draft model, if the run has one) now."""
+    def preload(self, cfg: RunConfig | Resolved) -> None:
+        """Load the target (and the draft model, if the run has one) now, on the settings a run of ``cfg`` has."""
+        cfg = self.resolve(cfg).config
         self.model(cfg.backend, cfg.target, cfg.engine)
         if cfg.uses_draft_model and cfg.draft:
             self.model(cfg.backend, cfg.draft, cfg.engine)
 
-    def job(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``fn(self, *args, **kwargs)``: this Session is where the models live.  A ``settings=`` argument
-        (one EngineSettings or a list) is resolved for ``backend=`` first, as a run's are."""
-        if "settings" in kwargs and kwargs.get("backend"):
-            kwargs["settings"] = resolve_settings(kwargs["settings"], backend=kwargs["backend"])
+    def run_job(self, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
+        """``fn(self, *args, **kwargs)``: this Session is where the models live (its ``settings=`` resolved by
+        :meth:`Runner.job`)."""
         return fn(self, *args, **kwargs)
 
     def diagnose(self, trace: Trace, cfg: RunConfig, *, controls: bool = False,
                  progress: ProgressFn | None = None, cancel: Callable[[], bool] | None = None) -> dict[str, Any]:
         from .diagnose import diagnose
 
+        cfg = self.resolve(cfg).config  # a trace's config: every setting it recorded, decided as it ran
         return diagnose(self, cfg, trace, controls=controls, progress=progress or self.progress, cancel=cancel)
 
-    def run(
+    def run_resolved(
         self,
-        cfg: RunConfig,
+        resolved: Resolved,
         *,
         on_event: EventFn | None = None,
         cancel: Callable[[], bool] | None = None,
@@ -147,15 +142,14 @@ class Session(Runner):
     ) -> Trace:
         """Run (or reuse) the vanilla arm and run the speculative arm; return the trace.
 
-        ``cfg`` is resolved first (:func:`specview.core.resolve.resolve`): settings it leaves unset
-        take what this machine decides, and the trace's ``config.decided`` says why.
+        ``resolved`` is the config :meth:`Runner.run` resolved (settings left unset took what this machine
+        decides, and the trace's ``config.decided`` says why).
 
         ``on_record("head", trace)`` gets the trace's config, models and prompt (its arms still empty)
         before the first token, and ``on_record("arm", arm)`` each arm when it ends: what a caller needs
         to keep a run whose engine dies half-way (:mod:`specview.core.worker`).
         """
         cancel = cancel or (lambda: False)
-        resolved = resolve(cfg)  # what this machine decides for the settings left unset, with why
         cfg = resolved.config
         get_backend(cfg.backend).check(cfg)
         target = self.model(cfg.backend, cfg.target, cfg.engine)
@@ -207,6 +201,10 @@ class Session(Runner):
                                             "n_ubatch": getattr(used, "n_ubatch", None),
                                             # how its memory rolled back (auto decided by the context itself)
                                             "rollback": getattr(used, "rollback", None)}
+            if getattr(drafter, "engine", None) is not None:  # the draft context's own (as llama-server opens it)
+                trace.config["context_used"]["draft_rollback"] = getattr(drafter.engine, "rollback", None)
+                if self.draft_why:
+                    trace.config["context_used"]["draft_rollback_why"] = self.draft_why
         return trace
 
     def build_trace(self, cfg: RunConfig, target: LoadedModel, dmodel: LoadedModel | None, tokens: list[int],

@@ -20,7 +20,8 @@ from ..core.config import EngineSettings, RunConfig
 from ..core.demo import DEMO_PROMPT
 from ..core.errors import SpecviewError
 from ..core.paths import settings_dir
-from ..core.resolve import DECIDED_KEY, resolve
+from ..core.registry import Runner
+from ..core.resolve import DECIDED_KEY
 
 #: the app's own settings (not part of a run), with their defaults
 APP_DEFAULTS: dict[str, Any] = {
@@ -43,7 +44,7 @@ def default_run() -> dict[str, Any]:
     """
     cfg = RunConfig(prompt=DEMO_PROMPT)
     try:
-        resolved = resolve(cfg, default_target=True, measure=False)
+        resolved = Runner.resolve(cfg, default_target=True, measure=False)
     except Exception:  # noqa: BLE001 - a backend that cannot answer leaves llama.cpp's own defaults
         return cfg.to_dict()
     d = resolved.config.to_dict()

@@ -97,7 +97,7 @@ def _diagnosed(tiny_target, tiny_draft, gpu_layers: int) -> dict[str, Any]:
                     ignore_eos=True, engine=EngineSettings(threads=1, gpu_layers=gpu_layers))
     with Session() as s:
         trace = s.run(cfg)
-        return dmod.diagnose(s, cfg, trace)
+        return dmod.diagnose(s, s.resolve(cfg).config, trace)
 
 
 def test_a_gpu_build_checks_the_backend_before_every_gpu_diagnosis(tiny_target, tiny_draft, monkeypatch):

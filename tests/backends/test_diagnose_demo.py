@@ -60,7 +60,7 @@ def test_planted_rollback_bug_is_a_state_verdict(faulty):
         assert len(spec_engines) == 1, "exactly one context (the speculative arm's) rolled back a rejected draft"
         assert not trace.comparison.identical, "the stale token must change the speculative text"
 
-        diag = dmod.diagnose(session, cfg, trace, controls=True)
+        diag = dmod.diagnose(session, session.resolve(cfg).config, trace, controls=True)
     finally:
         faulty.faults = {}
         session.close()
@@ -92,7 +92,7 @@ def natural():
     session = Session()
     try:
         fork = find_fork(session)
-        diag = dmod.diagnose(session, fork.cfg, fork.trace)
+        diag = dmod.diagnose(session, session.resolve(fork.cfg).config, fork.trace)
     finally:
         session.close()
     return fork, diag
@@ -230,7 +230,7 @@ def test_an_identical_run_is_cheap():
     try:
         trace = session.run(cfg)
         runs = session.vanilla_runs + session.speculative_runs
-        diag = dmod.diagnose(session, cfg, trace)
+        diag = dmod.diagnose(session, session.resolve(cfg).config, trace)
         assert session.vanilla_runs + session.speculative_runs == runs
     finally:
         session.close()

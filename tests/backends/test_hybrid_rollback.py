@@ -92,9 +92,9 @@ def test_specview_run_prints_a_comparison_and_a_verdict_in_every_mode(pairs, arc
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_auto_is_decided_from_the_targets_header_and_says_why(pairs, arch):
-    from specview.core.resolve import resolve
+    from specview.core.registry import Runner
 
-    r = resolve(config(pairs, arch, None))
+    r = Runner.resolve(config(pairs, arch, None))
     assert r.config.engine.rollback == "checkpoint"
     assert arch in r.why("rollback") and "llama-server" in r.why("rollback")
 

@@ -363,7 +363,7 @@ def test_the_command_writes_shows_and_refuses_what_it_cannot_observe(tiny_target
 
 def test_a_trace_locates_its_own_fork(session):
     from specview.core.locate.find import fork_of
-    from specview.core.resolve import resolve
+    from specview.core.registry import Runner
     from forks import find_fork
 
     fork = find_fork(session, threads=1)
@@ -373,7 +373,7 @@ def test_a_trace_locates_its_own_fork(session):
     step = trace.speculative.steps[k]
     assert (req["position"], req["width"], req["row"]) == (k, step.batch_size, step.batch_index)
     # the trace's settings as they ran: what the run's config left unset, decided for this machine
-    assert req["settings"] == resolve(fork.cfg).config.engine and req["target"] == fork.cfg.target
+    assert req["settings"] == Runner.resolve(fork.cfg).config.engine and req["target"] == fork.cfg.target
     loc = locate(session, **req)
     assert loc.source == "trace" and loc.observer_exact
     assert loc.single_tokens == [trace.vanilla.tokens[k - 1]]

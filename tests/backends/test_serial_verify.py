@@ -68,7 +68,7 @@ def faulty_fork(fb: FaultyBackend, fault: str, monkeypatch, configs: list[RunCon
         try:
             trace = session.run(cfg)
             if not trace.comparison.identical:
-                return trace, dmod.diagnose(session, cfg, trace)
+                return trace, dmod.diagnose(session, session.resolve(cfg).config, trace)
         finally:
             session.close()
         tried.append(f"{Path(cfg.target).name} {cfg.prompt!r:.30}")
@@ -123,7 +123,7 @@ def test_a_natural_demo_fork_is_proven_a_near_tie():
                             engine=EngineSettings(threads=threads))
             trace = session.run(cfg)
             if not trace.comparison.identical:
-                d = dmod.diagnose(session, cfg, trace)
+                d = dmod.diagnose(session, session.resolve(cfg).config, trace)
                 break
             tried.append(f"{target} -t {threads} {prompt}")
         else:

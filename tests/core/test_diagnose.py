@@ -168,7 +168,7 @@ def run(kind: str, *, controls: bool = False, faulty: bool = False, serial_verif
         trace = session.run(cfg)
     finally:
         ARMED.discard(kind)
-    diag = dmod.diagnose(session, cfg, trace, controls=controls, serial_verify=serial_verify)
+    diag = dmod.diagnose(session, session.resolve(cfg).config, trace, controls=controls, serial_verify=serial_verify)
     return session, trace, diag
 
 
@@ -348,7 +348,7 @@ def test_a_run_that_was_itself_serial_is_its_own_control(monkeypatch):
     assert all(r.serial for r in trace.speculative.rounds[1:]) and trace.speculative.rounds[1:]
     assert not trace.comparison.identical
     runs = session.speculative_runs
-    d = dmod.diagnose(session, cfg, trace)
+    d = dmod.diagnose(session, session.resolve(cfg).config, trace)
     assert session.speculative_runs == runs
     assert d["serial_verify"]["reused_run"] is True and d["serial_verify"]["passes"] is None
     assert d["verdict"] == "state" and d["rule"] == "serial-verify-differs"
@@ -401,9 +401,9 @@ def test_identical_run_is_cheap_unless_the_envelope_is_asked_for():
     session = Session()
     trace = session.run(cfg)
     assert trace.comparison.identical
-    d = dmod.diagnose(session, cfg, trace)
+    d = dmod.diagnose(session, session.resolve(cfg).config, trace)
     assert d["verdict"] == "identical" and d["replays"] is None and d["envelope"] is None
-    d2 = dmod.diagnose(session, cfg, trace, envelope_if_identical=True)
+    d2 = dmod.diagnose(session, session.resolve(cfg).config, trace, envelope_if_identical=True)
     assert d2["verdict"] == "identical"
     assert len(d2["envelope"]["series"]) == cfg.max_tokens
     assert d2["envelope"]["max"] == pytest.approx(SHAPE, abs=1e-5)
@@ -418,7 +418,7 @@ def test_diagnosis_round_trips_through_a_saved_trace(tmp_path):
     assert json.loads(path.read_text())["diagnosis"]["verdict"] == "near-tie"
     # a loaded trace can be diagnosed again from its own record, with the same result
     cfg = RunConfig.from_dict({k: v for k, v in loaded.config.items() if k != "n_ctx_used"})
-    again = dmod.diagnose(session, cfg, loaded)
+    again = dmod.diagnose(session, session.resolve(cfg).config, loaded)
     assert again["verdict"] == "near-tie" and again["gap"] == d["gap"]
     assert again["replays"]["speculative"]["reproduced"]
 
@@ -434,7 +434,7 @@ def test_cancel_leaves_no_diagnosis():
         return len(calls) > 3
 
     with pytest.raises(dmod.DiagnosisCancelled):
-        dmod.diagnose(session, cfg, trace, cancel=cancel)
+        dmod.diagnose(session, session.resolve(cfg).config, trace, cancel=cancel)
     assert trace.diagnosis is None
 
 
@@ -444,7 +444,7 @@ def test_a_trace_without_rounds_is_refused_clearly():
     trace = session.run(cfg)
     trace.speculative.rounds = trace.speculative.rounds[:1]
     with pytest.raises(SpecviewError, match="per-round data"):
-        dmod.diagnose(session, cfg, trace)
+        dmod.diagnose(session, session.resolve(cfg).config, trace)
 
 
 @pytest.mark.parametrize("arm", ["vanilla", "speculative"])

@@ -80,7 +80,14 @@ def check(backend: str, settings: EngineSettings = EngineSettings(), **kw):
                                   **kw)
 
 
-def test_a_sane_pair_passes_with_every_position_compared():
+@pytest.fixture
+def four_threads(monkeypatch):
+    """A run here takes 4 threads (a test lane's share of the cores would otherwise decide, and a lane of one
+    core has no thread split to check)."""
+    monkeypatch.setenv("SPECVIEW_THREADS", "4")
+
+
+def test_a_sane_pair_passes_with_every_position_compared(four_threads):
     session, r = check("fake", continuation=10)
     assert r["kind"] == "threads" and r["ok"] is True and r["problems"] == []
     toy = ToyModel(3)
@@ -126,12 +133,12 @@ def test_bad_input_is_refused_clearly():
 
 
 # -- inside a diagnosis --------------------------------------------------------------------------
-def test_a_diagnosis_on_a_gpu_run_checks_the_backend_first():
+def test_a_diagnosis_on_a_gpu_run_checks_the_backend_first(four_threads):
     cfg = RunConfig(backend="broken", target="3", draft="3:2.0:0.5", prompt="hello there", max_tokens=30,
                     ignore_eos=True)
     session = Session()
     trace = session.run(cfg)
-    d = dmod.diagnose(session, cfg, trace)  # the run used a GPU: the check runs unasked
+    d = dmod.diagnose(session, session.resolve(cfg).config, trace)  # the run used a GPU: the check runs unasked
     r = d["reference"]
     assert r["kind"] == "gpu-vs-cpu" and r["ok"] is False
     assert r["totals"]["positions"] == len(trace.prompt["tokens"]) + len(trace.vanilla.tokens) - 1
@@ -140,13 +147,13 @@ def test_a_diagnosis_on_a_gpu_run_checks_the_backend_first():
     assert d["explanation"].startswith("Before anything else: the backend check failed")
 
 
-def test_a_cpu_run_checks_the_backend_only_when_asked():
+def test_a_cpu_run_checks_the_backend_only_when_asked(four_threads):
     cfg = RunConfig(backend="fake", target="3", draft="3:2.0", prompt="hello", max_tokens=20, ignore_eos=True,
                     engine=EngineSettings(threads=2))
     session = Session()
     trace = session.run(cfg)
-    assert dmod.diagnose(session, cfg, trace)["reference"] is None
-    d = dmod.diagnose(session, cfg, trace, reference=True)
+    assert dmod.diagnose(session, session.resolve(cfg).config, trace)["reference"] is None
+    d = dmod.diagnose(session, session.resolve(cfg).config, trace, reference=True)
     assert d["reference"]["ok"] is True and d["reference"]["test_label"] == "2 threads"
     assert "backend check  ok" in dmod.format_verdict(d)
 

@@ -19,8 +19,8 @@ from specview.commands import common, kernels
 from fakes import FakeBackend
 from specview.commands.run import resolved_from_args
 from specview.core.config import EngineSettings, RunConfig, axes
-from specview.core.registry import register_backend, unregister_backend
-from specview.core.resolve import decided, resolve, resolve_engine
+from specview.core.registry import Runner, register_backend, unregister_backend
+from specview.core.resolve import decided
 from specview.core.llama_flags import engine_flags, server_argv
 
 RUN_PROBE = probe.run_probe
@@ -29,7 +29,9 @@ CRASHED = {"crashed": True, "signal": "SIGSEGV", "exitcode": -11, "n_tokens": 4}
 
 @pytest.fixture
 def crashed_here(monkeypatch, tmp_path):
-    """This machine as an AMX one whose probe crashed: the result planted in a fresh cache."""
+    """This machine as an AMX one whose probe crashed: the result planted in a fresh cache (the probe's own
+    door; a planted $SPECVIEW_REPACK_PROBE would stand in front of it)."""
+    monkeypatch.delenv(probe.PLANT_VARIABLE, raising=False)
     monkeypatch.setenv("SPECVIEW_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(probe, "probe_needed", lambda flags=None: True)
     probe.CACHE.put(probe.identity_key(probe.build_identity()), dict(CRASHED))
@@ -82,17 +84,22 @@ def test_the_model_cache_key_tells_repacked_from_plain_weights():
     from specview.backends.llama_cpp import LlamaBackend
 
     be = LlamaBackend()
-    assert be.model_key("a.gguf", EngineSettings()) != be.model_key("a.gguf", EngineSettings(no_repack=True))
+    plain, nr = (Runner.resolve_settings(EngineSettings(no_repack=v), backend="llama.cpp")[0] for v in (False, True))
+    assert be.model_key("a.gguf", plain) != be.model_key("a.gguf", nr)
+    with pytest.raises(TypeError, match="DecidedSettings"):  # an undecided setting never reaches a load
+        be.model_key("a.gguf", EngineSettings())
+    with pytest.raises(TypeError, match="DecidedSettings"):
+        be.load("a.gguf", EngineSettings(no_repack=True))
 
 
 def test_the_reason_travels_with_the_resolved_config_not_on_the_settings(crashed_here):
     assert "no_repack_reason" not in {f.name for f in fields(EngineSettings)}
     cfg = RunConfig(prompt="x")
     assert cfg.engine.no_repack is None  # unset: the machine decides when the run is resolved
-    r = resolve(cfg)
+    r = Runner.resolve(cfg)
     assert r.config.engine.no_repack is True and "SIGSEGV" in r.why("no_repack")
     assert r.to_dict() == {"no_repack": {"value": True, "why": r.why("no_repack")}}
-    assert resolve(r) is r  # resolving a resolved config changes nothing
+    assert Runner.resolve(r) is r  # resolving a resolved config changes nothing
     # a trace's config block carries the reason beside the value; an old trace kept it in the engine block
     block = dict(r.config.to_dict(), decided=r.to_dict())
     assert decided(block, "no_repack") == r.why("no_repack")
@@ -104,7 +111,7 @@ def test_the_reason_travels_with_the_resolved_config_not_on_the_settings(crashed
 
 def test_unset_settings_take_their_plain_value_where_nothing_decides(monkeypatch):
     monkeypatch.setattr(probe, "probe_needed", lambda flags=None: False)
-    r = resolve(RunConfig(prompt="x"))
+    r = Runner.resolve(RunConfig(prompt="x"))
     assert r.config.engine.no_repack is False and r.decisions == ()
 
 
@@ -123,6 +130,7 @@ def test_an_explicit_choice_wins_over_the_probe(crashed_here, tiny_target, flag,
 
 
 def test_no_crash_no_default(monkeypatch, tmp_path, tiny_target):
+    monkeypatch.delenv(probe.PLANT_VARIABLE, raising=False)
     monkeypatch.setenv("SPECVIEW_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(probe, "probe_needed", lambda flags=None: True)
     probe.CACHE.put(probe.identity_key(probe.build_identity()), {"crashed": False, "ok": True})
@@ -133,7 +141,7 @@ def test_no_crash_no_default(monkeypatch, tmp_path, tiny_target):
 def test_other_engines_are_left_alone(crashed_here):
     register_backend("repack-toy", FakeBackend)
     try:
-        s, decisions = resolve_engine(EngineSettings(), backend="repack-toy")
+        s, decisions = Runner.resolve_settings(EngineSettings(), backend="repack-toy")
     finally:
         unregister_backend("repack-toy")
     assert s.no_repack is False and decisions == ()

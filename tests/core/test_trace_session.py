@@ -35,7 +35,7 @@ def test_trace_round_trips_and_keeps_the_public_keys(fake, tmp_path):
         assert k in raw
     assert raw["schema"] == "specview.trace/1"
     assert raw["models"]["target"]["path"] == "0" and raw["models"]["draft"]["path"] == "0:3.0"
-    assert raw["prompt"]["tokens"] == s.prompt_tokens(cfg(), s.model("fake", "0", cfg().engine))
+    assert raw["prompt"]["tokens"] == s.prompt_tokens(cfg(), s.model("fake", "0", s.resolve(cfg()).settings))
     assert all("drafted" in r and "accepted" in r for r in raw["speculative"]["rounds"])
     assert raw["comparison"]["identical"] is True and raw["comparison"]["first_mismatch"] is None
     back = Trace.load(p)

@@ -6,12 +6,13 @@ from types import SimpleNamespace
 
 from specview.backends.llama_cpp import probe
 from specview.core.config import EngineSettings, RunConfig
-from specview.core.resolve import resolve
+from specview.core.registry import Runner
 from specview.gui import settings as gui_settings
 
 
 def _machine_that_crashed(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECVIEW_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("SPECVIEW_REPACK_PROBE", raising=False)  # the probe cache planted here, not the variable
     monkeypatch.setattr(probe, "probe_needed", lambda flags=None: True)
     probe.CACHE.put(probe.identity_key(probe.build_identity()),
                        {"crashed": True, "signal": "SIGSEGV", "exitcode": -11, "n_tokens": 4})
@@ -28,13 +29,13 @@ def test_the_app_opens_with_no_repack_and_says_why_where_the_probe_crashed(make_
     assert not c.repack_note.isHidden() and "SIGSEGV" in c.repack_note.text()
     # left alone, the setting stays the machine's: the run resolves it again, and its trace keeps the reason
     assert c.config().engine.no_repack is None
-    assert "SIGSEGV" in resolve(c.config()).why("no_repack")
+    assert "SIGSEGV" in Runner.resolve(c.config()).why("no_repack")
     c["no_repack"].setChecked(False)  # the user's own choice wins, and no machine reason is left behind
     assert c.repack_note.isHidden()
     assert c.config().engine.no_repack is False
     c["no_repack"].setChecked(True)
     assert c.repack_note.isHidden() and c.config().engine.no_repack is True
-    assert resolve(c.config()).decisions == ()
+    assert Runner.resolve(c.config()).decisions == ()
 
 
 def test_elsewhere_the_app_opens_with_llama_cpps_default(make_window, monkeypatch, tmp_path):

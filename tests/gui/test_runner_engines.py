@@ -162,7 +162,7 @@ def test_a_reopened_token_id_trace_runs_on_those_ids(fake_engine, make_window, q
 def test_a_reopened_trace_reruns_identically_on_llama_cpp(tiny_dir, make_window, qtbot, tmp_path):
     """The real engine: a trace made with -b 128 -ub 1 --kv-type bf16 -fa off on raw token ids, opened and run again,
     is the same run (same settings, same prompt ids, same tokens)."""
-    from specview.core.resolve import resolve
+    from specview.core.registry import Runner
     from specview.core.session import Session
 
     cfg = RunConfig(target=str(tiny_dir / "target.gguf"), draft=str(tiny_dir / "draft.gguf"), n_max=3,
@@ -180,6 +180,6 @@ def test_a_reopened_trace_reruns_identically_on_llama_cpp(tiny_dir, make_window,
     again = blk.args[0]
     assert w.last_error is None
     # the traces record the settings as they ran: what cfg left unset, decided for this machine
-    assert RunConfig.from_dict(again.config) == resolve(cfg).config == RunConfig.from_dict(first.config)
+    assert RunConfig.from_dict(again.config) == Runner.resolve(cfg).config == RunConfig.from_dict(first.config)
     assert again.prompt["tokens"] == [1, 270, 280, 290]
     assert again.vanilla.tokens == first.vanilla.tokens and again.speculative.tokens == first.speculative.tokens

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ...core.config import ConfigError, EngineSettings, RunConfig, environment_settings
+from ...core.config import ConfigError, EngineSettings, RunConfig, environment_settings, fill_plain
 from ...core.doctor import gpu_build_advice
 from ...core.engine import WrappedModel
 from ...core.errors import SpecviewError
 from ...core.facts import Fact
 from ...core.demo import is_demo_name
 from ...core.inprocess import InProcessBackend
-from ...core.resolve import Decision, resolve_engine
+from ...core.registry import Runner
+from ...core.resolve import DecidedSettings, Decision, require_decided
 from . import demo
-from .engine import LlamaEngine
+from .engine import LlamaEngine, model_memory
 from .lib import LIB_PATH_VARIABLE, _lib, apply_environment, builds_backend, llama_environment
-from .memory import ATTENTION, AUTO, check_mode, decide_rollback, file_architecture, memory_kind
+from .memory import (ATTENTION, AUTO, SNAPSHOTS, check_mode, choose_rollback, decide_rollback, file_architecture,
+                     memory_kind)
 from .model import LlamaModel, has_mtp_heads
 from .demo_pick import cached_pick, pick_demo_target
 from .probe import repack_decision
@@ -26,14 +29,26 @@ from .probe import setup_facts as probe_facts
 class LlamaLoaded(WrappedModel):
     """A loaded GGUF file; every arm, drafter and replay opens its own context on it."""
 
-    def new_engine(self, settings: EngineSettings, n_ctx: int) -> LlamaEngine:
-        return LlamaEngine(self.model, settings, n_ctx=n_ctx)
+    def new_engine(self, settings: DecidedSettings, n_ctx: int) -> LlamaEngine:
+        return LlamaEngine(self.model, require_decided(settings, "a llama.cpp context"), n_ctx=n_ctx)
 
-    def observed_engine(self, settings: EngineSettings, n_ctx: int, selection: str = "all") -> LlamaEngine:
+    def draft_settings(self, settings: DecidedSettings) -> tuple[DecidedSettings, str]:
+        """llama-server opens its draft context with ``n_rs_seq = 0`` (common/common.cpp): a draft model's memory
+        never keeps snapshots, so where the target's rolls back by snapshots the draft's takes what llama-server
+        gives it, checkpoint and replay for a recurrent memory, seq_rm for a KV cache."""
+        if settings.rollback != SNAPSHOTS:
+            return settings, ""
+        arch, kind = model_memory(self.model)
+        mode, why = choose_rollback(arch, kind, "draft-simple", 0)
+        return replace(settings, rollback=mode), (f"the draft context: {mode}, as llama-server opens it (n_rs_seq = 0, "
+                                                  f"no snapshots): {why}")
+
+    def observed_engine(self, settings: DecidedSettings, n_ctx: int, selection: str = "all") -> LlamaEngine:
         """A context whose passes can be observed node by node (``specview locate``)."""
         from .graph import ObservedEngine
 
-        return ObservedEngine(self.model, settings, n_ctx=n_ctx, selection=selection)
+        return ObservedEngine(self.model, require_decided(settings, "an observed llama.cpp context"), n_ctx=n_ctx,
+                              selection=selection)
 
 
 class LlamaBackend(InProcessBackend):
@@ -49,15 +64,29 @@ class LlamaBackend(InProcessBackend):
     def resolve(self, name: str, *, progress=None) -> str:
         return str(demo.resolve(name, progress=progress))
 
-    def decide(self, cfg: RunConfig, *, measure: bool = True) -> list[Decision]:
-        """The engine's decisions, and how a rejected draft leaves the target's memory (:mod:`.memory`): what
-        llama-server does for the target's architecture and this spec type, read from the files' headers."""
-        out = self.decide_engine(cfg.engine, measure=measure)
+    def decide(self, cfg: RunConfig, *, measure: bool = True, default_target: bool = False,
+               progress=None) -> list[Decision]:
+        """Every decision of this engine, for runs and jobs alike: no repack where a multi-token decode of repacked
+        weights crashed this build on this CPU (:mod:`.probe`); how a rejected draft leaves the target's memory
+        (:mod:`.memory`: what llama-server does for the target's architecture and this spec type, read from the
+        files' headers); and, with ``default_target``, the demo quantization whose verify passes can fork on this
+        build, on the engine settings the run will have."""
+        out: list[Decision] = []
+        repack = repack_decision(cfg.engine, measure=measure)
+        if repack is not None:
+            out.append(repack)
         if cfg.engine.rollback is None:
             archs = self._architectures(cfg)
             if any(memory_kind(a) != ATTENTION for a in archs if a):  # a KV cache alone: seq_rm, nothing to say
                 value, why = decide_rollback(*archs, cfg.spec_type, cfg.n_max)
                 out.append(Decision("rollback", value, why))
+        if default_target and is_demo_name(cfg.target):
+            settings = cfg.engine if repack is None else replace(cfg.engine, no_repack=repack.value)
+            settings = fill_plain(settings)
+            pick = pick_demo_target(settings, default=cfg.target, progress=progress) if measure else \
+                cached_pick(settings, cfg.target)
+            if pick is not None:
+                out.append(Decision("target", pick.target, pick.reason))
         return out
 
     def check(self, cfg: RunConfig) -> None:
@@ -87,20 +116,6 @@ class LlamaBackend(InProcessBackend):
 
         return arch(cfg.target), arch(cfg.draft) if cfg.uses_draft_model else None
 
-    def decide_engine(self, settings: EngineSettings, *, measure: bool = True) -> list[Decision]:
-        """No repack where a multi-token decode of repacked weights crashed this build on this CPU."""
-        d = repack_decision(settings, measure=measure)
-        return [d] if d is not None else []
-
-    def default_target(self, settings: EngineSettings, *, default: str, progress=None,
-                       measure: bool = True) -> Decision | None:
-        """The demo quantization whose verify passes can fork on this build (measured once, cached)."""
-        if not is_demo_name(default):
-            return None
-        pick = pick_demo_target(settings, default=default, progress=progress) if measure else \
-            cached_pick(settings, default)
-        return Decision("target", pick.target, pick.reason) if pick is not None else None
-
     def has_mtp_heads(self, target: str) -> bool:
         return has_mtp_heads(target)
 
@@ -119,13 +134,13 @@ class LlamaBackend(InProcessBackend):
         Path(dest).parent.mkdir(parents=True, exist_ok=True)
         return str(quantize(source, dest, quant))
 
-    def model_key(self, name: str, settings: EngineSettings) -> tuple:
+    def model_key(self, name: str, settings: DecidedSettings) -> tuple:
         # repacked and plain weights live in different buffers: a model loaded one way cannot serve the other
-        settings = resolve_engine(settings, backend=self.name)[0]
+        settings = require_decided(settings, "LlamaBackend.model_key")
         return (str(Path(name).expanduser().resolve()), settings.gpu_layers, settings.no_repack)
 
-    def load(self, name: str, settings: EngineSettings) -> LlamaLoaded:
-        settings = resolve_engine(settings, backend=self.name)[0]  # a load never runs on an undecided setting
+    def load(self, name: str, settings: DecidedSettings) -> LlamaLoaded:
+        settings = require_decided(settings, "LlamaBackend.load")  # a load never runs on an undecided setting
         late = apply_environment(self.worker_env(settings))
         if late:
             raise ConfigError(
@@ -256,9 +271,9 @@ def setup_facts(settings: EngineSettings, *, deep: bool = True, devices: list[di
     return facts
 
 
-def layer_placement_of(path: str, gpu_layers: int) -> dict[str, int]:
+def layer_placement_of(path: str, gpu_layers: int, no_repack: bool = False) -> dict[str, int]:
     """Load ``path`` with ``gpu_layers`` and return how many layers llama.cpp put on each device."""
-    model = LlamaModel(path, gpu_layers=gpu_layers)
+    model = LlamaModel(path, gpu_layers=gpu_layers, no_repack=no_repack)
     try:
         return dict(model.layer_devices)
     finally:
@@ -280,7 +295,9 @@ def _offload_fact(settings: EngineSettings, gpus: list[dict[str, str]], placemen
         from ...core.worker import run_isolated
 
         try:  # a GPU driver that crashes on load costs the worker, not doctor
-            placement = run_isolated(layer_placement_of, str(path), ngl, env=settings.environment(), timeout=600)
+            no_repack = Runner.resolve_settings(settings, backend="llama.cpp")[0].no_repack  # as a run here loads it
+            placement = run_isolated(layer_placement_of, str(path), ngl, no_repack, env=settings.environment(),
+                                     timeout=600)
         except EngineCrashed as exc:
             return Fact(name, "offload", None, f"offload check (demo model, -ngl {'all' if ngl < 0 else ngl}): "
                         f"the engine crashed loading it: {str(exc).splitlines()[0]}", "problem",

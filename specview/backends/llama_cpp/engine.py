@@ -25,6 +25,7 @@ from ...core import activity
 from ...core.config import EngineSettings
 from ...core.engine import ModelEngine, Rollback
 from ...core.errors import ConfigError, EvalError, SpecviewError
+from ...core.resolve import DecidedSettings, require_decided
 from .lib import clear_log, llama_environment, recent_log, resolve_threads
 from .memory import (ATTENTION, AUTO, HYBRID, RECURRENT, SNAPSHOTS, ContextMemory, check_mode, choose_rollback,
                      snapshots_refused)
@@ -54,8 +55,9 @@ class LlamaEngine(ModelEngine):
 
     backend = "llama.cpp"
 
-    def __init__(self, model: LlamaModel, settings: EngineSettings = EngineSettings(), *, n_ctx: int | None = None):
+    def __init__(self, model: LlamaModel, settings: DecidedSettings, *, n_ctx: int | None = None):
         super().__init__()
+        settings = require_decided(settings, "a llama.cpp context")
         if getattr(model, "vocab_only", False):
             raise SpecviewError(f"{model.path.name} was read for its vocabulary only; it cannot evaluate tokens")
         ll = model._ll

@@ -280,7 +280,7 @@ class ObservedEngine(LlamaEngine, GraphEngine):
     node, so the scheduler computes each split whole.
     """
 
-    def __init__(self, model: Any, settings: EngineSettings = EngineSettings(), *, n_ctx: int | None = None,
+    def __init__(self, model: Any, settings: EngineSettings, *, n_ctx: int | None = None,
                  selection: str = "all"):
         self.observer = Observer(selection)  # before the context exists, and for as long as it does
         super().__init__(model, settings, n_ctx=n_ctx)

@@ -36,7 +36,7 @@ from ...core.arms.generate import context_needed
 from ...core.llama_flags import UB1_REFUSED, server_argv, split_server_args, uses_draft_file
 from ...core.registry import Backend, Runner, get_backend
 from ...core.models.record import record_models
-from ...core.resolve import DECIDED_KEY, Decision, Resolved, resolve
+from ...core.resolve import Decision, Resolved
 from ...core.session import host_environment, prompt_record, round_up
 from ...core.trace import ArmResult, Trace
 from ..local_server.process import ServerError
@@ -138,11 +138,13 @@ class ServerBackend(Backend):
                               "--engine llama.cpp", setting="rollback")
         split_server_args(cfg.engine.server_args)
 
-    def decide_engine(self, settings: EngineSettings, *, measure: bool = True) -> list[Decision]:
-        """As for the llama.cpp engine: the same ggml CPU code repacks the weights (the AMX probe decides)."""
+    def decide(self, cfg: RunConfig, *, measure: bool = True, default_target: bool = False,
+               progress: ProgressFn | None = None) -> list[Decision]:
+        """As for the llama.cpp engine: the same ggml CPU code repacks the weights (the AMX probe decides).
+        llama-server picks its own rollback, and a server run keeps the target it is given."""
         from ..llama_cpp.probe import repack_decision
 
-        d = repack_decision(settings, measure=measure)
+        d = repack_decision(cfg.engine, measure=measure)
         return [d] if d is not None else []
 
     def has_mtp_heads(self, target: str) -> bool:
@@ -194,7 +196,6 @@ class ServerRunner(Runner):
         self.server_bin = server_bin or ""
         self.server_args = server_args or ""
         self.pool = ServerPool(progress=self.progress)
-        self._decided: dict[str, Any] = {}  # what the machine decided for the last run (its trace says why)
         self.vanilla_runs = 0
         self.speculative_runs = 0
         self._vocab: dict[str, Any] = {}
@@ -208,14 +209,10 @@ class ServerRunner(Runner):
         return self.pool.starts
 
     # -- what a run needs ------------------------------------------------------------
-    def _defaults(self, cfg: RunConfig | Resolved) -> RunConfig:
-        """``cfg`` resolved for this machine (:mod:`specview.core.resolve`), with this runner's binary and flags
-        where it names none; the decisions are kept for the trace (``self._decided``)."""
+    def _with_binary(self, cfg: RunConfig) -> RunConfig:
+        """``cfg`` (resolved) with this runner's binary and flags where it names none."""
         from dataclasses import replace
 
-        resolved = resolve(cfg)
-        self._decided = resolved.to_dict()
-        cfg = resolved.config
         eng = cfg.engine
         if (not eng.server_bin and self.server_bin) or (not eng.server_args and self.server_args):
             eng = replace(eng, server_bin=eng.server_bin or self.server_bin,
@@ -289,10 +286,10 @@ class ServerRunner(Runner):
         return role if ub is None else f"{role} -ub {ub}"
 
     # -- a run ---------------------------------------------------------------------------
-    def run(self, cfg: RunConfig, *, on_event: EventFn | None = None, cancel: Callable[[], bool] | None = None,
-            reuse_vanilla: bool = True) -> Trace:
+    def run_resolved(self, resolved: Resolved, *, on_event: EventFn | None = None,
+                     cancel: Callable[[], bool] | None = None, reuse_vanilla: bool = True) -> Trace:
         cancel = cancel or _never
-        cfg = self._defaults(cfg)
+        cfg = self._with_binary(resolved.config)
         plan = self.plan(cfg)
         # on the CPU the servers of one target share its weights through the page cache (mmap); each GPU
         # server holds its own copy, so fewer stay up there
@@ -492,8 +489,6 @@ class ServerRunner(Runner):
         if srv is not None and "-c" in srv.args:
             n_ctx = int(srv.args[srv.args.index("-c") + 1])  # a reused server may have a larger context
         config = dict(plan.config, n_ctx_used=n_ctx)
-        if self._decided:
-            config[DECIDED_KEY] = dict(self._decided)
         # the models' names as given and the files they resolved to (config.models)
         return record_models(Trace(config=config, environment=env,
                                    models={"target": _facts(self.vocab(plan.target)),
@@ -506,7 +501,7 @@ class ServerRunner(Runner):
                  cancel: Callable[[], bool] | None = None) -> dict[str, Any]:
         from .diagnose import diagnose_run
 
-        return diagnose_run(self, trace, self._defaults(cfg), progress=progress or self.progress,
+        return diagnose_run(self, trace, self._with_binary(self.resolve(cfg).config), progress=progress or self.progress,
                             cancel=cancel or _never)
 
     def close(self) -> None:

@@ -11,6 +11,7 @@ from ...core.engine import WrappedModel
 from ...core.errors import ModelFileError
 from ...core.inprocess import InProcessBackend
 from ...core.models import is_store_name, resolve_name
+from ...core.resolve import DecidedSettings, require_decided
 from . import lib
 from .demo import demo_folder
 from .engine import MLXEngine, MLXModel
@@ -19,14 +20,14 @@ _HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 class MLXLoaded(WrappedModel):
-    def new_engine(self, settings: EngineSettings, n_ctx: int) -> MLXEngine:
-        return MLXEngine(self.model, settings, n_ctx=n_ctx)
+    def new_engine(self, settings: DecidedSettings, n_ctx: int) -> MLXEngine:
+        return MLXEngine(self.model, require_decided(settings, "an MLX engine"), n_ctx=n_ctx)
 
-    def observed_engine(self, settings: EngineSettings, n_ctx: int, selection: str = "all") -> MLXEngine:
+    def observed_engine(self, settings: DecidedSettings, n_ctx: int, selection: str = "all") -> MLXEngine:
         """An engine whose passes can be observed layer by layer (``specview locate``; MLX has no per-op graph)."""
         from .layers import observed_engine
 
-        return observed_engine(self.model, settings, n_ctx, selection)
+        return observed_engine(self.model, require_decided(settings, "an observed MLX engine"), n_ctx, selection)
 
 
 class MLXBackend(InProcessBackend):
@@ -83,7 +84,8 @@ class MLXBackend(InProcessBackend):
     def model_key(self, name: str, settings: EngineSettings) -> tuple:
         return (str(Path(name).expanduser().resolve()),)
 
-    def load(self, name: str, settings: EngineSettings) -> MLXLoaded:
+    def load(self, name: str, settings: DecidedSettings) -> MLXLoaded:
+        require_decided(settings, "MLXBackend.load")
         return MLXLoaded(MLXModel(name))
 
     def environment(self) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from ...core.config import RunConfig
 from ...core.errors import Cancelled, ConfigError
 from ...core.models.record import record_models
 from ...core.registry import CancelFn, EventFn, ProgressFn, Runner
-from ...core.resolve import resolve
+from ...core.resolve import Resolved
 from ...core.trace import ArmResult, Trace
 from ..local_server import openai
 from ..local_server.process import ServerError
@@ -135,10 +135,10 @@ class MLXServerRunner(Runner):
         return self._caps[key]
 
     # -- a run ---------------------------------------------------------------------
-    def run(self, cfg: RunConfig, *, on_event: EventFn | None = None, cancel: CancelFn | None = None,
-            reuse_vanilla: bool = True) -> Trace:
+    def run_resolved(self, resolved: Resolved, *, on_event: EventFn | None = None, cancel: CancelFn | None = None,
+                     reuse_vanilla: bool = True) -> Trace:
         cancel = cancel or (lambda: False)
-        cfg = resolve(cfg).config  # settings left unset take their plain values (nothing here is machine-decided)
+        cfg = resolved.config  # settings left unset took their plain values (nothing here is machine-decided)
         self.backend.check(cfg)
         say = self.progress
         target = self.folder(cfg.target)
@@ -284,7 +284,8 @@ class MLXServerRunner(Runner):
             if draft is None and cfg.spec_type == "draft-simple" and cfg.draft:
                 draft = self.folder(cfg.draft)
             # the teacher-forced replays load the folders into MLX: in its worker process, like every in-process run
-            d = self._inprocess().job(replay_fork, target, draft, cfg, trace, progress=say, cancel=cancel)
+            d = self._inprocess().job(replay_fork, target, draft, self.resolve(cfg).config,
+                                      trace, progress=say, cancel=cancel)
         if controls:
             d.setdefault("not_measured", []).append(
                 "the control matrix (--controls): it runs on the in-process engines (--engine mlx); the "

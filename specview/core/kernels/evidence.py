@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from ..config import EngineSettings, RunConfig
-from ..resolve import as_decided
+from ..registry import Runner
 from ..errors import SpecviewError
 from .map import KernelMap, KernelMapError, TargetMap
 from .text import ranges, settings_label
@@ -295,7 +295,7 @@ def predict(
     whose verify rows were each computed as single-token passes (width 1 only).
     """
     km = as_kernel_map(kmap, source=str(map_file) if map_file is not None else None)
-    settings = as_decided(settings, backend=backend or km.backend)  # as the map's rows were recorded: decided
+    settings = Runner.as_decided(settings, backend=backend or km.backend)  # as the map's rows were recorded: decided
     n_max = max(0, int(n_max))
     widths = [1] if serial else list(range(1, n_max + 2))
     p = KernelPrediction(status=NOT_COVERED, target=target, n_max=n_max, widths=widths,

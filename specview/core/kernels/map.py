@@ -51,7 +51,7 @@ from ..config import EngineSettings, check_value
 from ..errors import BackendUnavailable, Cancelled, ConfigError, SpecviewError
 from ..eta import WorkEta
 from ..prompts import PromptSpec
-from ..resolve import resolve_settings
+from ..registry import Runner
 from .text import parse_widths, ranges, settings_label
 from .records import (DEFAULT_POSITIONS, DEFAULT_TOP_K, DEFAULT_WIDTHS, SCHEMA, CancelFn, KernelMap,
                       KernelMapError, ProgressFn, PromptSequence, TargetMap, WidthStats, as_prompts)
@@ -282,7 +282,8 @@ def map_in_session(
         settings_list = [settings]
     else:
         settings_list = list(settings)
-    settings_list = list(resolve_settings(settings_list, backend=backend))  # decided, as the map records them
+    # decided (Runner.job resolved them; a direct call with none gets the same door), as the map records them
+    settings_list = [Runner.resolve_settings(st, backend=backend)[0] for st in settings_list]
     for st in settings_list:
         check_value(EngineSettings, "n_batch", st.n_batch)
     kprompts = as_prompts(prompts)

@@ -11,7 +11,7 @@ from typing import Any
 from ..config import EngineSettings
 from ..errors import SpecviewError
 from ..config import fill_plain
-from ..resolve import as_decided
+from ..registry import Runner
 from ..prompts import PromptError, PromptSpec, builtin_names, builtin_prompts
 from ..trace import json_safe, read_json, write_atomic
 from .text import heatmap, ranges, settings_label, table
@@ -215,7 +215,7 @@ class KernelMap:
         """The row for a target name or label (and settings, where one target was mapped under several)."""
         rows = [t for t in self.targets if t.label == name] or [t for t in self.targets if t.target == name]
         if settings is not None:
-            want = as_decided(settings, backend=self.backend).context_key
+            want = Runner.as_decided(settings, backend=self.backend).context_key
             rows = [t for t in rows if t.settings.context_key == want]
         if not rows:
             raise KeyError(f"{name!r} is not in this kernel map (it has {', '.join(t.label for t in self.targets)})")

@@ -41,7 +41,6 @@ import numpy as np
 
 from ..config import EngineSettings
 from ..config import fill_plain
-from ..resolve import resolve_settings
 from ..errors import BackendUnavailable, Cancelled, ConfigError, SpecviewError
 from ..arms.generate import prefill
 from .graphdiff import (  # noqa: F401  (re-exported: what an observing engine reports, and the diff)
@@ -59,6 +58,7 @@ from .graphdiff import (  # noqa: F401  (re-exported: what an observing engine r
 )
 from ..jsonfile import json_safe, read_json, write_atomic
 from ..arms.topk import topk
+from ..registry import Runner
 
 SCHEMA = "specview.locate/1"
 #: node selections an engine may observe, widest first
@@ -244,7 +244,8 @@ def locate(session: Any, target: str, *, width: int, row: int = 0, position: int
     """
     say = progress or (lambda msg: None)
     cancel = cancel or (lambda: False)
-    settings = resolve_settings(settings or EngineSettings(), backend=backend)  # decided, as the locate records it
+    # decided (Runner.job resolved them; a direct call gets the same door), as the locate records it
+    settings = Runner.resolve_settings(settings or EngineSettings(), backend=backend, target=target)[0]
     if width < 1 or not 0 <= row < width:
         raise ConfigError(f"row must be between 0 and width - 1 = {width - 1} (got row {row}, width {width})",
                           setting="row")

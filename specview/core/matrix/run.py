@@ -23,7 +23,7 @@ from ..config import RunConfig, get_setting
 from ..errors import EngineCrashed, SpecviewError
 from ..kernels.evidence import environment_differences
 from ..registry import Runner, get_backend
-from ..resolve import Resolved
+from ..resolve import Decision, record_decisions
 from ..trace import Trace, json_safe, write_atomic
 from ..verdicts import cell_label
 from .cells import CellParams, cell_config, cell_record, describe, error_record, expand
@@ -132,9 +132,9 @@ class _StopAfterFork:
 CRASH_KEYS = ("signal", "exitcode", "hung", "activity", "native_function", "known_cause", "log")
 
 
-def cell_decisions(spec: MatrixSpec, cfg: RunConfig) -> Resolved:
-    """A cell's config with the matrix's own decisions (:meth:`MatrixSpec.decide`) where the cell kept them."""
-    return Resolved(cfg, tuple(d for d in spec.decided if get_setting(cfg, d.setting) == d.value))
+def cell_decisions(spec: MatrixSpec, cfg: RunConfig) -> tuple[Decision, ...]:
+    """The matrix's own decisions (:meth:`MatrixSpec.decide`) that a cell's config kept."""
+    return tuple(d for d in spec.decided if get_setting(cfg, d.setting) == d.value)
 
 
 def run_cell(runner: Runner, cfg: RunConfig, *, cancel: Callable[[], bool] | None = None) -> Trace:
@@ -309,7 +309,7 @@ def _run_cells(spec: MatrixSpec, runner: Runner, run: MatrixRun, cells: list[Cel
             category = spec.prompt_named(params.prompt).category
             try:
                 cfg = cell_config(spec, params)
-                trace = cell_decisions(spec, cfg).record(run_cell(runner, cfg, cancel=cancel))
+                trace = record_decisions(run_cell(runner, cfg, cancel=cancel), cell_decisions(spec, cfg))
                 if _cancelled(trace):
                     run.status = "interrupted"
                     break

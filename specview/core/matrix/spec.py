@@ -149,14 +149,14 @@ class _SpecMethods:
         Each decision becomes a one-value axis (so every part's cells, and their labels, carry it) and is
         kept in ``decided`` with its reason, which each cell's trace then records.
         """
-        from ..resolve import resolve_engine
+        from ..registry import Runner
 
         free = [a for a in axes() if settings_class(a) is EngineSettings and getattr(self.engine, a) is None
                 and set(self.axis_values(a)) == {None} and all(set(p.get(a, [None])) == {None} for p in self.parts)]
         if not free:
             return []
-        _, decisions = resolve_engine(replace(self.engine, **{a: None for a in free}), backend=self.backend,
-                                      measure=measure)
+        _, decisions = Runner.resolve_settings(replace(self.engine, **{a: None for a in free}), backend=self.backend,
+                                               measure=measure)
         out = [d for d in decisions if d.setting in free]
         for d in out:
             self.set_axis(d.setting, [d.value])

@@ -26,7 +26,7 @@ from ..errors import EngineCrashed, SpecviewError
 from ..eta import duration_text
 from ..kernels.evidence import environment_differences
 from ..registry import Runner
-from ..resolve import Resolved
+from ..resolve import Resolved, record_decisions
 from ..trace import Trace
 from .result import ItemOutcome, QualityResult
 from .score import Score, prompt_for, score
@@ -97,7 +97,7 @@ def run_quality(
     naming what differs, for another suite, other settings, or another machine, build or thread count).
     ``diagnose``: one of :data:`DIAGNOSE_CHOICES`.
     """
-    resolved = base_config if isinstance(base_config, Resolved) else Resolved(base_config)
+    resolved = base_config if isinstance(base_config, Resolved) else Runner.resolve(base_config)
     cfg0 = resolved.config
     if diagnose not in DIAGNOSE_CHOICES:
         raise QualityError(f"--diagnose must be one of {', '.join(DIAGNOSE_CHOICES)} (got {diagnose!r})")
@@ -166,7 +166,7 @@ def _run_item(runner: Runner, resolved: Resolved, cfg0: RunConfig, item: Item, p
     cfg = replace(cfg0, prompt=prompt_for(item, cfg0.chat), prompt_tokens=None)
     tpath = tdir / f"{pos + 1:03d}-{re.sub(r'[^A-Za-z0-9_.-]+', '_', item.id)}.json" if tdir is not None else None
     try:
-        trace = Resolved(cfg, resolved.decisions).record(runner.run(cfg, cancel=cancel))
+        trace = record_decisions(runner.run(cfg, cancel=cancel), resolved.decisions)
     except SpecviewError as exc:
         if cancel():
             raise _Interrupted from None

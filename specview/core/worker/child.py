@@ -188,7 +188,7 @@ def _perform(session: Any, req: Request, calls: _Calls) -> Any:
     """What ``req`` asks of the Session (or, for a :class:`~.wire.Call`, of a plain function)."""
     cid = req.cid
     if isinstance(req, Run):
-        return session.run(req.cfg, on_record=lambda kind, value: calls.send(Record(cid, kind, value)),
+        return session.run_resolved(req.cfg, on_record=lambda kind, value: calls.send(Record(cid, kind, value)),
                            **_bind(req.kwargs, cid, calls))
     if isinstance(req, Diagnose):
         result = session.diagnose(req.trace, req.cfg, **_bind(req.kwargs, cid, calls))
@@ -197,7 +197,7 @@ def _perform(session: Any, req: Request, calls: _Calls) -> Any:
         session.preload(req.cfg)
         return None
     if isinstance(req, Job):
-        return function_at(req.module, req.qualname)(session, *req.args, **_bind(req.kwargs, cid, calls))
+        return session.run_job(function_at(req.module, req.qualname), req.args, _bind(req.kwargs, cid, calls))
     if isinstance(req, Call):
         return function_at(req.module, req.qualname)(*req.args, **_bind(req.kwargs, cid, calls))
     raise TypeError(f"unknown worker request {type(req).__name__}")

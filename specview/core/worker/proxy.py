@@ -361,10 +361,9 @@ class WorkerRunner(Runner):
             return None
 
     # -- the Runner interface ---------------------------------------------------------------------
-    def run(self, cfg: Any, *, on_event: Any = None, cancel: Any = None, reuse_vanilla: bool = True) -> Any:
-        from ..resolve import resolve
-
-        resolved = resolve(cfg)  # here, where a probe can run in a worker of its own: the Session gets it decided
+    def run_resolved(self, resolved: Any, *, on_event: Any = None, cancel: Any = None,
+                     reuse_vanilla: bool = True) -> Any:
+        # resolved here (Runner.run), where a probe can run in a worker of its own: the Session gets it decided
         cfg = resolved.config
         got = _Partial(cfg)
 
@@ -376,7 +375,7 @@ class WorkerRunner(Runner):
         def partial(crash: dict[str, Any]) -> Any:
             return resolved.record(got.trace(crash))
 
-        return resolved.record(self._request(lambda cid, kw: Run(cid, cfg, kw),
+        return resolved.record(self._request(lambda cid, kw: Run(cid, resolved, kw),
                                              {"on_event": events, "cancel": cancel, "reuse_vanilla": reuse_vanilla},
                                              during=f"running {cfg.target}", env=self._env(cfg.engine),
                                              settings=cfg.engine, on_record=got.record, crash_trace=partial))
@@ -391,12 +390,13 @@ class WorkerRunner(Runner):
         return result
 
     def preload(self, cfg: Any) -> None:
+        cfg = self.resolve(cfg).config
         self._request(lambda cid, kw: Preload(cid, cfg), {}, during=f"loading {cfg.target}",
                       env=self._env(cfg.engine), settings=cfg.engine)
 
-    def job(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def run_job(self, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
         """``fn(session, *args, **kwargs)`` in the worker; the engine settings it runs on are passed by name,
-        ``settings=`` (an EngineSettings, or a list of them: the first decides the worker's environment)."""
+        ``settings=`` (resolved by :meth:`Runner.job`; one, or a list: the first decides the worker's environment)."""
         module, qualname = _named(fn)
         settings = _engine_settings(kwargs.get("settings"))
         return self._request(lambda cid, kw: Job(cid, module, qualname, args, kw), kwargs,

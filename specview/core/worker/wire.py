@@ -41,7 +41,8 @@ class _Message:
 # -- parent to child -------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Run(_Message):
-    """``Session.run(cfg, **kwargs)``; the head and each finished arm come back as :class:`Record`."""
+    """``Session.run_resolved(cfg, **kwargs)`` (``cfg`` a :class:`~specview.core.resolve.Resolved`, decided in the
+    parent); the head and each finished arm come back as :class:`Record`."""
 
     cid: int
     cfg: Any
