@@ -26,6 +26,7 @@ def test_the_probe_through_a_worker(monkeypatch, tmp_path):
 
 def test_a_crash_in_the_worker_is_cached_and_makes_no_repack_the_default(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECVIEW_CACHE", str(tmp_path))
+    monkeypatch.delenv("SPECVIEW_REPACK_PROBE", raising=False)  # the probe cache planted here, not the variable
     monkeypatch.setattr(probe, "probe_needed", lambda flags=None: True)
 
     def isolate(fn, *args, timeout=None):  # the probe's worker, dying as it does on an AMX CPU

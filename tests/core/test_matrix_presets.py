@@ -400,6 +400,7 @@ def test_this_machines_no_repack_default_reaches_every_part(monkeypatch, tmp_pat
     from specview.backends.llama_cpp import probe
 
     monkeypatch.setenv("SPECVIEW_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("SPECVIEW_REPACK_PROBE", raising=False)  # the probe cache planted here, not the variable
     monkeypatch.setattr(probe, "probe_needed", lambda flags=None: True)
     probe.CACHE.put(probe.identity_key(probe.build_identity()), {"crashed": True, "signal": "SIGSEGV"})
     assert cli.main(["matrix", "--preset", "lfm2-draft", "--dry-run"]) == 0

@@ -24,6 +24,7 @@ _initialised = False
 _log_lines: collections.deque[str] = collections.deque(maxlen=2000)  # a model load logs a line per layer
 _log_cb = None  # keep the ctypes callback alive
 _vk_lines: list[str] = []  # what ggml-vulkan said of its devices when it started (printed once per process)
+_repack_lines: list[str] = []  # "CPU_REPACK model buffer" lines of loads not yet checked (kept past clear_log())
 _ENV: dict[str, Any] | None = None
 
 
@@ -52,6 +53,8 @@ def _init() -> Any:
                     _log_lines.append(line)
                     if line.startswith("ggml_vulkan: "):  # the device lines, kept past clear_log()
                         _vk_lines.append(line)
+                    elif "CPU_REPACK" in line and "buffer" in line:
+                        _repack_lines.append(line.strip())
                 except Exception:
                     pass
 
@@ -60,6 +63,14 @@ def _init() -> Any:
             ll.llama_backend_init()
             _initialised = True
     return ll
+
+
+def take_repack_lines() -> list[str]:
+    """The repacked-buffer lines llama.cpp logged since the last call (every load in this process, whoever made
+    it), and forget them: a model loaded with repacked weights leaves one here."""
+    out = list(_repack_lines)
+    del _repack_lines[: len(out)]
+    return out
 
 
 def clear_log() -> None:

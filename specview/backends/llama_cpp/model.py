@@ -13,7 +13,8 @@ from typing import Any, Sequence
 from ...core import activity
 from ...core.engine import VocabInfo
 from ...core.errors import ModelFileError, SpecviewError
-from .lib import _init, clear_log, log_lines, recent_log
+from .lib import _init, clear_log, log_lines, recent_log, take_repack_lines
+from .plant import check_repacked_load
 
 GGUF_MAGIC = b"GGUF"
 _VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2", 7: "test"}
@@ -122,7 +123,15 @@ class LlamaModel:
                 f"this llama.cpp build does not know).\nllama.cpp said:\n{recent_log(6)}"
             )
         self.load_seconds = time.perf_counter() - t0
-        self.layer_devices = layer_placement(log_lines())
+        load_log = log_lines()
+        self.layer_devices = layer_placement(load_log)
+        take_repack_lines()  # this load's are checked here, not by whoever asks next
+        if not vocab_only:
+            try:
+                check_repacked_load(self.path, load_log)
+            except SpecviewError:
+                ll.llama_model_free(model)
+                raise
         self.ptr = model
         self.vocab_ptr = ll.llama_model_get_vocab(model)
         self._vocab: VocabInfo | None = None

@@ -13,6 +13,14 @@ only, and its result is cached per llama.cpp build and CPU.  The probe is
 needed, and run, only on x86 CPUs with AMX; elsewhere the question does not
 arise.  Where it crashed, runs default to no repack (:func:`repack_decision`)
 and say so; an explicit ``--no-repack`` / ``--repack`` always wins.
+
+``$SPECVIEW_REPACK_PROBE`` plants the probe's result on any CPU: ``crashed``
+makes this machine decide what an AMX machine decides (no repack), and a
+model load that still gets repacked weights (a ``CPU_REPACK`` buffer) fails
+as the first multi-token pass would there (:func:`check_repacked_load`);
+``ok`` plants a probe that ran fine.  The test suite runs once more with
+``crashed`` so a test that loads a model past the resolution fails on every
+CPU, not only on the ones that crash.
 """
 
 from __future__ import annotations
@@ -29,7 +37,9 @@ from ...core.doctor import AMX_FLAGS, cpu_flags, cpu_name, has_amx, is_x86
 from ...core.errors import EngineCrashed, SpecviewError
 from ...core.facts import Fact
 from ...core.paths import cache_dir
+from ...core.registry import Runner
 from ...core.resolve import Decision
+from .plant import PLANT_VARIABLE, planted, planted_result
 
 #: the engines whose weights llama.cpp's CPU backend repacks (both run the same ggml code)
 LLAMA_ENGINES = ("llama.cpp", "llama-server")
@@ -79,8 +89,8 @@ def identity_key(identity: dict[str, Any]) -> str:
 
 
 def probe_needed(flags: frozenset[str] | None = None) -> bool:
-    """Only x86 CPUs with AMX meet the crash; everywhere else the probe is not run."""
-    return is_x86() and has_amx(cpu_flags() if flags is None else flags)
+    """Only x86 CPUs with AMX meet the crash; everywhere else the probe is not run (a planted result stands in)."""
+    return planted() is not None or (is_x86() and has_amx(cpu_flags() if flags is None else flags))
 
 
 # -- the probe itself (run in a worker) -----------------------------------------------------------
@@ -114,7 +124,10 @@ def probe_multi_token_decode(path_or_demo: str | os.PathLike[str] | None = None,
         path = demo.resolve(str(path_or_demo))
     model = LlamaModel(path, gpu_layers=0, no_repack=False)
     try:
-        eng = LlamaEngine(model, EngineSettings(gpu_layers=0, n_batch=64, n_ubatch=64), n_ctx=256)
+        # every setting given (repacking on, as the probe must test it): nothing is left for a decision to make
+        settings = Runner.resolve_settings(EngineSettings(gpu_layers=0, n_batch=64, n_ubatch=64, no_repack=False,
+                                                          rollback="auto"), backend="llama.cpp", measure=False)[0]
+        eng = LlamaEngine(model, settings, n_ctx=256)
         try:
             toks = model.tokenize("The quick brown fox jumps over the lazy dog")[:n_tokens]
             while len(toks) < n_tokens:
@@ -172,7 +185,11 @@ CACHE = ProbeCache(CACHE_NAME)
 
 
 def cached_result(identity: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """The probe's cached result for this build and CPU, or None when it has not run here."""
+    """The probe's cached result for this build and CPU (the planted one, where one is), or None when it has not
+    run here."""
+    plant = planted_result()
+    if plant is not None:
+        return plant
     return CACHE.get(identity_key(identity or build_identity()))
 
 
@@ -209,6 +226,10 @@ def probe_result(*, run: bool = True) -> dict[str, Any] | None:
 def reason_text(result: dict[str, Any]) -> str:
     """The one line a run prints and records when the probe's crash made it default to no repack."""
     sig = result.get("signal") or f"exit {result.get('exitcode')}"
+    if result.get("planted"):
+        return (f"no repack by default: ${PLANT_VARIABLE}=crashed plants a {result.get('n_tokens', PROBE_TOKENS)}-"
+                f"token decode of repacked weights that crashed ({sig}; the AMX bug, {UPSTREAM}); --repack turns "
+                "repacking back on")
     return (f"no repack by default: a {result.get('n_tokens', PROBE_TOKENS)}-token decode of a quantized model "
             f"with repacked weights crashed this llama.cpp build on this CPU ({sig}; the AMX bug, {UPSTREAM}); "
             "--repack turns repacking back on")
