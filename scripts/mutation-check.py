@@ -156,8 +156,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "one resolution: what the machine decides (no repack where the probe crashed) is dropped",
         "specview/core/resolve.py",
-        "            if get_setting(cfg, d.setting) is None:",
-        "            if False:",
+        "            elif get_setting(cfg, d.setting) is None:",
+        "            elif False:",
         ("tests/core/test_repack.py::test_the_reason_travels_with_the_resolved_config_not_on_the_settings",),
     ),
     Mutation(

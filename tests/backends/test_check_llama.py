@@ -24,6 +24,7 @@ from specview.core import reference
 from specview.core.config import EngineSettings, RunConfig
 from specview.core.registry import get_backend, register_backend, unregister_backend
 from specview.core.session import Session
+import door
 
 PROMPT = "the cat sat on the"
 
@@ -68,7 +69,7 @@ def test_check_on_a_tiny_gguf_at_one_thread_against_two(tiny_target, capsys):
     assert (r["reference_label"], r["test_label"]) == ("1 thread", "2 threads")
     # every position of the prompt and of the 8 greedy tokens but the last is compared, each with finite logits
     with Session() as s:
-        n_prompt = len(s.model("llama.cpp", str(tiny_target), EngineSettings()).tokenize(PROMPT))
+        n_prompt = len(s.model("llama.cpp", str(tiny_target), door.settings()).tokenize(PROMPT))
     assert r["totals"]["positions"] == n_prompt + 8 - 1 and r["totals"]["non_finite"] == 0
     # F32 weights: two thread splits round differently only in the last bits
     assert r["totals"]["same_top1"] == 1.0 and r["totals"]["kl_mean"] < 1e-6, r["totals"]

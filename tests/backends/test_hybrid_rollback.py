@@ -135,8 +135,8 @@ def test_the_teacher_forced_replay_rebuilds_a_hybrid_arm_bit_for_bit(pairs, arch
     try:
         trace = session.run(cfg)
         s = trace.speculative
-        target = session.model(cfg.backend, cfg.target, cfg.engine)
-        eng = session.engine("replay-check", target, cfg.engine, 512)
+        target = session.model(cfg.backend, cfg.target, session.resolve(cfg).settings)
+        eng = session.engine("replay-check", target, session.resolve(cfg).settings, 512)
         check = ArmCheck(s)
         upto = len(s.tokens) - 1
         for j, row, meta in spec_rows(eng, list(trace.prompt["tokens"]), cfg.engine.n_batch, s, upto,

@@ -60,7 +60,7 @@ def both(pairs):
                     cfg = RunConfig(target=str(target), draft=str(draft), prompt=prompt, chat=False, max_tokens=N,
                                     ignore_eos=True, n_max=3, engine=EngineSettings(threads=1, n_ctx=512))
                     local = session.run(cfg)
-                    eog = session.model(cfg.backend, cfg.target, cfg.engine).vocab.eog
+                    eog = session.model(cfg.backend, cfg.target, session.resolve(cfg).settings).vocab.eog
                     if eog & set(local.vanilla.tokens):
                         continue
                     served = runner.run(replace(cfg, backend="llama-server", prompt=None,

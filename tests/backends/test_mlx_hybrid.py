@@ -337,7 +337,7 @@ def test_a_planted_restore_fault_reads_state(arch, plant, folders, monkeypatch):
         assert not tr.comparison.identical  # the faulty restore changed the speculative text
         restored = sum(r.rollback == "checkpoint" for r in tr.speculative.rounds)
         assert restored > 0 and made["speculative"].rollbacks >= restored  # the planted restore ran
-        d = diagnose(s, cfg, tr)
+        d = diagnose(s, s.resolve(cfg).config, tr)
     finally:
         s.close()
     assert d["verdict"] == "state" and d["rule"] == "serial-verify-differs", d["explanation"]

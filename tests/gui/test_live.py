@@ -116,9 +116,9 @@ def test_run_streams_both_arms_and_marks_the_fork(qtbot, win, fork):
     cfg = win.build_config()
     sess = Session()
     try:
-        target = sess.model(cfg.backend, cfg.target, cfg.engine)
+        target = sess.model(cfg.backend, cfg.target, sess.resolve(cfg).settings)
         toks = sess.prompt_tokens(cfg, target)
-        eng = sess.engine("check", target, cfg.engine, sess.context_size(cfg, len(toks), target))
+        eng = sess.engine("check", target, sess.resolve(cfg).settings, sess.context_size(cfg, len(toks), target))
         ref = run_to_end(vanilla_greedy(eng, toks, GenOptions(max_tokens=cfg.max_tokens)))
     finally:
         sess.close()
