@@ -110,7 +110,10 @@ def measure(quants: list[str], settings: dict[str, Any], *, positions: int = POS
     from ...core.prompts import PromptSpec
     from ...core.session import Session
 
-    eng = EngineSettings.from_dict(settings)
+    from ...core.registry import Runner
+
+    # the settings the decision is made for, every one given (nothing is left for a decision to make here)
+    eng = Runner.resolve_settings(EngineSettings.from_dict(settings), backend="llama.cpp", measure=False)[0]
     out: dict[str, dict[str, Any]] = {}
     session = Session()
     try:
