@@ -263,62 +263,43 @@ def _picked(resp: dict[str, Any], ids: list[int]) -> int | None:
 
 
 # -- the diagnosis ------------------------------------------------------------------------------
-def diagnose_run(runner: ServerRunner, trace: Trace, cfg: Any, *, progress: ProgressFn | None = None,
-                 cancel: Callable[[], bool] | None = None) -> dict[str, Any]:
-    """Explain the trace's fork (or confirm there is none) on the runner's servers; sets ``trace.diagnosis``.
-
-    The result has core's diagnosis schema (``verdict``, ``rule``, ``fork``,
-    ``gap``, ``serial_verify``, ``envelope``, ``thresholds``, ``replays`` ...)
-    so :func:`specview.core.diagnose.format_verdict` prints it, plus
-    ``outside``: every repeat and shape replay with its shape, and what could
-    not be measured from outside the server.
-    """
-    say = progress or (lambda msg: None)
-    cancel = cancel or (lambda: False)
-    t_start = time.perf_counter()
-    comp, v, s = trace.comparison, trace.vanilla, trace.speculative
+def _blank_diagnosis() -> dict[str, Any]:
+    """Core's diagnosis keys (and ``outside``) in their printed order, each empty until a step fills it."""
     thresholds: dict[str, Any] = {"logit_tol": LOGIT_TOL, "far_factor": FAR_FACTOR, "far_floor": FAR_FLOOR,
                                   "near_tie": None, "far": None, "at_risk": None}
-    d: dict[str, Any] = {
+    return {
         "version": SCHEMA_VERSION, "method": METHOD, "verdict": None, "rule": None, "fork": None,
         "vanilla_token": None, "speculative_token": None, "vanilla_piece": None, "speculative_piece": None,
         "gap": None, "gap_is_lower_bound": False, "envelope": None, "at_risk": None, "thresholds": thresholds,
         "replays": None, "serial_verify": None, "controls": None, "outside": None, "explanation": "", "seconds": None,
     }
-    require_complete(trace)
-    if comp.identical:
-        d["verdict"], d["rule"] = classify(identical=True)
-        d["explanation"] = identical_words(trace)
-        d["seconds"] = round(time.perf_counter() - t_start, 3)
-        trace.diagnosis = d
-        return d
-    fm = fork_of(trace)
-    i, a, b = fm.index, int(fm.vanilla_token), int(fm.speculative_token)
-    d.update(fork_fields(fm))
-    plan = runner.plan(cfg)
-    top_k = max(int(trace.config.get("top_k") or 8), 2)
-    n = int(trace.config.get("max_tokens") or len(v.tokens))
-    not_measured = [
-        "the speculative server's verify rows themselves: llama-server reports no top-k for tokens its verify "
-        "step emits, so the gap in the speculative shape comes from a replay in the nearest shape",
-        "the speculative server's KV state: it cannot be read from outside, so a state fault that only moves "
-        "logits a little shows only through the serial-verify control",
-    ]
-    outside: dict[str, Any] = {"not_measured": not_measured}
 
-    # 1. determinism: each arm's own request(s) again, on a fresh slot
+
+def _finish(d: dict[str, Any], trace: Trace, t_start: float) -> dict[str, Any]:
+    d["seconds"] = round(time.perf_counter() - t_start, 3)
+    trace.diagnosis = d
+    return d
+
+
+def _repeats(runner: ServerRunner, plan: Plan, trace: Trace, i: int, n: int, say: ProgressFn,
+             cancel: Callable[[], bool]) -> tuple[dict[str, Any], ArmResult, dict[str, Any]]:
+    """Determinism: each arm's own request(s) again, on a fresh slot; (vanilla repeat, its arm, speculative repeat)."""
     say(f"repeating the vanilla arm's requests up to the fork (token {i})")
     _cancel_check(cancel)
     vagain, vshape = vanilla_repeat(runner, plan, trace, i + 1, cancel)
-    vrep = {**vshape, **compare_repeat(v, vagain, i)}
+    vrep = {**vshape, **compare_repeat(trace.vanilla, vagain, i)}
     say("repeating the speculative arm's request")
     _cancel_check(cancel)
     sagain, sshape = speculative_repeat(runner, plan, trace, min(n, i + 1 + REPEAT_MARGIN), cancel)
-    sfirst = _first_difference(s.tokens[:i + 1], sagain.tokens[:i + 1])
+    sfirst = _first_difference(trace.speculative.tokens[:i + 1], sagain.tokens[:i + 1])
     srep = {**sshape, "identical": sfirst is None, "first_mismatch": sfirst, "positions": i + 1}
-    outside.update(vanilla_repeat=vrep, speculative_repeat=srep)
+    return vrep, vagain, srep
 
-    # 2. the serial-verify control
+
+def _control(runner: ServerRunner, plan: Plan, trace: Trace, i: int, vrep: dict[str, Any], say: ProgressFn,
+             cancel: Callable[[], bool]) -> dict[str, Any]:
+    """The serial-verify control: the run itself when it had -ub 1, else a -ub 1 server where the spec type allows."""
+    v, s = trace.vanilla, trace.speculative
     if plan.ubatch == 1:
         sv = {"form": "ub1-server", "identical_to_vanilla": False, "first_mismatch": i, "n_tokens": len(v.tokens),
               "n_drafted": s.n_drafted, "n_accepted": s.n_accepted, "skipped": None,
@@ -336,23 +317,31 @@ def diagnose_run(runner: ServerRunner, trace: Trace, cfg: Any, *, progress: Prog
         except SpecviewError as exc:
             sv = {"form": "ub1-server", "identical_to_vanilla": None, "skipped": f"the -ub 1 server failed: {exc}"}
     sv["vanilla_repeat"] = {"identical": vrep["identical"], "first_mismatch": vrep["first_mismatch"]}
-    d["serial_verify"] = sv
+    return sv
 
-    # 3. shape replays on the run's own server: evidence about shapes
+
+def _shapes(runner: ServerRunner, plan: Plan, trace: Trace, i: int, a: int, b: int, top_k: int,
+            not_measured: list[str], say: ProgressFn, cancel: Callable[[], bool]
+            ) -> tuple[dict[str, Any], int | None]:
+    """Shape replays on the run's own server (evidence about shapes); (the replays, the fork's verify row)."""
+    s = trace.speculative
     fork_step = s.steps[i] if i < len(s.steps) else None
     row = fork_step.batch_index if fork_step is not None and fork_step.batch_index is not None else None
     n_max = int(trace.config.get("n_max") or 3)
     shapes = sorted(set(range(2, max(2, n_max + 1) + 1)) | ({row + 1} if row else set()))
     say(f"replaying the fork in other shapes (T = {', '.join(map(str, shapes))})")
     srv, _ = runner.server(plan, "speculative", cancel=cancel)
-    reps = shape_replays(srv, plan.tokens, v, i, a, b, shapes, top_k, cancel)
-    outside["shapes"] = reps
+    reps = shape_replays(srv, plan.tokens, trace.vanilla, i, a, b, shapes, top_k, cancel)
     off = [x["T"] for x in reps["at_fork"] if x["evaluated"] is not None and x["evaluated"] != x["T"]]
     if off:
         not_measured.append(f"the one-pass replays with T = {', '.join(map(str, off))}: the server evaluated another "
                             "number of tokens (it reused its cache differently)")
+    return reps, row
 
-    # 4. the gap, the envelope, the thresholds
+
+def _gap_and_envelope(d: dict[str, Any], v: ArmResult, i: int, a: int, b: int, reps: dict[str, Any], top_k: int,
+                      not_measured: list[str]) -> tuple[float | None, bool, float | None]:
+    """The gap at the fork, the envelope and the thresholds, into ``d``; (gap, gap is a lower bound, envelope max)."""
     vst = v.steps[i]
     gap, lower = _gap(vst.top_ids, vst.top_logits, a, b)
     if gap is None:
@@ -371,15 +360,20 @@ def diagnose_run(runner: ServerRunner, trace: Trace, cfg: Any, *, progress: Prog
                      "measure": "largest change of log-probability differences (logit differences) between the "
                                 "vanilla arm's one-token rows and the same rows computed in T-token passes",
                      "series": reps["series"]}
+    thresholds = d["thresholds"]
     if env_max is not None:
         thresholds.update(near_tie=_r(env_max), far=_r(far_threshold(env_max)), at_risk=_r(env_max))
         d["at_risk"] = at_risk_positions([st.margin for st in v.steps], env_max)
     else:
         thresholds["far"] = _r(far_threshold(None))
+    return gap, lower, env_max
 
-    # 5. the verdict, by core's rules
+
+def _verdict(vrep: dict[str, Any], srep: dict[str, Any], sv: dict[str, Any], gap: float | None, lower: bool,
+             env_max: float | None, not_measured: list[str]) -> tuple[str | None, str | None]:
+    """The verdict by core's rules, or (None, None) when neither the control nor the gap was measured."""
     try:
-        verdict, rule = classify(
+        return classify(
             identical=False,
             vanilla_repeat_identical=vrep["identical"],
             spec_reproduced=srep["identical"],
@@ -389,15 +383,54 @@ def diagnose_run(runner: ServerRunner, trace: Trace, cfg: Any, *, progress: Prog
             env_max=env_max,
         )
     except ValueError:
-        verdict, rule = None, None
         not_measured.append("a verdict: neither the serial-verify control nor the gap at the fork could be measured")
-    d["verdict"], d["rule"] = verdict, rule
+        return None, None
+
+
+def diagnose_run(runner: ServerRunner, trace: Trace, cfg: Any, *, progress: ProgressFn | None = None,
+                 cancel: Callable[[], bool] | None = None) -> dict[str, Any]:
+    """Explain the trace's fork (or confirm there is none) on the runner's servers; sets ``trace.diagnosis``.
+
+    The result has core's diagnosis schema (``verdict``, ``rule``, ``fork``,
+    ``gap``, ``serial_verify``, ``envelope``, ``thresholds``, ``replays`` ...)
+    so :func:`specview.core.diagnose.format_verdict` prints it, plus
+    ``outside``: every repeat and shape replay with its shape, and what could
+    not be measured from outside the server.
+    """
+    say = progress or (lambda msg: None)
+    cancel = cancel or (lambda: False)
+    t_start = time.perf_counter()
+    v = trace.vanilla
+    d = _blank_diagnosis()
+    require_complete(trace)
+    if trace.comparison.identical:
+        d["verdict"], d["rule"] = classify(identical=True)
+        d["explanation"] = identical_words(trace)
+        return _finish(d, trace, t_start)
+    fm = fork_of(trace)
+    i, a, b = fm.index, int(fm.vanilla_token), int(fm.speculative_token)
+    d.update(fork_fields(fm))
+    plan = runner.plan(cfg)
+    top_k = max(int(trace.config.get("top_k") or 8), 2)
+    n = int(trace.config.get("max_tokens") or len(v.tokens))
+    not_measured = [
+        "the speculative server's verify rows themselves: llama-server reports no top-k for tokens its verify "
+        "step emits, so the gap in the speculative shape comes from a replay in the nearest shape",
+        "the speculative server's KV state: it cannot be read from outside, so a state fault that only moves "
+        "logits a little shows only through the serial-verify control",
+    ]
+    outside: dict[str, Any] = {"not_measured": not_measured}
+    vrep, vagain, srep = _repeats(runner, plan, trace, i, n, say, cancel)
+    outside.update(vanilla_repeat=vrep, speculative_repeat=srep)
+    d["serial_verify"] = sv = _control(runner, plan, trace, i, vrep, say, cancel)
+    reps, row = _shapes(runner, plan, trace, i, a, b, top_k, not_measured, say, cancel)
+    outside["shapes"] = reps
+    gap, lower, env_max = _gap_and_envelope(d, v, i, a, b, reps, top_k, not_measured)
+    d["verdict"], d["rule"] = _verdict(vrep, srep, sv, gap, lower, env_max, not_measured)
     d["replays"] = _printable_replays(vrep, vagain, reps, i, a, b, gap, lower, row)
     d["outside"] = outside
     d["explanation"] = explain_outside(d, trace)
-    d["seconds"] = round(time.perf_counter() - t_start, 3)
-    trace.diagnosis = d
-    return d
+    return _finish(d, trace, t_start)
 
 
 def _printable_replays(vrep: dict[str, Any], vagain: ArmResult, reps: dict[str, Any], i: int, a: int, b: int,
