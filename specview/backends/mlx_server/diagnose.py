@@ -35,6 +35,7 @@ same settings (prefill chunk, KV cache, ``num_draft_tokens``, ``max_tokens``):
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -217,47 +218,56 @@ def _r(x: float | None, nd: int = 5) -> float | None:
     return None if x is None else round(float(x), nd)
 
 
-def diagnose_from_outside(target: Any, draft: Any, trace: Trace, ls: LoopSettings, *,
-                          progress: ProgressFn | None = None, cancel: CancelFn | None = None) -> dict[str, Any]:
-    """Explain an mlx_lm.server trace's fork; ``target``/``draft`` are the in-process mlx-lm models
-    (``nn.Module``) of the same folders (``draft`` None for a run without a draft model)."""
-    say = progress or (lambda msg: None)
-    cancel = cancel or (lambda: False)
-    t_start = time.perf_counter()
-    v, s, comp = trace.vanilla, trace.speculative, trace.comparison
-    require_complete(trace)
-    top_k = int(trace.config.get("top_k") or 8)
-    prompt = [int(t) for t in trace.prompt["tokens"]]
+def _blank_result() -> dict[str, Any]:
+    """Core's diagnosis keys (and ``not_measured``) in their printed order, each empty until a step fills it."""
     thresholds: dict[str, Any] = {"logit_tol": LOGIT_TOL, "far_factor": FAR_FACTOR, "far_floor": FAR_FLOOR,
                                   "near_tie": None, "far": None, "at_risk": None}
-    result: dict[str, Any] = {
+    return {
         "version": SCHEMA_VERSION, "method": METHOD, "verdict": None, "rule": None, "fork": None,
         "vanilla_token": None, "speculative_token": None, "vanilla_piece": None, "speculative_piece": None,
         "gap": None, "envelope": None, "at_risk": None, "thresholds": thresholds, "replays": None,
         "serial_verify": None, "reference": None, "controls": None, "not_measured": list(NOT_MEASURED),
         "explanation": "", "seconds": None,
     }
-    if comp.identical:
-        result["verdict"], result["rule"] = classify(identical=True)
-        from ...core.diagnose.words import identical_words
 
-        result["explanation"] = identical_words(trace)
-        result["seconds"] = round(time.perf_counter() - t_start, 3)
-        return result
-    fm = fork_of(trace)
-    fork, a, b = fm.index, int(fm.vanilla_token), int(fm.speculative_token)
-    result.update(fork_fields(fm))
 
-    # -- the two loops in process, up to the fork
+def _vanilla_check(arm: ArmResult, target: Any, prompt: list[int], ls: LoopSettings, upto: int,
+                   cancel: CancelFn) -> _Check:
+    check = _Check(arm)
+    for j, (tok, row) in enumerate(vanilla_rows(target, prompt, ls, upto, cancel)):
+        check.see(j, tok, row)
+    return check
+
+
+def _speculative_check(arm: ArmResult, target: Any, draft: Any, prompt: list[int], ls: LoopSettings, upto: int,
+                       cancel: CancelFn) -> _Check:
+    check = _Check(arm)
+    for j, (tok, row, shape) in enumerate(speculative_rows(target, draft, prompt, ls, upto, cancel)):
+        check.see(j, tok, row, shape)
+    return check
+
+
+@dataclass
+class _Loops:
+    """mlx-lm's two loops re-run in process up to the fork, each compared with its arm."""
+
+    single: _Check
+    spec: _Check
+    reruns: dict[str, bool | None]
+    seconds: float
+
+
+def _run_loops(target: Any, draft: Any, trace: Trace, prompt: list[int], ls: LoopSettings, fork: int,
+               say: ProgressFn, cancel: CancelFn) -> _Loops:
+    """Both loops up to the fork; a loop that does not give back its arm is run once more (``reruns``)."""
+    v, s = trace.vanilla, trace.speculative
     t0 = time.perf_counter()
     say(f"re-running mlx-lm's vanilla and speculative loops in process up to token {fork}")
-    single, spec = _Check(v), _Check(s)
-    for j, (tok, row) in enumerate(vanilla_rows(target, prompt, ls, fork, cancel)):
-        single.see(j, tok, row)
+    single = _vanilla_check(v, target, prompt, ls, fork, cancel)
     if draft is not None:
-        for j, (tok, row, shape) in enumerate(speculative_rows(target, draft, prompt, ls, fork, cancel)):
-            spec.see(j, tok, row, shape)
+        spec = _speculative_check(s, target, draft, prompt, ls, fork, cancel)
     else:  # no draft model: the "speculative" arm was the same loop again
+        spec = _Check(s)
         for j, (tok, row) in enumerate(vanilla_rows(target, prompt, ls, fork, cancel)):
             spec.see(j, tok, row, {"round": 0, "from_draft": False, "batch_size": 1, "batch_index": 0})
     if len(single.rows) <= fork or len(spec.rows) <= fork:
@@ -267,20 +277,17 @@ def diagnose_from_outside(target: Any, draft: Any, trace: Trace, ls: LoopSetting
     if not single.reproduced:
         say(f"the in-process vanilla loop differs from the server's vanilla arm at token {single.first_deviation}: "
             "running it again")
-        again = _Check(v)
-        for j, (tok, row) in enumerate(vanilla_rows(target, prompt, ls, fork, cancel)):
-            again.see(j, tok, row)
-        reruns["single"] = _same_run(single, again)
+        reruns["single"] = _same_run(single, _vanilla_check(v, target, prompt, ls, fork, cancel))
     if not spec.reproduced and draft is not None:
         say(f"the in-process speculative loop differs from the server's speculative arm at token "
             f"{spec.first_deviation}: running it again")
-        again = _Check(s)
-        for j, (tok, row, shape) in enumerate(speculative_rows(target, draft, prompt, ls, fork, cancel)):
-            again.see(j, tok, row, shape)
-        reruns["speculative"] = _same_run(spec, again)
-    seconds = round(time.perf_counter() - t0, 3)
+        reruns["speculative"] = _same_run(spec, _speculative_check(s, target, draft, prompt, ls, fork, cancel))
+    return _Loops(single, spec, reruns, round(time.perf_counter() - t0, 3))
 
-    # -- envelope and gap
+
+def _envelope(result: dict[str, Any], loops: _Loops, v: ArmResult, fork: int, top_k: int) -> float | None:
+    """The envelope before the fork and the thresholds it gives, into ``result``; returns its max."""
+    single, spec = loops.single, loops.spec
     series = [_shift(single.rows[j], spec.rows[j], top_k) for j in range(fork + 1)]
     stats = envelope_stats(series[:fork])
     result["envelope"] = {"max": _r(stats["max"]), "p95": _r(stats["p95"]), "median": _r(stats["median"]),
@@ -289,51 +296,90 @@ def diagnose_from_outside(target: Any, draft: Any, trace: Trace, ls: LoopSetting
                           "measure": "largest change of log-probability differences relative to the one-token "
                                      "top-1, between mlx-lm's vanilla and speculative loops, over the union of "
                                      "both rows' top-k"}
-    thresholds.update(near_tie=_r(stats["max"]), far=_r(far_threshold(stats["max"])), at_risk=_r(stats["max"]))
+    result["thresholds"].update(near_tie=_r(stats["max"]), far=_r(far_threshold(stats["max"])),
+                                at_risk=_r(stats["max"]))
     result["at_risk"] = at_risk_positions([st.margin for st in v.steps], stats["max"])
+    return stats["max"]
+
+
+def _arm_json(check: _Check, key: str, row: np.ndarray, own: int, other: int, shape_words: str, fork: int, a: int,
+              b: int, reruns: dict[str, bool | None]) -> dict[str, Any]:
+    tok = check.tokens[fork]
+    return {"shape": shape_words, "token": tok, "logit_a": _r(float(row[a])), "logit_b": _r(float(row[b])),
+            "gap": _r(float(row[own] - row[other])), "rank_a": rank_of(row, a), "rank_b": rank_of(row, b),
+            "reproduced": check.reproduced, "reproduces_token": tok == (a if key == "single" else b),
+            "first_deviation": check.first_deviation, "max_recorded_delta": _r(check.max_delta, 6),
+            "rerun_consistent": reruns[key]}
+
+
+def _replays(loops: _Loops, fork: int, a: int, b: int, has_draft: bool) -> dict[str, Any]:
+    """Core's ``replays`` block: the fork row of each loop, the speculative one with its verify pass's shape."""
+    single, spec, reruns = loops.single, loops.spec, loops.reruns
     r1, r2, shape = single.rows[fork], spec.rows[fork], spec.shapes[fork]
-    gap = float(r1[a] - r1[b])
-    result["gap"] = _r(gap)
-
-    def arm_json(check: _Check, key: str, row: np.ndarray, own: int, other: int, shape_words: str) -> dict[str, Any]:
-        tok = check.tokens[fork]
-        return {"shape": shape_words, "token": tok, "logit_a": _r(float(row[a])), "logit_b": _r(float(row[b])),
-                "gap": _r(float(row[own] - row[other])), "rank_a": rank_of(row, a), "rank_b": rank_of(row, b),
-                "reproduced": check.reproduced, "reproduces_token": tok == (a if key == "single" else b),
-                "first_deviation": check.first_deviation, "max_recorded_delta": _r(check.max_delta, 6),
-                "rerun_consistent": reruns[key]}
-
     spec_words = (f"row {shape['batch_index']} of the T={shape['batch_size']} verify pass of round {shape['round']}"
                   f"{', an accepted draft token' if shape.get('from_draft') else ''} (mlx-lm's loop in process)"
-                  if draft is not None else "one token per forward pass (no draft model)")
-    result["replays"] = {
-        "positions": fork + 1, "seconds": seconds,
-        "single": arm_json(single, "single", r1, a, b, "one token per forward pass (mlx-lm's generate_step)"),
-        "speculative": {**arm_json(spec, "speculative", r2, b, a, spec_words), **shape,
+                  if has_draft else "one token per forward pass (no draft model)")
+    return {
+        "positions": fork + 1, "seconds": loops.seconds,
+        "single": _arm_json(single, "single", r1, a, b, "one token per forward pass (mlx-lm's generate_step)",
+                            fork, a, b, reruns),
+        "speculative": {**_arm_json(spec, "speculative", r2, b, a, spec_words, fork, a, b, reruns), **shape,
                         "from_draft_flags": [bool(sh.get("from_draft")) for sh in spec.shapes]},
     }
 
-    # -- the serial-verify control
-    sv = None
-    if draft is not None and single.reproduced:
-        sv = _serial_verify(target, draft, prompt, ls, v, single, say, cancel)
-        result["serial_verify"] = sv
 
-    # -- the verdict
+def _verdict(result: dict[str, Any], loops: _Loops, gap: float, env_max: float | None,
+             sv: dict[str, Any] | None) -> tuple[str, str]:
+    """``inconclusive`` when this process cannot reproduce a vanilla arm that repeats itself, else core's rules."""
+    single, spec, reruns = loops.single, loops.spec, loops.reruns
     if not single.reproduced and reruns["single"]:
-        result["verdict"], result["rule"] = "inconclusive", "not-measured"
         result["not_measured"].append(
             f"whether the server's vanilla arm is what mlx-lm computes: this process does not reproduce it (first "
             f"at token {single.first_deviation}, up to {single.max_delta:.4f} in log-probability) although it "
             "repeats itself; the server runs another mlx or mlx-lm, or flags specview does not mirror")
-    else:
-        result["verdict"], result["rule"] = classify(
-            identical=False,
-            single_reproduced=single.reproduced, single_rerun_consistent=reruns["single"],
-            spec_reproduced=spec.reproduced, spec_rerun_consistent=reruns["speculative"],
-            gap=gap, env_max=stats["max"],
-            serial_verify_identical=None if sv is None else sv["identical_to_vanilla"],
-        )
+        return "inconclusive", "not-measured"
+    return classify(
+        identical=False,
+        single_reproduced=single.reproduced, single_rerun_consistent=reruns["single"],
+        spec_reproduced=spec.reproduced, spec_rerun_consistent=reruns["speculative"],
+        gap=gap, env_max=env_max,
+        serial_verify_identical=None if sv is None else sv["identical_to_vanilla"],
+    )
+
+
+def diagnose_from_outside(target: Any, draft: Any, trace: Trace, ls: LoopSettings, *,
+                          progress: ProgressFn | None = None, cancel: CancelFn | None = None) -> dict[str, Any]:
+    """Explain an mlx_lm.server trace's fork; ``target``/``draft`` are the in-process mlx-lm models
+    (``nn.Module``) of the same folders (``draft`` None for a run without a draft model)."""
+    say = progress or (lambda msg: None)
+    cancel = cancel or (lambda: False)
+    t_start = time.perf_counter()
+    v = trace.vanilla
+    require_complete(trace)
+    top_k = int(trace.config.get("top_k") or 8)
+    prompt = [int(t) for t in trace.prompt["tokens"]]
+    result = _blank_result()
+    if trace.comparison.identical:
+        result["verdict"], result["rule"] = classify(identical=True)
+        from ...core.diagnose.words import identical_words
+
+        result["explanation"] = identical_words(trace)
+        result["seconds"] = round(time.perf_counter() - t_start, 3)
+        return result
+    fm = fork_of(trace)
+    fork, a, b = fm.index, int(fm.vanilla_token), int(fm.speculative_token)
+    result.update(fork_fields(fm))
+    loops = _run_loops(target, draft, trace, prompt, ls, fork, say, cancel)
+    env_max = _envelope(result, loops, v, fork, top_k)
+    r1 = loops.single.rows[fork]
+    gap = float(r1[a] - r1[b])
+    result["gap"] = _r(gap)
+    result["replays"] = _replays(loops, fork, a, b, draft is not None)
+    sv = None
+    if draft is not None and loops.single.reproduced:
+        sv = _serial_verify(target, draft, prompt, ls, v, loops.single, say, cancel)
+        result["serial_verify"] = sv
+    result["verdict"], result["rule"] = _verdict(result, loops, gap, env_max, sv)
     result["explanation"] = _explain(result, trace)
     result["seconds"] = round(time.perf_counter() - t_start, 3)
     return result
