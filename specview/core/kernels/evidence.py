@@ -270,6 +270,112 @@ def reach_of(row: TargetMap) -> int | None:
     return max(len(p.prompt_tokens) + p.positions for p in row.prompts)
 
 
+def _not_covered(p: KernelPrediction, who: str, missing: str) -> KernelPrediction:
+    p.missing = [missing]
+    p.reason = f"the map does not cover {who}: {missing}"
+    return p
+
+
+def _matching_row(p: KernelPrediction, km: KernelMap, target: str, settings: EngineSettings,
+                  model: Mapping[str, Any] | None, backend: str | None, run_threads: int | None,
+                  who: str) -> tuple[TargetMap, str] | None:
+    """The map row of this run's engine, target, settings and thread count, and how the target matched ("file
+    facts" or "name"); None with ``p`` saying what the map lacks."""
+    if backend is not None and backend != km.backend:
+        _not_covered(p, who, f"the map was made on the {km.backend} engine, this run used {backend}")
+        return None
+    rows = [(r, how) for r in km.targets for ok, how in [same_target(r, target, model)] if ok]
+    if not rows:
+        have = ", ".join(t.label for t in km.targets) or "no rows"
+        _not_covered(p, who, f"no row for {target} (the map has {have})")
+        return None
+    by_settings = [(r, how) for r, how in rows if not settings_differences(settings, r.settings)]
+    if not by_settings:
+        nearest = min(rows, key=lambda rh: len(settings_differences(settings, rh[0].settings)))[0]
+        diffs = settings_differences(settings, nearest.settings)
+        _not_covered(p, who, f"{target} was not mapped under these settings ({'; '.join(diffs)})")
+        return None
+    if run_threads is None:
+        return by_settings[0]
+    exact = [(r, h) for r, h in by_settings if _threads(r.threads_used, r.settings.threads) == run_threads]
+    same = exact or [(r, h) for r, h in by_settings if _threads(r.threads_used, r.settings.threads) is None]
+    if not same:
+        mapped = sorted({_threads(r.threads_used, r.settings.threads) for r, _ in by_settings})
+        p.row = by_settings[0][0].label
+        _not_covered(p, who, f"the map ran {target} with {', '.join(map(str, mapped))} thread(s), this run with "
+                             f"{run_threads}: the width-1 control and the kernels' thread split are per thread count")
+        return None
+    return same[0]
+
+
+def _cite_row(p: KernelPrediction, km: KernelMap, row: TargetMap, how: str, target: str, run_threads: int | None,
+              environment: Mapping[str, Any] | None) -> None:
+    """The matched row's facts on ``p``, with a caveat for each way the match is weaker than it looks."""
+    p.row = row.label
+    p.safe_n_max = row.safe_n_max()
+    p.map_reach = reach_of(row)
+    row_threads = _threads(row.threads_used, row.settings.threads)
+    if how == "name":
+        p.caveats.append(f"{target} matched the map row {row.label} by name only: no file facts to compare")
+    if run_threads is None or row_threads is None:
+        p.caveats.append("the thread count was not recorded on both sides, so it was not compared")
+    env = environment_differences(km.environment, environment)
+    if env:
+        p.caveats.append("the map was made on another machine or build (" + "; ".join(env) + "): its kernels may "
+                         "not be this run's")
+
+
+def _judge_widths(p: KernelPrediction, row: TargetMap, widths: list[int], n_max: int, serial: bool,
+                  reach: int | None, who: str) -> KernelPrediction:
+    """The status the row's width-1 control and its widths in range give."""
+    w1 = row.widths.get(1)
+    if w1 is None or w1.rows == 0:
+        return _not_covered(p, who, f"width 1, the map's control, was not mapped for {row.label}")
+    if not row.deterministic:
+        p.status = NOT_DETERMINISTIC
+        p.evidence = row.evidence([1])
+        p.reason = (f"the map's width-1 control failed for {row.label} (the same single-token pass gave other bits "
+                    "after a rollback): it proves nothing for this target")
+        return p
+    measured = [w for w in widths if w in row.widths and row.widths[w].rows > 0]
+    absent = [w for w in widths if w not in measured]
+    differ = [w for w in measured if not row.widths[w].bit_identical]
+    p.evidence = row.evidence(measured)
+    span = "width 1 (serial verify: every verify row is its own single-token pass)" if serial else \
+        f"widths {ranges(widths)} (n_max {n_max})"
+    if differ:
+        return _kernels_differ(p, row, differ[0], span)
+    if absent:
+        mapped = sorted(row.widths)
+        were = "width {} was".format(absent[0]) if len(absent) == 1 else f"widths {ranges(absent)} were"
+        p.missing = [f"{were} not mapped for {row.label} (the map has widths {ranges(mapped)})"]
+        p.reason = f"the map does not cover {span} of {who}: {p.missing[0]}"
+        return p
+    p.status = PROVEN
+    p.reach = reach
+    if reach is not None and p.map_reach is not None and reach > p.map_reach:
+        p.caveats.append(f"{REACH_CAVEAT} {reach}, the map measured up to {p.map_reach}: beyond it the "
+                         "claim assumes the kernels do not change with the context length, which they can")
+    p.reason = (f"{row.label}: {span} bit-identical to single-token passes ({p.evidence}); batched numerics cannot "
+                "make the arms differ")
+    return p
+
+
+def _kernels_differ(p: KernelPrediction, row: TargetMap, w: int, span: str) -> KernelPrediction:
+    """``kernels-differ`` at width ``w``, the first in range that is not bit-identical, with its numbers."""
+    st = row.widths[w]
+    p.status = DIFFER
+    p.first_differing, p.identical_share = w, st.identical_share
+    p.max_delta = st.max_delta if st.max_delta == st.max_delta else None
+    p.flips = st.flips
+    stopped = " (measured up to its first difference)" if st.stopped else ""
+    p.reason = (f"the map finds width {w} differing from single-token passes for {row.label}: "
+                f"{100 * st.identical_share:.1f}% of its {st.rows} rows bit-identical{stopped}, max |Δ| "
+                f"{_num(p.max_delta)} logits, {st.flips} argmax flips; a fork at {span} is what the kernels "
+                "predict is possible")
+    return p
+
+
 def predict(
     kmap: KernelMap | Mapping[str, Any],
     target: str,
@@ -302,92 +408,12 @@ def predict(
                          settings=settings_label(settings), map_file=str(map_file) if map_file is not None else None)
     who = f"{target}" + (f" [{p.settings}]" if p.settings else "")
     run_threads = _threads(threads_used, settings.threads)
-
-    if backend is not None and backend != km.backend:
-        p.missing = [f"the map was made on the {km.backend} engine, this run used {backend}"]
-        p.reason = f"the map does not cover {who}: {p.missing[0]}"
+    matched = _matching_row(p, km, target, settings, model, backend, run_threads, who)
+    if matched is None:
         return p
-    rows = [(r, how) for r in km.targets for ok, how in [same_target(r, target, model)] if ok]
-    if not rows:
-        have = ", ".join(t.label for t in km.targets) or "no rows"
-        p.missing = [f"no row for {target} (the map has {have})"]
-        p.reason = f"the map does not cover {who}: {p.missing[0]}"
-        return p
-    by_settings = [(r, how) for r, how in rows if not settings_differences(settings, r.settings)]
-    if not by_settings:
-        nearest = min(rows, key=lambda rh: len(settings_differences(settings, rh[0].settings)))[0]
-        diffs = settings_differences(settings, nearest.settings)
-        p.missing = [f"{target} was not mapped under these settings ({'; '.join(diffs)})"]
-        p.reason = f"the map does not cover {who}: {p.missing[0]}"
-        return p
-    row, how = by_settings[0]
-    if run_threads is not None:
-        exact = [(r, h) for r, h in by_settings if _threads(r.threads_used, r.settings.threads) == run_threads]
-        same = exact or [(r, h) for r, h in by_settings if _threads(r.threads_used, r.settings.threads) is None]
-        if not same:
-            mapped = sorted({_threads(r.threads_used, r.settings.threads) for r, _ in by_settings})
-            p.missing = [f"the map ran {target} with {', '.join(map(str, mapped))} thread(s), this run with "
-                         f"{run_threads}: the width-1 control and the kernels' thread split are per thread count"]
-            p.row = by_settings[0][0].label
-            p.reason = f"the map does not cover {who}: {p.missing[0]}"
-            return p
-        row, how = same[0]
-    p.row = row.label
-    p.safe_n_max = row.safe_n_max()
-    p.map_reach = reach_of(row)
-    row_threads = _threads(row.threads_used, row.settings.threads)
-    if how == "name":
-        p.caveats.append(f"{target} matched the map row {row.label} by name only: no file facts to compare")
-    if run_threads is None or row_threads is None:
-        p.caveats.append("the thread count was not recorded on both sides, so it was not compared")
-    env = environment_differences(km.environment, environment)
-    if env:
-        p.caveats.append("the map was made on another machine or build (" + "; ".join(env) + "): its kernels may "
-                         "not be this run's")
-    w1 = row.widths.get(1)
-    if w1 is None or w1.rows == 0:
-        p.missing = [f"width 1, the map's control, was not mapped for {row.label}"]
-        p.reason = f"the map does not cover {who}: {p.missing[0]}"
-        return p
-    if not row.deterministic:
-        p.status = NOT_DETERMINISTIC
-        p.evidence = row.evidence([1])
-        p.reason = (f"the map's width-1 control failed for {row.label} (the same single-token pass gave other bits "
-                    "after a rollback): it proves nothing for this target")
-        return p
-    measured = [w for w in widths if w in row.widths and row.widths[w].rows > 0]
-    absent = [w for w in widths if w not in measured]
-    differ = [w for w in measured if not row.widths[w].bit_identical]
-    p.evidence = row.evidence(measured)
-    span = "width 1 (serial verify: every verify row is its own single-token pass)" if serial else \
-        f"widths {ranges(widths)} (n_max {n_max})"
-    if differ:
-        w = differ[0]
-        st = row.widths[w]
-        p.status = DIFFER
-        p.first_differing, p.identical_share = w, st.identical_share
-        p.max_delta = st.max_delta if st.max_delta == st.max_delta else None
-        p.flips = st.flips
-        stopped = " (measured up to its first difference)" if st.stopped else ""
-        p.reason = (f"the map finds width {w} differing from single-token passes for {row.label}: "
-                    f"{100 * st.identical_share:.1f}% of its {st.rows} rows bit-identical{stopped}, max |Δ| "
-                    f"{_num(p.max_delta)} logits, {st.flips} argmax flips; a fork at {span} is what the kernels "
-                    "predict is possible")
-        return p
-    if absent:
-        mapped = sorted(row.widths)
-        were = "width {} was".format(absent[0]) if len(absent) == 1 else f"widths {ranges(absent)} were"
-        p.missing = [f"{were} not mapped for {row.label} (the map has widths {ranges(mapped)})"]
-        p.reason = f"the map does not cover {span} of {who}: {p.missing[0]}"
-        return p
-    p.status = PROVEN
-    p.reach = reach
-    if reach is not None and p.map_reach is not None and reach > p.map_reach:
-        p.caveats.append(f"{REACH_CAVEAT} {reach}, the map measured up to {p.map_reach}: beyond it the "
-                         "claim assumes the kernels do not change with the context length, which they can")
-    p.reason = (f"{row.label}: {span} bit-identical to single-token passes ({p.evidence}); batched numerics cannot "
-                "make the arms differ")
-    return p
+    row, how = matched
+    _cite_row(p, km, row, how, target, run_threads, environment)
+    return _judge_widths(p, row, widths, n_max, serial, reach, who)
 
 
 def predict_config(kmap: KernelMap | Mapping[str, Any], cfg: RunConfig, *, model: Mapping[str, Any] | None = None,
