@@ -251,6 +251,86 @@ def vanilla_greedy(
     return arm
 
 
+def _round_zero(engine: Engine, arm: ArmResult, row: np.ndarray, size: int, n_prompt: int, k: int
+                ) -> tuple[Step, Round]:
+    """Round 0: the prefill's own token, exactly as vanilla gets it, recorded on ``arm``."""
+    tok = int(np.argmax(row))
+    step = make_step(row, tok, index=0, pos=n_prompt, piece=engine.piece(tok), k=k,
+                     round=0, batch_size=size, batch_index=size - 1)
+    arm.tokens.append(tok)
+    arm.steps.append(step)
+    rnd = Round(index=0, drafted=0, accepted=0, draft_ms=0.0, verify_ms=arm.prompt_ms,
+                batch_size=size, first_step=0)
+    arm.rounds.append(rnd)
+    return step, rnd
+
+
+@dataclass
+class _Loop:
+    """What the speculative loop keeps from round to round: the target, the arm so far, the KV cache's tokens."""
+
+    engine: Engine
+    arm: ArmResult
+    opts: GenOptions
+    n_prompt: int
+    serial: bool
+    history: list[int]  # tokens in the target's KV cache, in order; only ever appended to
+
+    def verify_draft(self, r: int, id_last: int, draft: list[int], draft_ms: float, t_drafted: float
+                     ) -> tuple[Round, list[Step], str]:
+        """Round ``r`` once drafted: verify ``[id_last] + draft``, accept, roll back, emit the tokens onto the arm.
+
+        Returns the round, its new steps and why the arm stops after it ("" to go on).
+        """
+        engine, arm, opts, serial = self.engine, self.arm, self.opts, self.serial
+        tokens, k, n_prompt = arm.tokens, opts.top_k, self.n_prompt
+        batch = [id_last, *draft]
+        T = len(batch)
+        n_past = engine.n_past
+        engine.prepare_rollback(len(draft))  # a checkpoint engine saves its state here
+        logits = verify(engine, batch, serial=serial)
+        argmax = np.argmax(logits, axis=1)
+        n_acc = accepted_prefix(draft, argmax)
+        emitted = [*draft[:n_acc], int(argmax[n_acc])]
+        how, replay, width = "", 0, T
+        if n_acc < len(draft):
+            how = engine.rollback_mode(len(draft) - n_acc)
+        if how == "checkpoint":
+            # llama-server's checkpoint and replay: the rows of the replay choose the tokens
+            logits, emitted, n_acc, replay = replay_verify(engine, n_past, id_last, emitted, serial=serial)
+            width = replay
+        else:
+            # keep [id_last] + accepted drafts; drop the rejected tail exactly
+            done = engine.truncate(n_past + n_acc + 1)
+            if done is not None and how:
+                how, replay = done.mode, done.replay
+        rnd = Round(index=r, drafted=len(draft), accepted=n_acc, draft_ms=draft_ms,
+                    verify_ms=(time.perf_counter() - t_drafted) * 1000.0, batch_size=T, first_step=len(tokens),
+                    draft_tokens=list(draft), serial=serial, rollback=how, replay=replay)
+        self.history.extend([id_last, *emitted[:-1]])
+        stop = ""
+        new_steps = []
+        for j, t in enumerate(emitted):
+            step = make_step(
+                logits[j], t, index=len(tokens), pos=n_prompt + len(tokens), piece=engine.piece(t), k=k,
+                round=r, from_draft=j < n_acc, batch_size=width, batch_index=j, serial=serial,
+            )
+            tokens.append(t)
+            arm.steps.append(step)
+            new_steps.append(step)
+            if not opts.ignore_eos and engine.is_eog(t):
+                stop = "eos"
+                break
+            if len(tokens) >= opts.max_tokens:
+                stop = "max_tokens"
+                break
+        if stop == "eos" and len(new_steps) < len(emitted):
+            # an accepted draft token was EOS: the run ends there, like vanilla's
+            rnd.accepted = sum(1 for s in new_steps if s.from_draft)
+        arm.rounds.append(rnd)
+        return rnd, new_steps, stop
+
+
 def speculative_greedy(
     engine: Engine,
     drafter: Drafter,
@@ -280,26 +360,13 @@ def speculative_greedy(
     (row, size), t1 = opened
     n_prompt = len(prompt)
     tokens = arm.tokens
-    k = opts.top_k
-
-    # round 0: the prefill's own token, exactly as vanilla gets it
-    tok = int(np.argmax(row))
-    step = make_step(row, tok, index=0, pos=n_prompt, piece=engine.piece(tok), k=k,
-                     round=0, batch_size=size, batch_index=size - 1)
-    tokens.append(tok)
-    arm.steps.append(step)
-    rnd = Round(index=0, drafted=0, accepted=0, draft_ms=0.0, verify_ms=arm.prompt_ms,
-                batch_size=size, first_step=0)
-    arm.rounds.append(rnd)
+    step, rnd = _round_zero(engine, arm, row, size, n_prompt, opts.top_k)
     yield step
     yield rnd
-
-    history = list(prompt)  # tokens in the target's KV cache, in order; only ever appended to
-    stop = ""
-    if not opts.ignore_eos and engine.is_eog(tok):
-        stop = "eos"
-    elif len(tokens) >= opts.max_tokens:
-        stop = "max_tokens"
+    loop = _Loop(engine, arm, opts, n_prompt, serial_verify, history=list(prompt))
+    history = loop.history
+    stop = ("eos" if not opts.ignore_eos and engine.is_eog(step.token) else
+            "max_tokens" if len(tokens) >= opts.max_tokens else "")
     r = 0
     while not stop:
         if cancel():
@@ -314,51 +381,7 @@ def speculative_greedy(
         if cancel():
             stop = "cancelled"
             break
-        batch = [id_last, *draft]
-        T = len(batch)
-        n_past = engine.n_past
-        engine.prepare_rollback(len(draft))  # a checkpoint engine saves its state here
-        logits = verify(engine, batch, serial=serial_verify)
-        argmax = np.argmax(logits, axis=1)
-        n_acc = accepted_prefix(draft, argmax)
-        emitted = [*draft[:n_acc], int(argmax[n_acc])]
-        how, replay, width = "", 0, T
-        if n_acc < len(draft):
-            how = engine.rollback_mode(len(draft) - n_acc)
-        if how == "checkpoint":
-            # llama-server's checkpoint and replay: the rows of the replay choose the tokens
-            logits, emitted, n_acc, replay = replay_verify(engine, n_past, id_last, emitted, serial=serial_verify)
-            width = replay
-        else:
-            # keep [id_last] + accepted drafts; drop the rejected tail exactly
-            done = engine.truncate(n_past + n_acc + 1)
-            if done is not None and how:
-                how, replay = done.mode, done.replay
-        td2 = time.perf_counter()
-        rnd = Round(index=r, drafted=len(draft), accepted=n_acc,
-                    draft_ms=(td1 - td0) * 1000.0, verify_ms=(td2 - td1) * 1000.0,
-                    batch_size=T, first_step=len(tokens), draft_tokens=list(draft), serial=serial_verify,
-                    rollback=how, replay=replay)
-        history.extend([id_last, *emitted[:-1]])
-        new_steps = []
-        for j, t in enumerate(emitted):
-            step = make_step(
-                logits[j], t, index=len(tokens), pos=n_prompt + len(tokens), piece=engine.piece(t), k=k,
-                round=r, from_draft=j < n_acc, batch_size=width, batch_index=j, serial=serial_verify,
-            )
-            tokens.append(t)
-            arm.steps.append(step)
-            new_steps.append(step)
-            if not opts.ignore_eos and engine.is_eog(t):
-                stop = "eos"
-                break
-            if len(tokens) >= opts.max_tokens:
-                stop = "max_tokens"
-                break
-        if stop == "eos" and len(new_steps) < len(emitted):
-            # an accepted draft token was EOS: the run ends there, like vanilla's
-            rnd.accepted = sum(1 for s in new_steps if s.from_draft)
-        arm.rounds.append(rnd)
+        rnd, new_steps, stop = loop.verify_draft(r, id_last, draft, (td1 - td0) * 1000.0, td1)
         for s in new_steps:
             yield s
         yield rnd
