@@ -230,6 +230,119 @@ def _observed(model: Any, settings: EngineSettings, n_ctx: int, selection: str, 
     return opener(settings, n_ctx, selection)
 
 
+def _checked_position(width: int, row: int, position: int | None) -> int:
+    """The token the compared row computes (``row + 1`` by default), refusing a row or position no pass has."""
+    if width < 1 or not 0 <= row < width:
+        raise ConfigError(f"row must be between 0 and width - 1 = {width - 1} (got row {row}, width {width})",
+                          setting="row")
+    position = row + 1 if position is None else int(position)
+    if position < row + 1:
+        raise ConfigError(f"position {position} is too early for row {row}: the pass would start before the first "
+                          f"generated token; use a position >= {row + 1}", setting="position")
+    return position
+
+
+def _walk(plain: Any, ids: list[int], n_batch: int, teacher: Sequence[int] | None, steps: int, position: int,
+          cancel: CancelFn) -> tuple[list[int], list[str]]:
+    """The continuation fed ``steps`` tokens one per pass, as plain decoding walks it: the teacher's tokens, then
+    the target's greedy ones; (the continuation, a note where the walk's greedy token is not the teacher's)."""
+    pre = prefill(plain, ids, n_batch, cancel)
+    if pre is None:
+        raise Cancelled("locate cancelled")
+    seq = [int(t) for t in (teacher or [])]
+    notes: list[str] = []
+    row_logits = pre[0]
+    replay_ok = True
+    for k in range(steps):  # feed c[k]; the row gives c[k+1]
+        if k >= len(seq):
+            seq.append(int(np.argmax(row_logits)))
+        elif replay_ok and k <= position - 1 and int(np.argmax(row_logits)) != seq[k]:
+            replay_ok = False
+            notes.append(f"the single-token replay's greedy token {k} is {int(np.argmax(row_logits))}, the trace's "
+                         f"is {seq[k]}: this machine or build computes the walk differently from the trace's")
+        if k == steps - 1:
+            break
+        if cancel():
+            raise Cancelled("locate cancelled")
+        row_logits = plain.eval([seq[k]], rows=[0])[0]
+    return seq, notes
+
+
+@dataclass
+class _Passes:
+    """The two compared passes' place in the walk: the batched one feeds ``batch``, the single-token one ``single``."""
+
+    n_prompt: int
+    start: int  # continuation index of the batch's first row
+    position: int
+    width: int
+    row: int
+    seq: list[int]
+    batch: list[int]
+    single: list[int]
+
+
+def _observe(model: Any, settings: EngineSettings, n_ctx: int, backend: str, plain: Any, ps: _Passes,
+             notes: list[str]) -> tuple[dict[str, Any], list[str], str]:
+    """Both passes observed, widest selection first, down to fewer nodes while observing moves the logits;
+    (the last :func:`_pair`, the selections tried, the nodes' granularity)."""
+    tried: list[str] = []
+    granularity = "op"
+    for sel in SELECTIONS:
+        obs = _observed(model, settings, n_ctx, sel, backend)
+        got = getattr(obs, "selection", sel)  # an engine with no finer nodes observes fewer than asked
+        granularity = getattr(obs, "granularity", "op")
+        if getattr(obs, "note", None) and obs.note not in notes:
+            notes.append(obs.note)
+        try:
+            res = _pair(plain, obs, ps.n_prompt, ps.start, ps.position, ps.batch, ps.single, ps.seq, ps.width, ps.row)
+        finally:
+            obs.close()
+        tried.append(got)
+        if res["exact"]:
+            break
+        last = got == SELECTIONS[-1]
+        notes.append(f"observing {'every node' if got == 'all' else 'the layer outputs'} changed the logits "
+                     + ("(the scheduler splits the graph at every observed node, and fused kernels do not fuse)"
+                        if granularity == "op" else "")
+                     + ("; observing fewer nodes" if not last else "; the nodes below may not be the "
+                        "ones an unobserved pass computes"))
+        if last:
+            break
+    return res, tried, granularity
+
+
+def _compared_nodes(res: dict[str, Any], plain: Any, width: int, row: int, notes: list[str]) -> list[NodeDiff]:
+    """The observed graphs compared node by node: row ``row``'s micro-batch against the single-token pass."""
+    mb: MicroBatch = res["micro"]
+    nodes, cmp_notes = compare_graphs(res["single_nodes"], mb.nodes, mb.width, row - mb.first_row)
+    notes += cmp_notes
+    if res["n_micro"] > 1:
+        notes.append(f"llama.cpp computed the width-{width} pass as {res['n_micro']} micro-batches (n_ubatch "
+                     f"{getattr(plain, 'n_ubatch', '?')}); row {row} is row {row - mb.first_row} of the "
+                     f"{mb.width}-token one, and that is what was compared")
+    if row > 0:
+        earlier = "row 0" if row == 1 else f"rows 0-{row - 1}"
+        notes.append(f"row {row} also attends to the K/V entries the same pass wrote for {earlier}, in the "
+                     "batched shape")
+    return nodes
+
+
+def _logits_diff(res: dict[str, Any], row: int, source: str, notes: list[str]) -> LogitsDiff:
+    """How the unobserved passes' logits differ at the compared row."""
+    ls, lb = res["single_ref"][0], res["batch_ref"][row]
+    n_diff, mx, _ = compare_values(ls, lb)
+    ids_s, vals_s = topk(ls, 2)
+    margin = float(vals_s[0] - vals_s[1]) if len(vals_s) > 1 else float("inf")
+    logits = LogitsDiff(n_vocab=int(ls.size), n_diff=n_diff, max_abs=mx, argmax_single=int(np.argmax(ls)),
+                        argmax_batched=int(np.argmax(lb)), margin_single=margin)
+    if source == "trace" and not logits.flips:
+        notes.append("the argmax does not flip here as it did in the trace: the speculative arm's earlier KV "
+                     "entries were written by its own verify passes, in the batched shape, and this locate "
+                     "gives both passes the single-token prefix, to name the op of this pass alone")
+    return logits
+
+
 def locate(session: Any, target: str, *, width: int, row: int = 0, position: int | None = None,
            prompt_tokens: Sequence[int] | None = None, prompt: str | None = None, chat: bool = True,
            settings: EngineSettings | None = None, backend: str = "llama.cpp", teacher: Sequence[int] | None = None,
@@ -246,13 +359,7 @@ def locate(session: Any, target: str, *, width: int, row: int = 0, position: int
     cancel = cancel or (lambda: False)
     # decided (Runner.job resolved them; a direct call gets the same door), as the locate records it
     settings = Runner.resolve_settings(settings or EngineSettings(), backend=backend, target=target)[0]
-    if width < 1 or not 0 <= row < width:
-        raise ConfigError(f"row must be between 0 and width - 1 = {width - 1} (got row {row}, width {width})",
-                          setting="row")
-    position = row + 1 if position is None else int(position)
-    if position < row + 1:
-        raise ConfigError(f"position {position} is too early for row {row}: the pass would start before the first "
-                          f"generated token; use a position >= {row + 1}", setting="position")
+    position = _checked_position(width, row, position)
     t0 = time.perf_counter()
     model = session.model(backend, target, settings)
     t_load = time.perf_counter()
@@ -268,80 +375,22 @@ def locate(session: Any, target: str, *, width: int, row: int = 0, position: int
         raise ConfigError(f"width {width} is wider than the batch size {plain.n_batch}; raise --n-batch",
                           setting="n_batch")
     say(f"locate: walking {target} to token {max(need, position)} ({n} prompt tokens)")
-    pre = prefill(plain, ids, settings.n_batch, cancel)
-    if pre is None:
-        raise Cancelled("locate cancelled")
-    seq = [int(t) for t in (teacher or [])]
-    notes: list[str] = []
-    row_logits = pre[0]
-    replay_ok = True
-    for k in range(max(need, position)):  # feed c[k]; the row gives c[k+1]
-        if k >= len(seq):
-            seq.append(int(np.argmax(row_logits)))
-        elif replay_ok and k <= position - 1 and int(np.argmax(row_logits)) != seq[k]:
-            replay_ok = False
-            notes.append(f"the single-token replay's greedy token {k} is {int(np.argmax(row_logits))}, the trace's "
-                         f"is {seq[k]}: this machine or build computes the walk differently from the trace's")
-        if k == max(need, position) - 1:
-            break
-        if cancel():
-            raise Cancelled("locate cancelled")
-        row_logits = plain.eval([seq[k]], rows=[0])[0]
-    batch = seq[start - 1:start - 1 + width]
-    single = [seq[position - 1]]
+    seq, notes = _walk(plain, ids, settings.n_batch, teacher, max(need, position), position, cancel)
+    ps = _Passes(n_prompt=n, start=start, position=position, width=width, row=row, seq=seq,
+                 batch=seq[start - 1:start - 1 + width], single=[seq[position - 1]])
     t_walk = time.perf_counter()
-    tried: list[str] = []
-    granularity = "op"
-    for sel in SELECTIONS:
-        obs = _observed(model, settings, n_ctx, sel, backend)
-        got = getattr(obs, "selection", sel)  # an engine with no finer nodes observes fewer than asked
-        granularity = getattr(obs, "granularity", "op")
-        if getattr(obs, "note", None) and obs.note not in notes:
-            notes.append(obs.note)
-        try:
-            res = _pair(plain, obs, n, start, position, batch, single, seq, width, row)
-        finally:
-            obs.close()
-        tried.append(got)
-        if res["exact"]:
-            break
-        last = got == SELECTIONS[-1]
-        notes.append(f"observing {'every node' if got == 'all' else 'the layer outputs'} changed the logits "
-                     + ("(the scheduler splits the graph at every observed node, and fused kernels do not fuse)"
-                        if granularity == "op" else "")
-                     + ("; observing fewer nodes" if not last else "; the nodes below may not be the "
-                        "ones an unobserved pass computes"))
-        if last:
-            break
-    mb: MicroBatch = res["micro"]
-    nodes, cmp_notes = compare_graphs(res["single_nodes"], mb.nodes, mb.width, row - mb.first_row)
-    notes += cmp_notes
-    if res["n_micro"] > 1:
-        notes.append(f"llama.cpp computed the width-{width} pass as {res['n_micro']} micro-batches (n_ubatch "
-                     f"{getattr(plain, 'n_ubatch', '?')}); row {row} is row {row - mb.first_row} of the "
-                     f"{mb.width}-token one, and that is what was compared")
-    if row > 0:
-        earlier = "row 0" if row == 1 else f"rows 0-{row - 1}"
-        notes.append(f"row {row} also attends to the K/V entries the same pass wrote for {earlier}, in the "
-                     "batched shape")
-    ls, lb = res["single_ref"][0], res["batch_ref"][row]
-    n_diff, mx, _ = compare_values(ls, lb)
-    ids_s, vals_s = topk(ls, 2)
-    margin = float(vals_s[0] - vals_s[1]) if len(vals_s) > 1 else float("inf")
-    logits = LogitsDiff(n_vocab=int(ls.size), n_diff=n_diff, max_abs=mx, argmax_single=int(np.argmax(ls)),
-                        argmax_batched=int(np.argmax(lb)), margin_single=margin)
-    if source == "trace" and not logits.flips:
-        notes.append("the argmax does not flip here as it did in the trace: the speculative arm's earlier KV "
-                     "entries were written by its own verify passes, in the batched shape, and this locate "
-                     "gives both passes the single-token prefix, to name the op of this pass alone")
+    res, tried, granularity = _observe(model, settings, n_ctx, backend, plain, ps, notes)
+    nodes = _compared_nodes(res, plain, width, row, notes)
+    logits = _logits_diff(res, row, source, notes)
     t1 = time.perf_counter()
     return Located(
         target=target, backend=backend, settings=settings, model=model.facts(), position=position, width=width,
-        row=row, n_prompt=n, single_tokens=single, batch_tokens=[int(t) for t in batch], selection=tried[-1],
+        row=row, n_prompt=n, single_tokens=ps.single, batch_tokens=[int(t) for t in ps.batch], selection=tried[-1],
         observer_exact=bool(res["exact"]), nodes=nodes, logits=logits, notes=notes, source=source,
         threads_used=getattr(plain, "threads", None), granularity=granularity,
-        seconds={"total": round(t1 - t0, 3), "load": round(t_load - t0, 3), "walk": round(t_walk - t_load, 3), "observed": round(res["observed_s"], 3),
-                 "plain": round(res["plain_s"], 3), "compare": round(t1 - t_walk - res["observed_s"] - res["plain_s"], 3)},
+        seconds={"total": round(t1 - t0, 3), "load": round(t_load - t0, 3), "walk": round(t_walk - t_load, 3),
+                 "observed": round(res["observed_s"], 3), "plain": round(res["plain_s"], 3),
+                 "compare": round(t1 - t_walk - res["observed_s"] - res["plain_s"], 3)},
     )
 
 
