@@ -303,6 +303,124 @@ def _rate_text(r: dict[str, Any], source: str) -> str:
 
 
 # -- the prescription --------------------------------------------------------------------
+@dataclass
+class _Prescribing:
+    """One prescription's inputs, and the claims and measurements it has made so far over the map's rows."""
+
+    session: Any
+    kmap: KernelMap
+    draft: str
+    prompts: list[PromptSpec]
+    max_tokens: int
+    say: ProgressFn
+    progress: ProgressFn | None
+    cancel: CancelFn | None
+    lossless: list[Claim] = field(default_factory=list)
+    nothing: list[str] = field(default_factory=list)
+    lossy: list[Measurement] = field(default_factory=list)
+
+    def speed(self, t: TargetMap, n: int, settings: Any = None) -> Measurement:
+        """Both arms of ``t``'s target at ``n_max`` ``n`` (under ``settings``, the row's own by default)."""
+        settings = t.settings if settings is None else settings
+        self.say(f"prescription: {t.target} {setting_flags(settings, n)}: both arms on {len(self.prompts)} "
+                 f"prompt(s), {self.max_tokens} tokens")
+        return measure(self.session, t.target, self.draft, settings, n, self.prompts, self.max_tokens,
+                       backend=self.kmap.backend, cancel=self.cancel)
+
+
+def _measure_all(pr: _Prescribing, t: TargetMap, todo: list[int]) -> dict[int, Measurement]:
+    """Every n_max of ``todo`` measured on ``t``'s settings, with an ETA line after each when there are several."""
+    eta = WorkEta(dict.fromkeys(todo, 1), label=f"prescription: {t.target}", unit="n_max measured", every=0.0)
+    cache: dict[int, Measurement] = {}
+    for n in todo:
+        cache[n] = pr.speed(t, n)
+        if len(todo) > 1 and (line := eta.done(n, what=f"n_max {n}")):
+            pr.say(line)
+    return cache
+
+
+def _claim_safe(pr: _Prescribing, t: TargetMap, safe: int, cache: dict[int, Measurement]) -> None:
+    """The largest n_max the map proves, and the fastest proven one when that is another."""
+    best_safe = max((cache[n] for n in cache if n <= safe), key=lambda m: m.speedup or 0.0)
+    pr.lossless.append(Claim("n_max", t.label, safe, True, t.evidence(range(1, safe + 2)), cache[safe],
+                             note="largest n_max the map proves"))
+    if best_safe.n_max != safe:
+        pr.lossless.append(Claim("n_max", t.label, best_safe.n_max, True,
+                                 t.evidence(range(1, best_safe.n_max + 2)), best_safe,
+                                 note="fastest of the proven n_max"))
+
+
+def _claim_ub1(pr: _Prescribing, t: TargetMap, lossy_here: list[Measurement]) -> Claim:
+    """-ub 1 can make a lossy n_max lossless: mapped and measured at the fastest lossy one."""
+    kmap = pr.kmap
+    base = max(lossy_here, key=lambda m: m.speedup or 0.0)
+    n = base.n_max
+    st1 = replace(t.settings, n_ubatch=1)
+    pr.say(f"prescription: mapping {t.target} with -ub 1 over widths 1-{n + 1}")
+    km1 = kernel_map(pr.session, [t.target], pr.prompts, range(1, n + 2), kmap.positions, st1, backend=kmap.backend,
+                     top_k=kmap.top_k, progress=pr.progress, cancel=pr.cancel, stop_at_difference=True)
+    t1 = km1.targets[0]
+    proven = t1.safe_n_max() is not None and t1.safe_n_max() >= n
+    m1 = pr.speed(t, n, st1)
+    cost = ""
+    if m1.speedup and base.speedup:
+        ratio = m1.speedup / base.speedup
+        cost = (f"-ub 1 costs {100 * (1 - ratio):.0f}% of the speed of the same n_max at "
+                f"-ub {t.settings.n_ubatch}" if ratio < 1 else
+                f"-ub 1 measured no slower than the same n_max at -ub {t.settings.n_ubatch}")
+    ub_claim = Claim("ub1", t.label, n, proven, t1.evidence(), m1, note=cost)
+    if proven:
+        pr.lossless.append(ub_claim)
+    else:
+        pr.lossy.append(m1)
+    return ub_claim
+
+
+def _say_nothing(pr: _Prescribing, t: TargetMap, safe: int | None, ub_claim: Claim | None) -> None:
+    """The line for a row where no n_max is proven lossless: why, and what forcing it takes."""
+    if not safe and not (ub_claim and ub_claim.proven):
+        w2 = t.widths.get(2)
+        why = ("the width-1 control failed (not deterministic)" if not t.deterministic else
+               f"width 2 already differs at {w2.rows - w2.identical} of {w2.rows} rows" if w2 else
+               "width 2 was not mapped")
+        force = ("only plain decoding (--spec-draft-p-min 1, 1.00x) is lossless for certain" if ub_claim is None
+                 else f"-ub 1 was mapped too and is not bit-identical either ({ub_claim.evidence}); "
+                 "only plain decoding is lossless for certain")
+        pr.nothing.append(f"{t.label}: nothing is proven lossless: {why}; {force}")
+    elif not safe and ub_claim is not None:
+        w2 = t.widths.get(2)
+        if w2 is not None:
+            pr.nothing.append(f"{t.label}: no n_max is lossless at -ub {t.settings.n_ubatch} (width 2 differs at "
+                              f"{w2.rows - w2.identical} of {w2.rows} rows); forcing it takes -ub 1 (above)")
+
+
+def _prescribe_row(pr: _Prescribing, t: TargetMap, cands: list[int], ub1: bool) -> None:
+    """One map row: every candidate n_max measured, its claims, and -ub 1 where no n_max is safe enough."""
+    safe = t.safe_n_max()
+    todo = sorted(set(cands) | ({safe} if safe else set()))
+    cache = _measure_all(pr, t, todo)
+    if safe:
+        _claim_safe(pr, t, safe, cache)
+    lossy_here = [m for n, m in cache.items() if not safe or n > safe]
+    pr.lossy += lossy_here
+    ub_claim = _claim_ub1(pr, t, lossy_here) if ub1 and t.settings.n_ubatch != 1 and lossy_here else None
+    _say_nothing(pr, t, safe, ub_claim)
+
+
+def _lossy_rate(fastest_lossy: Measurement, suite_results: str | None, draft: str, max_tokens: int) -> str:
+    """The fastest lossy setting's divergence rate: the suite results' entry for it, else the speed runs'."""
+    r = _match(suite_rates(suite_results), fastest_lossy, draft) if suite_results else None
+    if r is not None:
+        return _rate_text(r, suite_results)
+    k, n = len(fastest_lossy.diverged), fastest_lossy.runs
+    lo, hi = wilson(k, n)
+    rate = (f"diverged on {k} of {n} prompt(s) in these {max_tokens}-token runs (95% interval "
+            f"{100 * lo:.0f}-{100 * hi:.0f}%)")
+    if suite_results:
+        rate += f"; the suite results {suite_results} have no entry for this setting"
+    return rate
+
+
 def prescribe(
     session: Any,
     kmap: KernelMap,
@@ -317,94 +435,20 @@ def prescribe(
 ) -> Prescription:
     """The prescription for every target row of ``kmap`` (see the module docstring)."""
     say = progress or (lambda msg: None)
-    backend = kmap.backend
     prompts = list(kmap.prompts)
     max_width = max(kmap.widths)
     cands = sorted({n for n in candidates if 1 <= n and n + 1 <= max_width})
-    lossless: list[Claim] = []
-    nothing: list[str] = []
-    lossy: list[Measurement] = []
+    pr = _Prescribing(session, kmap, draft, prompts, max_tokens, say, progress, cancel)
     for t in kmap.targets:
-        safe = t.safe_n_max()
-        cache: dict[int, Measurement] = {}
-
-        def speed(n: int, settings: Any = t.settings, _t: TargetMap = t) -> Measurement:
-            say(f"prescription: {_t.target} {setting_flags(settings, n)}: both arms on {len(prompts)} prompt(s), "
-                f"{max_tokens} tokens")
-            return measure(session, _t.target, draft, settings, n, prompts, max_tokens, backend=backend,
-                           cancel=cancel)
-
-        todo = sorted(set(cands) | ({safe} if safe else set()))
-        eta = WorkEta(dict.fromkeys(todo, 1), label=f"prescription: {t.target}", unit="n_max measured", every=0.0)
-        for n in todo:
-            cache[n] = speed(n)
-            if len(todo) > 1 and (line := eta.done(n, what=f"n_max {n}")):
-                say(line)
-        if safe:
-            best_safe = max((cache[n] for n in cache if n <= safe), key=lambda m: m.speedup or 0.0)
-            lossless.append(Claim("n_max", t.label, safe, True, t.evidence(range(1, safe + 2)), cache[safe],
-                                  note="largest n_max the map proves"))
-            if best_safe.n_max != safe:
-                lossless.append(Claim("n_max", t.label, best_safe.n_max, True,
-                                      t.evidence(range(1, best_safe.n_max + 2)), best_safe,
-                                      note="fastest of the proven n_max"))
-        lossy_here = [m for n, m in cache.items() if not safe or n > safe]
-        lossy += lossy_here
-        ub_claim = None
-        # -ub 1 can make a lossy n_max lossless: map and measure it at the fastest lossy one
-        if ub1 and t.settings.n_ubatch != 1 and lossy_here:
-            base = max(lossy_here, key=lambda m: m.speedup or 0.0)
-            n = base.n_max
-            st1 = replace(t.settings, n_ubatch=1)
-            say(f"prescription: mapping {t.target} with -ub 1 over widths 1-{n + 1}")
-            km1 = kernel_map(session, [t.target], prompts, range(1, n + 2), kmap.positions, st1, backend=backend,
-                             top_k=kmap.top_k, progress=progress, cancel=cancel, stop_at_difference=True)
-            t1 = km1.targets[0]
-            proven = t1.safe_n_max() is not None and t1.safe_n_max() >= n
-            m1 = speed(n, st1)
-            cost = ""
-            if m1.speedup and base.speedup:
-                ratio = m1.speedup / base.speedup
-                cost = (f"-ub 1 costs {100 * (1 - ratio):.0f}% of the speed of the same n_max at "
-                        f"-ub {t.settings.n_ubatch}" if ratio < 1 else
-                        f"-ub 1 measured no slower than the same n_max at -ub {t.settings.n_ubatch}")
-            ub_claim = Claim("ub1", t.label, n, proven, t1.evidence(), m1, note=cost)
-            if proven:
-                lossless.append(ub_claim)
-            else:
-                lossy.append(m1)
-        if not safe and not (ub_claim and ub_claim.proven):
-            w2 = t.widths.get(2)
-            why = ("the width-1 control failed (not deterministic)" if not t.deterministic else
-                   f"width 2 already differs at {w2.rows - w2.identical} of {w2.rows} rows" if w2 else
-                   "width 2 was not mapped")
-            force = ("only plain decoding (--spec-draft-p-min 1, 1.00x) is lossless for certain" if ub_claim is None
-                     else f"-ub 1 was mapped too and is not bit-identical either ({ub_claim.evidence}); "
-                     "only plain decoding is lossless for certain")
-            nothing.append(f"{t.label}: nothing is proven lossless: {why}; {force}")
-        elif not safe and ub_claim is not None:
-            w2 = t.widths.get(2)
-            if w2 is not None:
-                nothing.append(f"{t.label}: no n_max is lossless at -ub {t.settings.n_ubatch} (width 2 differs at "
-                               f"{w2.rows - w2.identical} of {w2.rows} rows); forcing it takes -ub 1 (above)")
+        _prescribe_row(pr, t, cands, ub1)
+    lossless = pr.lossless
     lossless.sort(key=lambda c: -(c.measurement.speedup or 0.0) if c.measurement else 0.0)
-    fastest_lossy = max(lossy, key=lambda m: m.speedup or 0.0) if lossy else None
-    rate = None
-    if fastest_lossy is not None:
-        r = _match(suite_rates(suite_results), fastest_lossy, draft) if suite_results else None
-        if r is not None:
-            rate = _rate_text(r, suite_results)
-        else:
-            k, n = len(fastest_lossy.diverged), fastest_lossy.runs
-            lo, hi = wilson(k, n)
-            rate = (f"diverged on {k} of {n} prompt(s) in these {max_tokens}-token runs (95% interval "
-                    f"{100 * lo:.0f}-{100 * hi:.0f}%)")
-            if suite_results:
-                rate += f"; the suite results {suite_results} have no entry for this setting"
+    fastest_lossy = max(pr.lossy, key=lambda m: m.speedup or 0.0) if pr.lossy else None
+    rate = None if fastest_lossy is None else _lossy_rate(fastest_lossy, suite_results, draft, max_tokens)
     from .kernels.causes import prescription_lines
 
     causes = [line for t in kmap.targets for line in prescription_lines(t)]
-    return Prescription(lossless=lossless, fastest_lossy=fastest_lossy, lossy_rate=rate, nothing=nothing,
+    return Prescription(lossless=lossless, fastest_lossy=fastest_lossy, lossy_rate=rate, nothing=pr.nothing,
                         prompts=prompts, max_tokens=max_tokens, draft=draft, environment=dict(kmap.environment),
                         causes=causes)
 
