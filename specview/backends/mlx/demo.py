@@ -34,31 +34,16 @@ DEMO_MLX = {
 }
 
 
-def gguf_to_mlx(gguf: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
-    """Write a llama-architecture GGUF with a GPT-2 style BPE vocabulary as an MLX model folder.
-
-    MLX reads GGUF tensors itself (Q4_0, Q4_1 and Q8_0 stay quantized, as MLX
-    affine quantization with group size 32).  GGUF stores the Q and K
-    projections in the interleaved RoPE layout llama.cpp uses, so the folder
-    asks for ``rope_traditional`` instead of permuting quantized rows.  The
-    tokenizer is rebuilt from the GGUF's tokens, merges and special tokens.
-    """
-    mx = _mx()
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-    from mlx_lm.utils import save_config
-
-    src = Path(gguf)
-    weights, meta = mx.load(str(src), return_metadata=True)
-
+def _meta_reader(meta: dict[str, Any]) -> Callable[..., Any]:
+    """``m(key, default=None)``: a GGUF metadata value, a one-element array as its Python scalar."""
     def m(key: str, default: Any = None) -> Any:
         v = meta.get(key, default)
         return v.item() if hasattr(v, "item") and getattr(v, "size", 2) == 1 else v
+    return m
 
-    arch = m("general.architecture")
-    if arch != "llama" or m("tokenizer.ggml.model") != "gpt2":
-        raise SpecviewError(f"{src.name}: only llama models with a GPT-2 style vocabulary can be converted "
-                            f"(this is {arch!r} with a {m('tokenizer.ggml.model')!r} vocabulary)")
+
+def _mlx_tensors(weights: dict[str, Any], src_name: str) -> dict[str, Any]:
+    """The GGUF's tensors under the names mlx-lm's llama model gives them (each kind: weight, scales, biases)."""
     out_w: dict[str, Any] = {}
     for name, arr in weights.items():
         stem, _, kind = name.rpartition(".")  # kind: weight, scales, biases
@@ -71,13 +56,18 @@ def gguf_to_mlx(gguf: str | os.PathLike[str], out: str | os.PathLike[str]) -> Pa
         elif stem.startswith("blk."):
             _, layer, part = stem.split(".", 2)
             if part not in _GGUF_NAMES:
-                raise SpecviewError(f"{src.name}: unexpected tensor {name}")
+                raise SpecviewError(f"{src_name}: unexpected tensor {name}")
             new = f"model.layers.{layer}.{_GGUF_NAMES[part]}"
         else:
-            raise SpecviewError(f"{src.name}: unexpected tensor {name}")
+            raise SpecviewError(f"{src_name}: unexpected tensor {name}")
         out_w[f"{new}.{kind}"] = arr
+    return out_w
+
+
+def _mlx_config(m: Callable[..., Any], meta: dict[str, Any], out_w: dict[str, Any]) -> dict[str, Any]:
+    """config.json of the folder, from the GGUF's llama.* and tokenizer.* metadata (quantization apart)."""
     n_vocab = int(m("llama.vocab_size") or len(meta["tokenizer.ggml.tokens"]))
-    cfg: dict[str, Any] = {
+    return {
         "model_type": "llama",
         "hidden_size": int(m("llama.embedding_length")),
         "num_hidden_layers": int(m("llama.block_count")),
@@ -94,6 +84,10 @@ def gguf_to_mlx(gguf: str | os.PathLike[str], out: str | os.PathLike[str]) -> Pa
         "eos_token_id": int(m("tokenizer.ggml.eos_token_id")),
         "torch_dtype": "float32",  # norms are f32 in GGUF; what mlx_lm.convert keeps for derived copies
     }
+
+
+def _quantization(out_w: dict[str, Any]) -> dict[str, Any] | None:
+    """config.json's ``quantization`` from the packed weights and their scales; None when no tensor is quantized."""
     # each quantized tensor: packed uint32 rows of in_dims * bits / 32 words, one scale per group
     qparams: dict[str, tuple[int, int]] = {}
     for name, scales in out_w.items():
@@ -105,32 +99,70 @@ def gguf_to_mlx(gguf: str | os.PathLike[str], out: str | os.PathLike[str]) -> Pa
                 if words % b == 0 and (words // b) % scales.shape[-1] == 0 and (words // b) // scales.shape[-1] in (32, 64, 128):
                     qparams[path] = (b, (words // b) // scales.shape[-1])
                     break
-    if qparams:
-        # the most common setting is the folder's; the others (llama.cpp keeps token_embd at Q8_0) per layer
-        (bits, group), _ = collections.Counter(qparams.values()).most_common(1)[0]
-        quant: dict[str, Any] = {"group_size": group, "bits": bits}
-        for path, (b, g) in sorted(qparams.items()):
-            if (b, g) != (bits, group):
-                quant[path] = {"group_size": g, "bits": b}
-        cfg["quantization"] = quant
+    if not qparams:
+        return None
+    # the most common setting is the folder's; the others (llama.cpp keeps token_embd at Q8_0) per layer
+    (bits, group), _ = collections.Counter(qparams.values()).most_common(1)[0]
+    quant: dict[str, Any] = {"group_size": group, "bits": bits}
+    for path, (b, g) in sorted(qparams.items()):
+        if (b, g) != (bits, group):
+            quant[path] = {"group_size": g, "bits": b}
+    return quant
+
+
+def _fast_tokenizer(tokenizers: Any, fast_class: Any, m: Callable[..., Any], meta: dict[str, Any]) -> Any:
+    """The GGUF's byte-level BPE (tokens, merges, special tokens, chat template) as a ``PreTrainedTokenizerFast``;
+    ``tokenizers`` is the module, ``fast_class`` transformers' class."""
+    pre_tokenizers = tokenizers.pre_tokenizers
     tokens = list(meta["tokenizer.ggml.tokens"])
     types = meta["tokenizer.ggml.token_type"].tolist()
     merges = [tuple(x.split(" ", 1)) for x in meta["tokenizer.ggml.merges"]]
     vocab = {t: i for i, t in enumerate(tokens)}
-    tk = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tk = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=merges))
     pre = m("tokenizer.ggml.pre")
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tk.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
                         if pre == "smollm" else byte_level)
-    tk.decoder = decoders.ByteLevel()
-    tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == 3])
+    tk.decoder = tokenizers.decoders.ByteLevel()
+    tk.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False)
+                           for t, ty in zip(tokens, types) if ty == 3])
     specials = {k: tokens[int(m(f"tokenizer.ggml.{k}_token_id"))] for k in ("bos", "eos", "padding", "unknown")
                 if m(f"tokenizer.ggml.{k}_token_id") is not None}
-    fast = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token=specials.get("bos"), eos_token=specials.get("eos"),
-                                   pad_token=specials.get("padding"), unk_token=specials.get("unknown"))
+    fast = fast_class(tokenizer_object=tk, bos_token=specials.get("bos"), eos_token=specials.get("eos"),
+                      pad_token=specials.get("padding"), unk_token=specials.get("unknown"))
     template = m("tokenizer.chat_template")
     if template:
         fast.chat_template = str(template)
+    return fast
+
+
+def gguf_to_mlx(gguf: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
+    """Write a llama-architecture GGUF with a GPT-2 style BPE vocabulary as an MLX model folder.
+
+    MLX reads GGUF tensors itself (Q4_0, Q4_1 and Q8_0 stay quantized, as MLX
+    affine quantization with group size 32).  GGUF stores the Q and K
+    projections in the interleaved RoPE layout llama.cpp uses, so the folder
+    asks for ``rope_traditional`` instead of permuting quantized rows.  The
+    tokenizer is rebuilt from the GGUF's tokens, merges and special tokens.
+    """
+    mx = _mx()
+    import tokenizers  # the libraries are imported before the GGUF is read, so a missing one fails first
+    from transformers import PreTrainedTokenizerFast
+    from mlx_lm.utils import save_config
+
+    src = Path(gguf)
+    weights, meta = mx.load(str(src), return_metadata=True)
+    m = _meta_reader(meta)
+    arch = m("general.architecture")
+    if arch != "llama" or m("tokenizer.ggml.model") != "gpt2":
+        raise SpecviewError(f"{src.name}: only llama models with a GPT-2 style vocabulary can be converted "
+                            f"(this is {arch!r} with a {m('tokenizer.ggml.model')!r} vocabulary)")
+    out_w = _mlx_tensors(weights, src.name)
+    cfg = _mlx_config(m, meta, out_w)
+    quant = _quantization(out_w)
+    if quant is not None:
+        cfg["quantization"] = quant
+    fast = _fast_tokenizer(tokenizers, PreTrainedTokenizerFast, m, meta)
     dst = Path(out)
     dst.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(str(dst))
