@@ -1,0 +1,143 @@
+"""The test suite's lanes (pytest-xdist workers, ``-n auto --dist loadfile``): a lane that dies is one
+failed test and the run goes on, and each lane says which test it is running.
+
+A test that takes its lane down (a SIGSEGV inside llama.cpp, an ``abort()`` in ggml) is reported by
+xdist as failed, "worker 'gw0' crashed while running 'tests/x.py::test_y'", and the lane is replaced.
+With ``--dist loadfile`` xdist 3.8's scheduler (``LoadScopeScheduling``, which ``LoadFileScheduling``
+extends) then strands the run: it puts back on its queue every file the dead lane ever ran, the
+finished ones too, and hands them out again as empty batches that never complete, so no lane is
+given more work and the controller waits forever; a replacement lane sent a single test holds it
+(a lane runs a test only once it knows the next one, to know which fixtures to tear down) and waits
+forever too; and the test that crashed goes back with its file, to crash the replacement lane, and
+the next, until xdist's restart limit ends the run with the rest of that file never run.
+``FileLanes`` below is that scheduler with the three mended; it is what ``--dist loadfile`` uses
+while this plugin is registered (``tests/conftest.py``).  ``tests/contracts/test_lane_crash.py``
+runs a suite with a crashing test under the project's options and checks that it ends, with the
+counts right.
+
+``$SPECVIEW_LANES_DIR`` (set by ``.ci/run``; nothing is written when it is unset): each pytest
+process that runs tests (a lane, or a run without xdist) keeps a one-line file there, named
+``<lane>.<pid>``, saying ``running <pid> <since> <node id>`` while a test runs and
+``idle <pid> <since>`` between tests, and removes it when it ends normally.  A file left by a
+process that is gone names the test that killed it.  ``.ci/run``'s deadline watchdog prints them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+LANES_DIR_ENV = "SPECVIEW_LANES_DIR"
+
+
+# -- scheduling ------------------------------------------------------------------------------------
+
+
+def _file_lanes_class():
+    from xdist.scheduler import LoadFileScheduling
+
+    class FileLanes(LoadFileScheduling):
+        """``--dist loadfile`` (one test file to one lane, so its module fixtures are set up once)
+        that survives a lane's death."""
+
+        def remove_node(self, node):
+            workload = self.assigned_work.pop(node)
+            crashitem = next((nid for unit in workload.values() for nid, done in unit.items() if not done), None)
+            if crashitem is None:  # a lane that ended with nothing left to run
+                return None
+            # xdist reports this test as failed ("crashed while running"); running it again would
+            # only take the replacement lane down with it
+            for unit in workload.values():
+                if crashitem in unit:
+                    unit[crashitem] = True
+            # only the tests the dead lane had not run go back, and only files with one left
+            for scope, unit in workload.items():
+                if not all(unit.values()):
+                    self.workqueue[scope] = unit
+            for other in self.nodes:
+                self._reschedule(other)
+            return crashitem
+
+        def _reschedule(self, node):
+            if node.shutting_down:
+                return
+            if node not in self.registered_collections:
+                # a replacement lane whose collection differed (xdist has reported it): no work for it
+                node.shutdown()
+                return
+            if self.workqueue and self._pending_of(self.assigned_work[node]) <= 2:
+                self._assign_work_unit(node)
+                # a lane holds its last test until it is sent another or told to stop: never leave
+                # it one test and nothing more while files are still waiting
+                while self.workqueue and self._pending_of(self.assigned_work[node]) < 2:
+                    self._assign_work_unit(node)
+            if not self.workqueue:
+                node.shutdown()
+
+    return FileLanes
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: unknown where xdist is not installed
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None  # xdist's own
+    return _file_lanes_class()(config, log)
+
+
+# -- what each lane is running ---------------------------------------------------------------------
+
+_lane_file: Path | None = None
+
+
+def _write(line: str) -> None:
+    if _lane_file is None:
+        return
+    try:
+        tmp = _lane_file.with_name(_lane_file.name + ".tmp")
+        tmp.write_text(line + "\n")
+        os.replace(tmp, _lane_file)  # the watchdog never reads half a line
+    except OSError:
+        pass  # a report for the watchdog must never fail a test
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    global _lane_file
+    folder = os.environ.get(LANES_DIR_ENV)
+    config = session.config
+    if not folder:
+        return
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        lane = workerinput["workerid"]
+    elif config.pluginmanager.has_plugin("dsession"):
+        return  # xdist's controller runs no test; its lanes report
+    else:
+        lane = "main"
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return
+    _lane_file = Path(folder) / f"{lane}.{os.getpid()}"
+    _write(f"idle {os.getpid()} {time.time():.0f}")
+
+
+def pytest_runtest_logstart(nodeid: str, location) -> None:
+    _write(f"running {os.getpid()} {time.time():.0f} {nodeid}")
+
+
+def pytest_runtest_logfinish(nodeid: str, location) -> None:
+    _write(f"idle {os.getpid()} {time.time():.0f}")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    global _lane_file
+    if _lane_file is not None:
+        try:
+            _lane_file.unlink()
+        except OSError:
+            pass
+        _lane_file = None
