@@ -15,6 +15,7 @@ import pytest
 
 from specview import cli
 from specview.core.arms.compare import compare_arms
+from specview.core.config import EngineSettings
 from specview.core.engine import SpecviewError
 from specview.core.matrix import (
     SCHEMA,
@@ -31,6 +32,7 @@ from specview.core.matrix import (
     spec_from_dict,
     summarize,
 )
+from specview.core.registry import Runner
 from specview.core.trace import ArmResult, Round, Step, Trace
 
 
@@ -94,6 +96,13 @@ class FakeSession:
                              "draft": None},
                      prompt={"text": cfg.prompt, "chat": cfg.chat, "tokens": [1, 2, 3]},
                      vanilla=va, speculative=sa, comparison=compare_arms(va, sa))
+
+
+def machine_decided(setting: str):
+    """What this machine decides for ``setting`` when a run leaves it unset (``no_repack``: True where the crash
+    probe crashed, or where $SPECVIEW_REPACK_PROBE plants that), or None where it decides nothing."""
+    _, decisions = Runner.resolve_settings(EngineSettings(), backend="llama.cpp")
+    return next((d.value for d in decisions if d.setting == setting), None)
 
 
 def spec(**kw) -> MatrixSpec:
@@ -197,7 +206,11 @@ def test_cli_dry_run_lists_the_cells(capsys):
     out = capsys.readouterr().out
     # 2 targets x 2 prompts x 2 fa x (2 n_max + none)
     assert "24 cells" in out
-    assert "F16 · Q4_0 n_max=4 p_min=0 · fa=off · tokens" in out
+    # no repack is this machine's decision (where the crash probe crashed): a one-value axis every label names
+    nr = " · nr" if machine_decided("no_repack") else ""
+    assert f"F16 · Q4_0 n_max=4 p_min=0 · fa=off{nr} · tokens" in out
+    labels = [ln for ln in out.splitlines() if " · " in ln]
+    assert len(labels) == 24 and all((" · nr · " in ln) is bool(nr) for ln in labels), out
 
 
 def test_builtin_prompts_are_four_varied_ones():
@@ -266,7 +279,11 @@ def _doc(s: MatrixSpec, tmp_path: Path) -> dict:
 
 
 def test_summary_names_what_flips_the_outcome(tmp_path: Path):
-    text = "\n".join(_doc(spec(), tmp_path)["summary"])
+    doc = _doc(spec(), tmp_path)
+    text = "\n".join(doc["summary"])
+    # the matrix takes this machine's no-repack decision as a one-value axis; a setting's label names it where on
+    assert doc["spec"]["no_repack"] == [machine_decided("no_repack")]
+    nr = " nr=True" if machine_decided("no_repack") else ""
     assert "every F16 cell is identical" in text.replace("Every", "every")
     assert "p_min = 1 is identical everywhere" in text
     assert "the none drafter is identical everywhere" in text.lower()
@@ -275,8 +292,8 @@ def test_summary_names_what_flips_the_outcome(tmp_path: Path):
     assert "Changing only the n_max or prompt never does." in text  # n_max 1 and 4 fork alike here
     assert "flash attention" not in text  # one value: not an axis of this matrix
     # the rule ignores the prompt: every forking setting forks on both prompts, none on only some
-    assert "Forks on every prompt: Q8_0 with Q4_0 n_max=1 p_min=0 (2 of 2);" in text
-    assert "Q4_K_M with ngram-simple (2 of 2)" in text and "F16 with" not in text
+    assert f"Forks on every prompt: Q8_0 with Q4_0 n_max=1 p_min=0{nr} (2 of 2);" in text
+    assert f"Q4_K_M with ngram-simple{nr} (2 of 2)" in text and "F16 with" not in text
     assert "Forks on some prompts" not in text
 
 
