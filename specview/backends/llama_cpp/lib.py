@@ -18,6 +18,7 @@ from typing import Any
 
 from ...core.config import THREADS_VARIABLE, default_threads, resolve_threads, usable_cores  # noqa: F401
 from ...core.errors import BackendUnavailable
+from .plant import REPACKED_BUFFER
 
 _lock = threading.Lock()
 _initialised = False
@@ -53,7 +54,7 @@ def _init() -> Any:
                     _log_lines.append(line)
                     if line.startswith("ggml_vulkan: "):  # the device lines, kept past clear_log()
                         _vk_lines.append(line)
-                    elif "CPU_REPACK" in line and "buffer" in line:
+                    elif REPACKED_BUFFER in line:
                         _repack_lines.append(line.strip())
                 except Exception:
                     pass

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from ...core.errors import SpecviewError
 
@@ -21,6 +21,10 @@ from ...core.errors import SpecviewError
 PLANT_VARIABLE = "SPECVIEW_REPACK_PROBE"
 PLANT_VALUES = ("crashed", "ok")
 PROBE_TOKENS = 4
+#: llama.cpp's load log names each weight buffer: ``load_tensors:   CPU_REPACK model buffer size =  56.95 MiB``
+REPACKED_BUFFER = "CPU_REPACK model buffer size"
+#: ``general.file_type`` values whose weights no CPU backend repacks (all F32, mostly F16, mostly BF16)
+UNPACKED_FILE_TYPES = (0, 1, 32)
 
 
 def planted() -> str | None:
@@ -53,9 +57,32 @@ def check_repacked_load(path: str | os.PathLike[str], log: list[str]) -> None:
     crash: a load that did not take this machine's no-repack decision is found on every CPU."""
     if planted() != "crashed":
         return
-    bufs = [ln.strip() for ln in log if "CPU_REPACK" in ln and "buffer" in ln]
+    bufs = [ln.strip() for ln in log if REPACKED_BUFFER in ln]
     if bufs:
         raise SpecviewError(
             f"{Path(path).name} was loaded with repacked weights ({bufs[0]}) although ${PLANT_VARIABLE}=crashed "
             "plants a CPU whose repacked kernels crash: load it through the resolution (the machine's no_repack "
             "decision), or pass --no-repack")
+
+
+def check_server_repack(args: Sequence[str]) -> None:
+    """Where the probe's crash is planted, a llama-server started on quantized weights without ``--no-repack``
+    fails: it would repack them (its log does not name the buffers at its default verbosity, so the file's
+    type says it), and on a CPU whose repacked kernels crash it would die on its first multi-token pass."""
+    if planted() != "crashed" or "--no-repack" in args or "-nr" in args:
+        return
+    from ...core.models.gguf import read
+
+    for flag in ("-m", "-md"):
+        if flag not in args or args.index(flag) + 1 >= len(args):
+            continue
+        path = args[args.index(flag) + 1]
+        try:
+            file_type = read(path).get("general.file_type")
+        except Exception:  # unreadable: the server says what is wrong with it
+            continue
+        if isinstance(file_type, int) and file_type not in UNPACKED_FILE_TYPES:
+            raise SpecviewError(
+                f"llama-server would repack the quantized weights of {Path(path).name} (no --no-repack) although "
+                f"${PLANT_VARIABLE}=crashed plants a CPU whose repacked kernels crash: start it through the "
+                "resolution (the machine's no_repack decision), or pass --no-repack")

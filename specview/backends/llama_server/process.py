@@ -6,8 +6,10 @@ import os
 import re
 from typing import Any, Mapping, Sequence
 
+from ...core.errors import SpecviewError
 from ...core.llama_flags import engine_environment, server_argv
-from ..local_server.process import HOST, LocalServer, ProgressFn
+from ..llama_cpp.plant import check_server_repack
+from ..local_server.process import HOST, LocalServer, ProgressFn, ServerError
 
 
 class LlamaServer(LocalServer):
@@ -16,6 +18,17 @@ class LlamaServer(LocalServer):
     kind = "llama-server"
     listening_pattern = r"listening on https?://[^\s:]+:(\d+)"
     ready_path = "/health"
+
+    def start(self) -> "LlamaServer":
+        """Where the crash probe's result is planted as crashed, a llama-server that would repack quantized
+        weights is refused before it starts, as a CPU whose repacked kernels crash would kill it
+        (:mod:`specview.backends.llama_cpp.plant`)."""
+        try:
+            check_server_repack(self.args)
+        except SpecviewError as exc:
+            raise ServerError(str(exc)) from None
+        super().start()
+        return self
 
     def exit_cause(self, log: str) -> str:
         if "couldn't bind" in log or "Address already in use" in log:
