@@ -16,6 +16,7 @@ from specview.core.kernels.evidence import (DIFFER, NOT_COVERED, NOT_DETERMINIST
                                            citation, citation_text, contradiction_text, load_kernel_map, predict,
                                            predict_config, predict_trace)
 from specview.core.kernels.map import KernelMap, KernelMapError, kernel_map
+from specview.core.registry import Runner
 from test_kernels import PROMPTS, toy  # noqa: F401  (the fixture)
 
 FACTS = {"path": "/models/a.gguf", "file": "a.gguf", "file_size": 1000, "quantization": "Q4_K_M", "n_params": 7,
@@ -106,15 +107,24 @@ def test_threads_must_be_equal(switch_at_4):
     assert p.status == PROVEN and any("not compared" in c for c in p.caveats)
 
 
+def _decided_here() -> EngineSettings:
+    """1 thread, every other setting as a run on this machine decides it (no repack where the crash probe crashed,
+    or where $SPECVIEW_REPACK_PROBE plants that)."""
+    return Runner.resolve_settings(EngineSettings(threads=1), backend="llama.cpp")[0]
+
+
 def _json_map(target: str, model: dict, *, env: dict | None = None, prompt_tokens: int = 5, positions: int = 16
               ) -> KernelMap:
+    """A llama.cpp map of ``target`` made on this machine at 1 thread: its row records the settings as a map here
+    decides them (:func:`_decided_here`)."""
     widths = [{"width": w, "rows": 16, "identical": 16, "flips": 0, "max_delta": 0.0, "p95_delta": 0.0}
               for w in (1, 2, 3)]
+    decided = _decided_here()
     return KernelMap.from_json({
         "schema": "specview.kernels/1", "backend": "llama.cpp", "widths": [1, 2, 3], "positions": positions,
         "top_k": 8, "prompts": [{"name": "p", "tokens": [1, 2]}], "environment": env or {},
-        "targets": [{"target": target, "settings": {"threads": 1}, "model": model, "threads_used": 1,
-                     "prompts": [{"name": "p", "prompt_tokens": list(range(prompt_tokens)), "tokens": [3],
+        "targets": [{"target": target, "settings": {"threads": 1, "no_repack": decided.no_repack}, "model": model,
+                     "threads_used": 1, "prompts": [{"name": "p", "prompt_tokens": list(range(prompt_tokens)), "tokens": [3],
                                   "positions": positions}], "widths": widths}]})
 
 
@@ -131,7 +141,8 @@ def test_a_demo_name_and_its_file_are_the_same_target_by_file_facts():
     assert predict(km, "demo:q4_k_m", s, 2).status == PROVEN
     assert predict(km, "/models/a.gguf", s, 2).status == PROVEN
     p = predict(km, "/models/b.gguf", s, 2)
-    assert p.status == NOT_COVERED and "the map has demo:Q4_K_M [t 1]" in p.missing[0]
+    nr = ", nr" if _decided_here().no_repack else ""  # the row's settings, as this machine decided them
+    assert p.status == NOT_COVERED and f"the map has demo:Q4_K_M [t 1{nr}]" in p.missing[0]
     assert any("by name only" in c for c in predict(km, "demo:Q4_K_M", s, 2).caveats)
 
 
