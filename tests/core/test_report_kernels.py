@@ -145,13 +145,19 @@ def test_kernel_map_refusals(toy, tmp_path: Path, capsys):  # noqa: F811
 def test_a_matrix_report_cites_its_map_or_the_one_given(tmp_path: Path):
     from test_matrix import FakeSession, spec
 
+    from specview.core.config import EngineSettings
     from specview.core.matrix import load_matrix, run_matrix
+    from specview.core.registry import Runner
     from specview.core.report import matrix_html, matrix_markdown
 
+    # a map made on this machine: its row records the settings as decided here, as the matrix's cells do (no repack
+    # where the crash probe crashed, or where $SPECVIEW_REPACK_PROBE plants that)
+    decided = Runner.resolve_settings(EngineSettings(), backend="llama.cpp")[0]
     km = KernelMap.from_json({
         "schema": "specview.kernels/1", "backend": "llama.cpp", "widths": [1, 2, 3], "positions": 8, "top_k": 8,
         "prompts": [{"name": "p", "tokens": [1]}], "environment": {},
-        "targets": [{"target": "demo:Q8_0", "settings": {}, "model": {}, "threads_used": None,
+        "targets": [{"target": "demo:Q8_0", "settings": {"no_repack": decided.no_repack}, "model": {},
+                     "threads_used": None,
                      "prompts": [{"name": "p", "prompt_tokens": [1], "tokens": [2], "positions": 8}],
                      "widths": [{"width": w, "rows": 8, "identical": 8, "flips": 0} for w in (1, 2, 3)]}]})
     f = km.save(tmp_path / "k.json")
