@@ -198,6 +198,8 @@ def test_the_report_and_the_card_rows_say_it():
 def test_the_probe_runs_once_per_build_and_cpu(monkeypatch, tmp_path):
     from specview.core.errors import EngineCrashed
 
+    # the real probe and its cache, with its worker planted: a planted $SPECVIEW_REPACK_PROBE would stand in front
+    monkeypatch.delenv(probe.PLANT_VARIABLE, raising=False)
     monkeypatch.setenv("SPECVIEW_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(probe, "probe_needed", lambda flags=None: True)
     calls = []
