@@ -16,7 +16,7 @@ _SKIP = ("draft", "spec_type", "n_max", "n_min", "p_min", "ngram_size_n", "ngram
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from ..core.reference import DEFAULT_CONTINUATION, KL_MEAN_LIMIT, TOP1_LIMIT
+    from ..core.diagnose.reference import DEFAULT_CONTINUATION, KL_MEAN_LIMIT, TOP1_LIMIT
 
     p = sub.add_parser(
         "check",
@@ -61,7 +61,7 @@ def _prompts(args: argparse.Namespace) -> list[tuple[str, str]]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..core.reference import check_texts, format_check
+    from ..core.diagnose.reference import check_texts, format_check
     from ..core.registry import get_backend
 
     progress = Progress(args.quiet or args.json)

@@ -62,7 +62,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def main(args: argparse.Namespace) -> int:
     from ..core.demo import is_demo_name
     from ..core.kernels.map import KernelMap
-    from ..core.prescribe import DEFAULT_CANDIDATES, prescribe, suite_rates
+    from ..core.matrix.prescribe import DEFAULT_CANDIDATES, prescribe, suite_rates
     from ..core.trace import write_atomic
 
     progress = Progress(args.quiet)

@@ -20,7 +20,7 @@ arms between forward passes, so a run stops within one forward pass.  The
 window cancels the running request before it submits a new one.
 
 The kernel map and the prescription (:mod:`specview.core.kernels.map`,
-:mod:`specview.core.prescribe`) run here too, on the Session of their
+:mod:`specview.core.matrix.prescribe`) run here too, on the Session of their
 in-process engine: they report a fraction and a line of text
 (:class:`Progress`), and end in :class:`KernelMapFinished` /
 :class:`PrescriptionFinished` (``cancelled`` and no result when cancelled) or
@@ -113,7 +113,7 @@ class KernelMapRequest(_Cancellable):
 
 @dataclass
 class PrescriptionRequest(_Cancellable):
-    """Run :func:`specview.core.prescribe.prescribe` on a kernel map, on the Session of the map's engine."""
+    """Run :func:`specview.core.matrix.prescribe.prescribe` on a kernel map, on the Session of the map's engine."""
 
     kmap: Any  # specview.core.kernels.map.KernelMap
     draft: str
@@ -153,7 +153,7 @@ class KernelMapFinished:
 @dataclass(frozen=True)
 class PrescriptionFinished:
     request_id: int
-    prescription: Any  # specview.core.prescribe.Prescription, or None when cancelled
+    prescription: Any  # specview.core.matrix.prescribe.Prescription, or None when cancelled
     cancelled: bool
     seconds: float
 
@@ -448,7 +448,7 @@ class ModelWorker(QObject):
     @Slot(object)
     def prescribe(self, req: PrescriptionRequest) -> None:
         def work(text: Any, _fraction: Any) -> Any:
-            from ..core.prescribe import prescribe
+            from ..core.matrix.prescribe import prescribe
 
             kw: dict[str, Any] = {}
             if req.candidates is not None:

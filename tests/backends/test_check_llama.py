@@ -20,7 +20,7 @@ from specview.backends.llama_cpp import lib as llama_lib
 from specview.backends.llama_cpp.backend import LlamaBackend, LlamaLoaded
 from specview.backends.llama_cpp.engine import LlamaEngine
 from specview.core import diagnose as dmod
-from specview.core import reference
+from specview.core.diagnose import reference
 from specview.core.config import EngineSettings, RunConfig
 from specview.core.registry import get_backend, register_backend, unregister_backend
 from specview.core.session import Session

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from specview.core.config import EngineSettings, RunConfig
 from specview.core.kernels.map import kernel_map
-from specview.core.prescribe import prescribe
+from specview.core.matrix.prescribe import prescribe
 from specview.core.session import Session
 
 

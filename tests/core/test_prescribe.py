@@ -10,7 +10,7 @@ import pytest
 from fakes import FakeEngine
 from specview.core.config import EngineSettings, RunConfig
 from specview.core.kernels.map import kernel_map
-from specview.core.prescribe import Prescription, prescribe, suite_rates, wilson
+from specview.core.matrix.prescribe import Prescription, prescribe, suite_rates, wilson
 from specview.core.registry import register_backend, unregister_backend
 from specview.core.inprocess import InProcessBackend
 from specview.core.session import Session

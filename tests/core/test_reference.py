@@ -9,7 +9,7 @@ import pytest
 
 from fakes import BrokenBackend, FakeBackend, ToyModel
 from specview.core import diagnose as dmod
-from specview.core import reference as ref
+from specview.core.diagnose import reference as ref
 from specview.core.config import EngineSettings, RunConfig
 from specview.core.errors import SpecviewError
 from specview.core.registry import register_backend, unregister_backend

@@ -434,7 +434,7 @@ def test_report_without_qt_writes_no_plots_and_says_so(tmp_path: Path, monkeypat
 
 
 def test_a_broken_backend_is_said_before_the_fork_in_both_reports():
-    from specview.core.reference import problems_of
+    from specview.core.diagnose.reference import problems_of
 
     t = hostile_trace()
     totals = {"kl_mean": 3.1, "same_top1": 0.4, "non_finite": 0}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specview.core.reference import problems_of
+from specview.core.diagnose.reference import problems_of
 from specview.gui.verdict_bar import backend_failure, trace_verdict
 
 

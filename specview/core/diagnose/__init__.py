@@ -17,7 +17,7 @@ The method (``docs/diagnosis.md`` has the user's version):
 * **The envelope and the gap**: how far the two shapes move logits before the
   fork, and logit(a) - logit(b) at the fork.  Supporting numbers, and the rule
   for engines where the serial-verify control cannot run (:mod:`.classify`).
-* **The backend check** (:mod:`specview.core.reference`), when it runs, first:
+* **The backend check** (:mod:`specview.core.diagnose.reference`), when it runs, first:
   a backend that computes the model wrongly is flagged before any fork is read.
 
 Everything runs on the :class:`~specview.core.session.Session`'s already

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from ..errors import SpecviewError
 from ..arms.generate import GenOptions
-from ..reference import reference_for_trace, wanted_for
+from .reference import reference_for_trace, wanted_for
 from ..trace import Trace
 from .classify import (FAR_FACTOR, FAR_FLOOR, LOGIT_TOL, SCHEMA_VERSION, at_risk_positions, classify,
                        envelope_stats, far_threshold)
@@ -212,7 +212,7 @@ def diagnose(
     shapes and, with ``serial_verify`` (the default), checked with the
     serial-verify control, whose result decides the verdict where it can.  With
     ``controls`` the control matrix runs too.  ``reference`` runs the backend
-    check (:mod:`specview.core.reference`) first; None runs it when the run
+    check (:mod:`specview.core.diagnose.reference`) first; None runs it when the run
     used a GPU.  An identical run gets a cheap ``identical`` verdict without
     replays unless ``envelope_if_identical`` asks for the envelope over the
     whole run.  Raises :class:`DiagnosisCancelled` when ``cancel()`` turns True,

@@ -30,12 +30,12 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from .config import EngineSettings, default_threads
-from .engine import Engine
-from .errors import SpecviewError
-from .eta import WorkEta
-from .arms.generate import GenOptions, run_to_end, vanilla_greedy
-from .registry import Runner, get_backend
+from ..config import EngineSettings, default_threads
+from ..engine import Engine
+from ..errors import SpecviewError
+from ..eta import WorkEta
+from ..arms.generate import GenOptions, run_to_end, vanilla_greedy
+from ..registry import Runner, get_backend
 
 ProgressFn = Callable[[str], None]
 CancelFn = Callable[[], bool]

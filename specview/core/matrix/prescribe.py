@@ -27,13 +27,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-from .config import RunConfig
-from .errors import Cancelled
-from .eta import WorkEta
-from .kernels.map import KernelMap, TargetMap, kernel_map
-from .matrix.rates import wilson  # the one 95% Wilson interval the matrix's rates use too
-from .prompts import PromptSpec
-from .trace import read_json
+from ..config import RunConfig
+from ..errors import Cancelled
+from ..eta import WorkEta
+from ..kernels.map import KernelMap, TargetMap, kernel_map
+from .rates import wilson  # the one 95% Wilson interval the matrix's rates use too
+from ..prompts import PromptSpec
+from ..trace import read_json
 
 DEFAULT_CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 15)
 DEFAULT_TOKENS = 64
@@ -44,7 +44,7 @@ CancelFn = Callable[[], bool]
 
 def setting_flags(settings: Any, n_max: int) -> str:
     """The llama.cpp flags that make this setting: ``--spec-draft-n-max 3 -ub 1 -fa on``."""
-    from .config import EngineSettings
+    from ..config import EngineSettings
 
     base = EngineSettings()
     out = [f"--spec-draft-n-max {n_max}"]
@@ -445,7 +445,7 @@ def prescribe(
     lossless.sort(key=lambda c: -(c.measurement.speedup or 0.0) if c.measurement else 0.0)
     fastest_lossy = max(pr.lossy, key=lambda m: m.speedup or 0.0) if pr.lossy else None
     rate = None if fastest_lossy is None else _lossy_rate(fastest_lossy, suite_results, draft, max_tokens)
-    from .kernels.causes import prescription_lines
+    from ..kernels.causes import prescription_lines
 
     causes = [line for t in kmap.targets for line in prescription_lines(t)]
     return Prescription(lossless=lossless, fastest_lossy=fastest_lossy, lossy_rate=rate, nothing=pr.nothing,

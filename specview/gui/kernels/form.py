@@ -31,7 +31,7 @@ from PySide6.QtWidgets import (
 
 from ...core.errors import ConfigError
 from ...core.kernels.text import parse_widths, ranges
-from ...core.prescribe import DEFAULT_CANDIDATES, DEFAULT_TOKENS
+from ...core.matrix.prescribe import DEFAULT_CANDIDATES, DEFAULT_TOKENS
 from ...core.prompts import builtin_names
 from ..panes import is_dark
 

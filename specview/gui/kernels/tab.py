@@ -460,7 +460,7 @@ class KernelTab(QWidget):
         self.sigPrescriptionFinished.emit(ev)
 
     def show_prescription(self, pres: Any) -> None:
-        """Show a :class:`~specview.core.prescribe.Prescription` in the panel, and its gist in the verdict bar."""
+        """Show a :class:`~specview.core.matrix.prescribe.Prescription` in the panel, and its gist in the verdict bar."""
         self._set_prescription(pres)
         text, kind = prescription_verdict(pres)
         self.sigVerdict.emit(text, kind, "")
