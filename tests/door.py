@@ -42,12 +42,24 @@ def model(path: str | os.PathLike[str], *, gpu_layers: int = -1, vocab_only: boo
           decided: Any = None) -> Any:
     """specview's :class:`~specview.backends.llama_cpp.model.LlamaModel` of ``path``, loaded as a run here loads it
     (``decided``: the settings to take ``no_repack`` from; this machine's by default)."""
-    from specview.backends.llama_cpp.model import LlamaModel
+    from specview.backends.llama_cpp.model import LlamaModel, vocab_model
 
-    if vocab_only:
-        return LlamaModel(path, vocab_only=True)
+    if vocab_only:  # the vocabulary and metadata alone: no weights, so nothing to repack and nothing to decode
+        return vocab_model(path)
     nr = (decided if decided is not None else settings()).no_repack
     return LlamaModel(path, gpu_layers=gpu_layers, no_repack=bool(nr))
+
+
+def store() -> Any:
+    """specview's :class:`~specview.backends.llama_cpp.model.ModelStore`, whose ``get`` loads with this machine's
+    ``no_repack`` unless the caller names one."""
+    import functools
+
+    from specview.backends.llama_cpp.model import ModelStore
+
+    s = ModelStore()
+    s.get = functools.partial(s.get, no_repack=no_repack())  # type: ignore[method-assign]
+    return s
 
 
 def context(m: Any, decided: Any = None, *, n_ctx: int | None = None, observed: bool = False,
@@ -62,6 +74,32 @@ def context(m: Any, decided: Any = None, *, n_ctx: int | None = None, observed: 
     from specview.backends.llama_cpp.engine import LlamaEngine
 
     return LlamaEngine(m, s, n_ctx=n_ctx)
+
+
+def llama(path: str | os.PathLike[str], **kwargs: Any) -> Any:
+    """llama-cpp-python's own ``llama_cpp.Llama`` of ``path`` (``kwargs`` as it takes them), its weights loaded as
+    this machine loads them: ``Llama`` has no repack option, so while it loads, the model parameters its constructor
+    starts from (``llama_cpp.llama_cpp.llama_model_default_params``) have repacking off where a run here turns it
+    off, as :func:`c_model_params` does.  For a benchmark's baseline, which must run the kernels specview runs."""
+    import llama_cpp
+    from llama_cpp import llama_cpp as c
+
+    nr = no_repack()
+    plain = c.llama_model_default_params
+
+    def params() -> Any:
+        mp = plain()
+        mp.use_extra_bufts = not nr
+        return mp
+
+    c.llama_model_default_params = params
+    try:
+        ref = llama_cpp.Llama(str(path), **kwargs)
+    finally:
+        c.llama_model_default_params = plain
+    if bool(ref.model_params.use_extra_bufts) == nr:  # a llama-cpp-python that reads its params elsewhere
+        raise RuntimeError(f"llama_cpp.Llama({Path(path).name}) did not take this machine's no_repack")
+    return ref
 
 
 def c_model_params(ll: Any) -> Any:
