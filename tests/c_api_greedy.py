@@ -2,7 +2,8 @@
 
 The reference the llama.cpp engine's tests compare its vanilla arm with: the prompt is prefilled in
 chunks of ``chunk`` tokens (n_batch = n_ubatch = chunk), then one token per pass, each the argmax of
-the last row.
+the last row.  The weights load as this machine loads them (``door.c_load``: no repack where a run here
+decides none), so the reference runs the kernels the engine runs.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
+import door
 import numpy as np
 
 
@@ -17,11 +19,11 @@ def c_api_greedy(path: str | Path, prompt: list[int], n: int, *, n_ctx: int, chu
     """``n`` greedy tokens after ``prompt`` on ``path``, at ``threads`` threads (the thread count can move logits)."""
     import llama_cpp as ll
 
-    model = ll.llama_model_load_from_file(str(path).encode(), ll.llama_model_default_params())
+    model = door.c_load(ll, path)
     cp = ll.llama_context_default_params()
     cp.n_ctx, cp.n_batch, cp.n_ubatch = n_ctx, chunk, chunk
     cp.n_threads = cp.n_threads_batch = threads
-    ctx = ll.llama_init_from_model(model, cp)
+    ctx = door.c_context(ll, model, cp)
     n_vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(model))
     batch = ll.llama_batch_init(chunk, 0, 1)
     pos = 0

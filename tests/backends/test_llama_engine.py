@@ -1,21 +1,22 @@
 """The llama.cpp engine on tiny GGUF models written by the test suite."""
 
+import door
 import numpy as np
 import pytest
 from c_api_greedy import c_api_greedy
 
-from specview.backends.llama_cpp import LlamaEngine, LlamaModel, ModelStore, default_threads
+from specview.backends.llama_cpp import default_threads
 from specview.core.arms.drafters import ModelDrafter
-from specview.core.engine import EngineSettings, IncompatibleVocab, ModelFileError, check_draft_compatible
+from specview.core.engine import IncompatibleVocab, ModelFileError, check_draft_compatible
 from specview.core.arms.generate import GenOptions, run_to_end, speculative_greedy, vanilla_greedy
 from specview.core.session import RunConfig, Session
 
-S = EngineSettings(n_ctx=512, n_batch=64, n_ubatch=64)
+S = door.settings(n_ctx=512, n_batch=64, n_ubatch=64)
 
 
 @pytest.fixture(scope="module")
 def store():
-    s = ModelStore()
+    s = door.store()
     yield s
     s.close()
 
@@ -24,20 +25,20 @@ def test_vanilla_arm_equals_an_independent_greedy_loop(store, tiny_target):
     m = store.get(tiny_target)
     prompt = m.tokenize("the cat and the dog")
     assert prompt[0] == 1  # BOS added as the vocabulary asks
-    arm = run_to_end(vanilla_greedy(LlamaEngine(m, S), prompt, GenOptions(max_tokens=48, ignore_eos=True, n_batch=64)))
+    arm = run_to_end(vanilla_greedy(door.context(m, S), prompt, GenOptions(max_tokens=48, ignore_eos=True, n_batch=64)))
     # the reference shares no code with specview: greedy decoding written against the C API
     assert arm.tokens == c_api_greedy(tiny_target, prompt, 48, n_ctx=512, chunk=64, threads=default_threads())
 
 
 def test_truncate_rolls_the_kv_cache_back_exactly(store, tiny_target):
     m = store.get(tiny_target)
-    e = LlamaEngine(m, S)
+    e = door.context(m, S)
     prompt = m.tokenize("the model and the draft")
     e.eval(prompt, rows=[-1])
     e.eval([40, 41, 42, 43], rows=[0])  # a rejected "draft"
     e.truncate(len(prompt))
     after = e.eval([50, 51], rows=[0, 1])
-    fresh = LlamaEngine(m, S)
+    fresh = door.context(m, S)
     fresh.eval(prompt, rows=[-1])
     ref = fresh.eval([50, 51], rows=[0, 1])
     np.testing.assert_array_equal(after, ref)
@@ -46,10 +47,10 @@ def test_truncate_rolls_the_kv_cache_back_exactly(store, tiny_target):
 
 def test_eval_returns_only_the_rows_asked_for(store, tiny_target):
     m = store.get(tiny_target)
-    e = LlamaEngine(m, S)
+    e = door.context(m, S)
     out = e.eval([1, 300, 301, 302, 303], rows=[1, -1])
     assert out.shape == (2, m.n_vocab) and out.dtype == np.float32
-    e2 = LlamaEngine(m, S)
+    e2 = door.context(m, S)
     all_rows = e2.eval([1, 300, 301, 302, 303], rows=range(5))
     np.testing.assert_allclose(out, all_rows[[1, 4]], rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="n_batch"):
@@ -57,11 +58,11 @@ def test_eval_returns_only_the_rows_asked_for(store, tiny_target):
 
 
 def test_two_contexts_share_one_load(tiny_target):
-    s = ModelStore()
+    s = door.store()
     a = s.get(tiny_target)
     b = s.get(str(tiny_target))
     assert a is b and s.loads == 1
-    e1, e2 = LlamaEngine(a, S), LlamaEngine(a, S)
+    e1, e2 = door.context(a, S), door.context(a, S)
     assert a.contexts == 2
     e1.close()
     e2.close()
@@ -73,8 +74,8 @@ def test_speculative_arm_is_lossless_on_a_tiny_f32_model(store, tiny_target, tin
     m, d = store.get(tiny_target), store.get(tiny_draft)
     prompt = m.tokenize("the history of the bicycle")
     opts = GenOptions(max_tokens=60, ignore_eos=True, n_batch=64)
-    van = run_to_end(vanilla_greedy(LlamaEngine(m, S), prompt, opts))
-    spec = run_to_end(speculative_greedy(LlamaEngine(m, S), ModelDrafter(LlamaEngine(d, S), n_max=4), prompt, opts))
+    van = run_to_end(vanilla_greedy(door.context(m, S), prompt, opts))
+    spec = run_to_end(speculative_greedy(door.context(m, S), ModelDrafter(door.context(d, S), n_max=4), prompt, opts))
     assert spec.n_accepted > 0
     assert len(spec.tokens) == spec.n_accepted + len(spec.rounds)
     # F32 weights on a tiny model: batched and single-token passes agree to the last bit that matters
@@ -98,17 +99,17 @@ def test_model_facts_come_from_the_gguf(store, tiny_target):
 
 def test_missing_corrupt_and_truncated_files_give_clear_errors(tmp_path, tiny_target):
     with pytest.raises(ModelFileError, match="no such file"):
-        LlamaModel(tmp_path / "nope.gguf")
+        door.model(tmp_path / "nope.gguf")
     with pytest.raises(ModelFileError, match="is a folder"):
-        LlamaModel(tmp_path)
+        door.model(tmp_path)
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"PK\x03\x04" + bytes(100))
     with pytest.raises(ModelFileError, match="not a GGUF model file"):
-        LlamaModel(junk)
+        door.model(junk)
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(tiny_target.read_bytes()[:5000])
     with pytest.raises(ModelFileError, match="could not load this model") as ei:
-        LlamaModel(cut)
+        door.model(cut)
     assert str(cut) in str(ei.value)
 
 

@@ -16,9 +16,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import door
 import pytest
 
-from specview.backends.llama_cpp import LlamaEngine, LlamaModel, default_threads, resolve_threads, vocab_model
+from specview.backends.llama_cpp import default_threads, resolve_threads
 from specview.core.config import EngineSettings, RunConfig
 from specview.core.errors import ConfigError, ContextOverflow, SpecviewError
 from specview.core.arms.generate import GenOptions, run_to_end, speculative_greedy, vanilla_greedy
@@ -33,7 +34,7 @@ LONG = ("the history of the bicycle is the history of a model and a draft and a 
 
 @pytest.fixture(scope="module")
 def model(tiny_target):
-    m = LlamaModel(tiny_target)
+    m = door.model(tiny_target)
     yield m
     m.close()
 
@@ -45,14 +46,15 @@ def plain_model(tmp_path_factory):
 
 
 def raw_sizes(path: Path, n_ctx: int, n_batch: int, n_ubatch: int) -> tuple[int, int, int]:
-    """n_ctx, n_batch, n_ubatch of a context made directly through llama-cpp-python, sharing no code with specview."""
+    """n_ctx, n_batch, n_ubatch of a context made directly through llama-cpp-python, sharing no code with specview
+    but this machine's repack decision (``door.c_load``)."""
     import llama_cpp as ll
 
-    model = ll.llama_model_load_from_file(str(path).encode(), ll.llama_model_default_params())
+    model = door.c_load(ll, path)
     cp = ll.llama_context_default_params()
     cp.n_ctx, cp.n_batch, cp.n_ubatch = n_ctx, n_batch, n_ubatch
     cp.n_threads = cp.n_threads_batch = 1
-    ctx = ll.llama_init_from_model(model, cp)
+    ctx = door.c_context(ll, model, cp)
     try:
         return ll.llama_n_ctx(ctx), ll.llama_n_batch(ctx), ll.llama_n_ubatch(ctx)
     finally:
@@ -63,7 +65,7 @@ def raw_sizes(path: Path, n_ctx: int, n_batch: int, n_ubatch: int) -> tuple[int,
 # -- sizes come from the context llama.cpp made -----------------------------------------------------
 @pytest.mark.parametrize("n_ctx, n_batch, n_ubatch", [(16, 512, 512), (300, 64, 8), (512, 32, 64)])
 def test_engine_sizes_are_the_ones_llama_cpp_made(model, tiny_target, n_ctx, n_batch, n_ubatch):
-    e = LlamaEngine(model, EngineSettings(n_batch=n_batch, n_ubatch=n_ubatch, threads=1), n_ctx=n_ctx)
+    e = door.context(model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, threads=1)
     try:
         assert (e.n_ctx, e.n_batch, e.n_ubatch) == raw_sizes(tiny_target, n_ctx, n_batch, min(n_ubatch, n_batch))
         assert e.n_batch <= n_batch and e.n_ubatch <= e.n_batch and e.n_ctx >= n_ctx
@@ -77,8 +79,7 @@ def test_engine_sizes_are_the_ones_llama_cpp_made(model, tiny_target, n_ctx, n_b
 
 def test_a_small_context_clamps_n_batch_and_the_prefill_chunks_at_it(model, tiny_target):
     prompt = model.tokenize(LONG)
-    settings = EngineSettings(n_batch=512, n_ubatch=512, threads=1)
-    e = LlamaEngine(model, settings, n_ctx=16)
+    e = door.context(model, n_ctx=16, n_batch=512, n_ubatch=512, threads=1)
     assert e.n_batch < len(prompt) < e.n_ctx  # the case that aborted: a prompt longer than the clamped n_batch
     arm = run_to_end(vanilla_greedy(e, prompt, GenOptions(max_tokens=12, ignore_eos=True, n_batch=512)))
     last = len(prompt) % e.n_batch or e.n_batch
@@ -88,14 +89,14 @@ def test_a_small_context_clamps_n_batch_and_the_prefill_chunks_at_it(model, tiny
 
 
 def test_the_draft_context_chunks_at_its_real_n_batch_too(model, tiny_target, tiny_draft):
-    d = LlamaModel(tiny_draft)
+    d = door.model(tiny_draft)
     prompt = model.tokenize(LONG)
-    s = EngineSettings(n_batch=512, n_ubatch=512, threads=1)
+    s = door.settings(n_batch=512, n_ubatch=512, threads=1)
     opts = GenOptions(max_tokens=24, ignore_eos=True, n_batch=512)
-    van = run_to_end(vanilla_greedy(LlamaEngine(model, s, n_ctx=16), prompt, opts))
-    drafter = ModelDrafter(LlamaEngine(d, s, n_ctx=16), n_max=3, n_batch=512)
+    van = run_to_end(vanilla_greedy(door.context(model, s, n_ctx=16), prompt, opts))
+    drafter = ModelDrafter(door.context(d, s, n_ctx=16), n_max=3, n_batch=512)
     assert drafter.n_batch == 16
-    spec = run_to_end(speculative_greedy(LlamaEngine(model, s, n_ctx=16), drafter, prompt, opts, n_max_hint=3,
+    spec = run_to_end(speculative_greedy(door.context(model, s, n_ctx=16), drafter, prompt, opts, n_max_hint=3,
                                          serial_verify=True))
     assert spec.n_drafted > 0 and len(spec.tokens) == spec.n_accepted + len(spec.rounds)
     assert spec.tokens == van.tokens  # verify rows as single-token passes: exactly vanilla, on any CPU
@@ -103,8 +104,8 @@ def test_the_draft_context_chunks_at_its_real_n_batch_too(model, tiny_target, ti
 
 
 def test_a_verify_pass_wider_than_n_batch_is_refused_up_front(model):
-    e = LlamaEngine(model, EngineSettings(n_batch=4, n_ubatch=4, threads=1), n_ctx=256)
-    d = LlamaEngine(model, EngineSettings(n_batch=4, n_ubatch=4, threads=1), n_ctx=256)
+    e = door.context(model, n_ctx=256, n_batch=4, n_ubatch=4, threads=1)
+    d = door.context(model, n_ctx=256, n_batch=4, n_ubatch=4, threads=1)
     prompt = model.tokenize("the cat")
     gen = speculative_greedy(e, ModelDrafter(d, n_max=8), prompt, GenOptions(max_tokens=20, n_batch=4), n_max_hint=8)
     with pytest.raises(ContextOverflow, match=r"up to 9 tokens.*n_batch = 4"):
@@ -115,7 +116,7 @@ def test_a_verify_pass_wider_than_n_batch_is_refused_up_front(model):
 
 
 def test_eval_refuses_more_tokens_than_the_context_takes_instead_of_aborting(model):
-    e = LlamaEngine(model, EngineSettings(n_batch=512, threads=1), n_ctx=16)
+    e = door.context(model, n_ctx=16, n_batch=512, threads=1)
     with pytest.raises(ValueError, match=f"exceed n_batch={e.n_batch}"):
         e.eval(list(range(300, 300 + e.n_batch + 1)), rows=[-1])
     with pytest.raises(ValueError, match="outside"):
@@ -151,14 +152,14 @@ def test_cli_with_a_16_token_context_runs_or_says_why_it_cannot(tiny_target, tin
 
 # -- a model without a chat template --------------------------------------------------------------
 def test_a_model_without_a_chat_template_gets_the_plain_text_and_a_note(plain_model, tiny_target):
-    m = LlamaModel(plain_model)
+    m = door.model(plain_model)
     try:
         assert m.chat_template is None
         assert m.tokenize(LONG, chat=True) == m.tokenize(LONG, chat=False)
         assert plain_model.name in m.chat_note and "plain text" in m.chat_note and "\n" not in m.chat_note
     finally:
         m.close()
-    t = LlamaModel(tiny_target)
+    t = door.model(tiny_target)
     try:
         assert t.chat_template and t.chat_note is None
         assert t.tokenize("hi", chat=True) != t.tokenize("hi", chat=False)
@@ -172,7 +173,7 @@ def test_the_trace_of_a_chat_run_on_such_a_model_records_the_note(plain_model, t
     with Session() as s:
         t = s.run(RunConfig(target=str(plain_model), chat=True, **base))
         assert t.prompt["chat"] is True and "no chat template" in t.prompt["chat_note"]
-        assert t.prompt["tokens"] == LlamaModel(plain_model).tokenize("the cat")
+        assert t.prompt["tokens"] == door.model(plain_model).tokenize("the cat")
         assert "chat_note" not in s.run(RunConfig(target=str(plain_model), chat=False, **base)).prompt
         assert "chat_note" not in s.run(RunConfig(target=str(tiny_target), chat=True, **base)).prompt
         from specview.core.trace import Trace
@@ -182,12 +183,12 @@ def test_the_trace_of_a_chat_run_on_such_a_model_records_the_note(plain_model, t
 
 
 def test_the_vocabulary_only_model_tokenizes_like_the_full_one_and_cannot_evaluate(tiny_target):
-    full, voc = LlamaModel(tiny_target), vocab_model(tiny_target)
+    full, voc = door.model(tiny_target), door.model(tiny_target, vocab_only=True)  # vocab_only: vocab_model()
     try:
         assert voc.vocab_only and voc.tokenize(LONG, chat=True) == full.tokenize(LONG, chat=True)
         assert voc.vocab.texts == full.vocab.texts and voc.facts()["quantization"] == "F32"
         with pytest.raises(SpecviewError, match="vocabulary only"):
-            LlamaEngine(voc, EngineSettings())
+            door.context(voc)
     finally:
         voc.close()
         full.close()
@@ -216,10 +217,10 @@ def test_threads_resolve_from_the_setting_then_the_variable_then_the_cores(monke
 
 def test_the_context_uses_the_resolved_thread_count(model, monkeypatch):
     monkeypatch.setenv("SPECVIEW_THREADS", "1")
-    e = LlamaEngine(model, EngineSettings(threads=0), n_ctx=64)
+    e = door.context(model, n_ctx=64, threads=0)
     assert e.threads == 1 and model._ll.llama_n_threads(e.ctx) == 1
     e.close()
-    e = LlamaEngine(model, EngineSettings(threads=2), n_ctx=64)
+    e = door.context(model, n_ctx=64, threads=2)
     assert e.threads == 2 and model._ll.llama_n_threads(e.ctx) == 2
     e.close()
 
