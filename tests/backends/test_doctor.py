@@ -6,12 +6,13 @@ import json
 import subprocess
 import sys
 
+import door
 import llama_cpp
 import pytest
 
 from specview.backends.llama_cpp.backend import cpu_features, setup_facts
 from specview.backends.llama_cpp.lib import ggml_devices
-from specview.backends.llama_cpp.model import LlamaModel, layer_placement
+from specview.backends.llama_cpp.model import layer_placement
 from specview.core.config import EngineSettings, RunConfig, default_threads
 from specview.core.session import Session
 
@@ -50,7 +51,7 @@ def test_layer_placement_is_read_from_llamas_own_load_log(tiny_target) -> None:
     assert layer_placement(["load_tensors: layer   0 assigned to device CPU, is_swa = 0",
                             "load_tensors: layer   1 assigned to device ROCm0, is_swa = 0", "other"]) == \
         {"CPU": 1, "ROCm0": 1}
-    m = LlamaModel(tiny_target, gpu_layers=-1)
+    m = door.model(tiny_target, gpu_layers=-1)
     try:
         n_layer = int(m.meta("llama.block_count"))
         placed = m.facts()["layers_on"]

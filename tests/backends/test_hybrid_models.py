@@ -11,11 +11,8 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import door  # noqa: E402
 from tinyhybrid import PAIRS, WRITERS, hybrid_pair  # noqa: E402
-
-from specview.backends.llama_cpp.engine import LlamaEngine  # noqa: E402
-from specview.backends.llama_cpp.model import LlamaModel  # noqa: E402
-from specview.core.config import EngineSettings  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=sorted(WRITERS))
@@ -27,7 +24,7 @@ def pair(request, tmp_path_factory):
 def test_llama_cpp_loads_each_as_a_hybrid_of_its_own_architecture(pair):
     arch, target, draft = pair
     for path, quant in ((target, "F32"), (draft, "Q4_0")):
-        m = LlamaModel(path)
+        m = door.model(path)
         try:
             facts = m.facts()
             assert facts["architecture"] == arch and facts["quantization"] == quant
@@ -39,8 +36,8 @@ def test_llama_cpp_loads_each_as_a_hybrid_of_its_own_architecture(pair):
 
 def test_its_memory_refuses_a_partial_seq_rm_and_drops_everything_at_zero(pair):
     arch, target, _ = pair
-    m = LlamaModel(target)
-    e = LlamaEngine(m, EngineSettings(threads=1), n_ctx=128)
+    m = door.model(target)
+    e = door.context(m, door.settings(threads=1, target=target), n_ctx=128)
     try:
         e.eval(m.tokenize("the cat and the dog"), rows=[-1])
         ll = e._ll
@@ -64,9 +61,9 @@ def test_the_q4_0_drafter_agrees_with_its_target_often_but_not_always(pair):
     """Greedy next-token picks of target and drafter over one greedy walk of the target: some equal, some not,
     so a speculative run on the pair both accepts and rejects."""
     arch, target, draft = pair
-    mt, md = LlamaModel(target), LlamaModel(draft)
-    et = LlamaEngine(mt, EngineSettings(threads=1), n_ctx=256)
-    ed = LlamaEngine(md, EngineSettings(threads=1), n_ctx=256)
+    mt, md = door.model(target), door.model(draft)
+    et = door.context(mt, door.settings(threads=1, target=target), n_ctx=256)
+    ed = door.context(md, door.settings(threads=1, target=draft), n_ctx=256)
     try:
         toks = mt.tokenize("the cat and the dog")
         rt, rd = et.eval(toks, rows=[-1])[0], ed.eval(toks, rows=[-1])[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import door
 import numpy as np
 import pytest
 
@@ -55,6 +56,7 @@ def figures(pairs, k: int = 8):
 
 def check_width(session: Session, target: str, prompts: list[str], width: int, positions: int,
                 settings: EngineSettings) -> KernelMap:
+    settings = door.settings(settings, target=target)  # decided once: the map and the direct rows run the same
     km = kernel_map(session, [target], prompts, widths=[width], positions=positions, settings=settings)
     t = km.targets[0]
     st = t.widths[width]

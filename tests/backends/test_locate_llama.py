@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 
+import door
 import numpy as np
 import pytest
 
-from specview.backends.llama_cpp.engine import LlamaEngine
-from specview.backends.llama_cpp.graph import ObservedEngine
-from specview.backends.llama_cpp.model import LlamaModel
 from specview.core.config import EngineSettings
 from specview.core.locate.find import Located, compare_values, locate, token_axis
 from specview.core.session import Session
 
 # one thread: the threadpool's spin-waits make two-thread passes crawl on a busy machine; FA off names kq-*
-TINY = EngineSettings(threads=1, flash_attn="off", kv_type="f32")
+TINY = door.settings(threads=1, flash_attn="off", kv_type="f32")
 PROMPT = [1, 300, 301, 302, 303, 304]
 
 
@@ -152,7 +150,7 @@ def check_pass(captured, ref, row: int, width: int, n_valid: int):
 
 @pytest.fixture(scope="module")
 def tiny(tiny_target):
-    model = LlamaModel(tiny_target)
+    model = door.model(tiny_target)
     yield model
     model.close()
 
@@ -160,7 +158,7 @@ def tiny(tiny_target):
 @pytest.mark.parametrize("width,row", [(1, 0), (3, 2)])
 def test_captured_nodes_equal_a_numpy_forward_pass(tiny, tiny_target, width, row):
     w, hp = gguf_weights(tiny_target)
-    eng = ObservedEngine(tiny, TINY, n_ctx=256)
+    eng = door.context(tiny, TINY, n_ctx=256, observed=True)
     try:
         eng.eval(PROMPT, rows=[-1])
         kv: dict = {}
@@ -179,7 +177,7 @@ def test_captured_nodes_equal_a_numpy_forward_pass(tiny, tiny_target, width, row
 
 
 def test_the_token_axis_of_kq_is_not_the_outermost(tiny):
-    eng = ObservedEngine(tiny, TINY, n_ctx=256)
+    eng = door.context(tiny, TINY, n_ctx=256, observed=True)
     try:
         eng.eval(PROMPT, rows=[-1])
         _, (mb,) = eng.observe([310, 311, 312, 313], rows=range(4))
@@ -191,8 +189,8 @@ def test_the_token_axis_of_kq_is_not_the_outermost(tiny):
 
 
 def plain_and_observed(model, settings, prompt, feed, width, selection="all"):
-    plain = LlamaEngine(model, settings, n_ctx=512)
-    obs = ObservedEngine(model, settings, n_ctx=512, selection=selection)
+    plain = door.context(model, settings, n_ctx=512)
+    obs = door.context(model, settings, n_ctx=512, observed=True, selection=selection)
     try:
         for e in (plain, obs):
             e.eval(prompt, rows=[-1])
@@ -215,8 +213,8 @@ def test_observing_the_tiny_model_changes_no_logit(tiny, width):
 
 def test_the_kv_copy_is_exact(tiny):
     """The observed context gets the walk's KV prefix by copy: its next pass equals the walk's, bit for bit."""
-    a = LlamaEngine(tiny, TINY, n_ctx=256)
-    b = ObservedEngine(tiny, TINY, n_ctx=256)
+    a = door.context(tiny, TINY, n_ctx=256)
+    b = door.context(tiny, TINY, n_ctx=256, observed=True)
     try:
         a.eval(PROMPT, rows=[-1])
         for t in (310, 311):
@@ -244,11 +242,11 @@ def session():
 
 @pytest.mark.parametrize("quant", ["F16", "Q4_K_M"])
 def test_observing_the_demo_changes_no_logit(demo_paths, quant):
-    model = LlamaModel(demo_paths[quant])
+    model = door.model(demo_paths[quant])
     try:
         prompt = model.tokenize("The history of the bicycle", chat=False)
         for width in (1, 2, 4, 8):
-            a, b, _ = plain_and_observed(model, DEMO, prompt, [42] * 9, width)
+            a, b, _ = plain_and_observed(model, door.settings(DEMO), prompt, [42] * 9, width)
             assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), width
     finally:
         model.close()
@@ -322,9 +320,9 @@ def test_without_repack_no_weight_is_in_a_repacked_buffer(session):
 def test_locate_and_compare_agree_on_the_logits(session):
     """The logits count is the plain passes' own: recomputed here from scratch it is the same."""
     loc = locate(session, "demo:F16", width=2, row=1, position=5, prompt="Write an essay on sleep.", settings=DEMO)
-    model = LlamaModel(loc.model["path"])
+    model = door.model(loc.model["path"])
     try:
-        eng = LlamaEngine(model, DEMO, n_ctx=512)
+        eng = door.context(model, door.settings(DEMO), n_ctx=512)
         ids = model.tokenize("Write an essay on sleep.", chat=True)
         row = eng.eval(ids, rows=[-1])[0]
         seq = []

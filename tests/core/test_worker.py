@@ -413,13 +413,14 @@ def test_a_cancel_reaches_the_worker_while_tokens_stream(tiny_target, tiny_draft
 
 def test_a_model_load_reports_progress_to_the_deadline(tiny_target):
     """llama.cpp's load progress reaches the activity record, so a long load is not taken for a hang."""
-    from specview.backends.llama_cpp.model import LlamaModel
+    import door
+
     from specview.core import activity
 
     seen: list[str] = []
     activity.set_sink(seen.append)
     try:
-        LlamaModel(tiny_target).close()
+        door.model(tiny_target).close()
     finally:
         activity.set_sink(None)
     loads = [s for s in seen if s.startswith(f"loading {tiny_target.name} (")]
