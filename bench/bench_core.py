@@ -6,7 +6,8 @@ Prints, for the same model and prompt tokens:
   * vanilla arm tokens/s vs ``Llama.generate`` (greedy) tokens/s, and their ratio (goal >= 0.95);
   * the share of each arm's generation wall time spent inside llama.cpp forward passes (goal >= 0.9).
 Runs alternate between the contenders and the best of N is kept, so a noisy,
-shared machine hurts both sides alike.
+shared machine hurts both sides alike.  Both sides load the weights as a run on
+this machine does (``tests/door.py``: no repack where the crash probe crashed).
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("GGML_NO_BACKTRACE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 
 def main() -> int:
@@ -28,12 +31,11 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=0)
     args = ap.parse_args()
 
-    import llama_cpp
+    import door
 
-    from specview.backends.llama_cpp import LlamaEngine, LlamaModel, default_threads
+    from specview.backends.llama_cpp import default_threads
     from specview.backends.llama_cpp import demo
     from specview.core.arms.drafters import ModelDrafter
-    from specview.core.engine import EngineSettings
     from specview.core.arms.generate import GenOptions, run_to_end, speculative_greedy, vanilla_greedy
 
     threads = args.threads or default_threads()
@@ -42,14 +44,14 @@ def main() -> int:
     n = args.tokens
     # flash attention off: llama-cpp-python's Llama class defaults to off, and the two loops must
     # run the same kernels to be compared (its tokens are checked against ours below)
-    settings = EngineSettings(n_ctx=1024, n_batch=512, n_ubatch=512, threads=threads, flash_attn="off")
-    model = LlamaModel(tpath)
-    dmodel = LlamaModel(dpath)
+    settings = door.settings(n_ctx=1024, n_batch=512, n_ubatch=512, threads=threads, flash_attn="off")
+    model = door.model(tpath, decided=settings)
+    dmodel = door.model(dpath, decided=settings)
     prompt = model.tokenize(demo.DEMO_PROMPT, chat=True)
     opts = GenOptions(max_tokens=n, ignore_eos=True, n_batch=512)
 
-    ref = llama_cpp.Llama(str(tpath), n_ctx=1024, n_batch=512, n_ubatch=512, n_threads=threads,
-                          n_threads_batch=threads, verbose=False)
+    ref = door.llama(tpath, n_ctx=1024, n_batch=512, n_ubatch=512, n_threads=threads, n_threads_batch=threads,
+                     verbose=False)
 
     def ref_run() -> tuple[float, list[int]]:
         ref.reset()
@@ -63,9 +65,9 @@ def main() -> int:
                 break
         return (len(out) - 1) / (time.perf_counter() - t0), out
 
-    veng = LlamaEngine(model, settings)
-    seng = LlamaEngine(model, settings)
-    deng = LlamaEngine(dmodel, settings)
+    veng = door.context(model, settings)
+    seng = door.context(model, settings)
+    deng = door.context(dmodel, settings)
 
     best_ref = best_van = spec_tps = 0.0
     van_share = spec_share = 0.0

@@ -11,6 +11,8 @@ and the CLI take them):
     this process, best of --repeats each, alternating (goal: under 3% slower);
   * the vanilla arm's tokens/s in the worker against ``Llama.generate`` (greedy) in
     this process (goal >= 0.95), after checking both produce the same tokens.
+Every model loads as a run on this machine does (``tests/door.py``: no repack
+where the crash probe crashed).
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ from __future__ import annotations
 import argparse
 import os
 import pickle
+import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("GGML_NO_BACKTRACE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 
 def main() -> int:
@@ -32,7 +37,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=0)
     args = ap.parse_args()
 
-    import llama_cpp
+    import door
 
     from specview.backends.llama_cpp import default_threads, demo
     from specview.core.config import EngineSettings, RunConfig
@@ -79,9 +84,10 @@ def main() -> int:
     path = str(demo.resolve(args.target))
     prompt = None
     with Session() as s:
-        prompt = s.model("llama.cpp", args.target, settings).tokenize(demo.DEMO_PROMPT, chat=True)
-    ref = llama_cpp.Llama(path, n_ctx=1024, n_batch=512, n_ubatch=512, n_threads=threads, n_threads_batch=threads,
-                          verbose=False, flash_attn=False)
+        prompt = s.model("llama.cpp", args.target, door.settings(settings, target=args.target)).tokenize(
+            demo.DEMO_PROMPT, chat=True)
+    ref = door.llama(path, n_ctx=1024, n_batch=512, n_ubatch=512, n_threads=threads, n_threads_batch=threads,
+                     verbose=False, flash_attn=False)
     ref_tps = 0.0
     ref_tokens: list[int] = []
     for _ in range(args.repeats):
