@@ -102,6 +102,13 @@ def llama(path: str | os.PathLike[str], **kwargs: Any) -> Any:
     return ref
 
 
+def server_flags(decided: Any = None) -> list[str]:
+    """llama-server's flags for this machine's load decisions, for a test that starts one on its own command line:
+    ``--no-repack`` where a run here turns repacking off (``decided``: the settings to take it from), as
+    :func:`specview.core.llama_flags.engine_flags` gives a run's server."""
+    return ["--no-repack"] if (decided if decided is not None else settings()).no_repack else []
+
+
 def c_model_params(ll: Any) -> Any:
     """``llama_model_default_params()`` as this machine loads weights: repacking off where a run turns it off.
     For a test's own C-API reference, which shares nothing else with specview."""
