@@ -2,6 +2,7 @@
 
 import ctypes
 
+import door
 import numpy as np
 import pytest
 
@@ -77,17 +78,18 @@ def test_a_natural_fork_comes_after_a_batched_verify(session):
 
 
 class PlainLlama:
-    """A context written directly against llama-cpp-python's C API, for the reference loop below."""
+    """A context written directly against llama-cpp-python's C API, for the reference loop below; its weights load
+    as a run here loads them (``door.c_load``: no repack where the machine decides none)."""
 
     def __init__(self, path, n_ctx=512, n_batch=512):
         import llama_cpp as ll
 
         self.ll = ll
-        self.model = ll.llama_model_load_from_file(str(path).encode(), ll.llama_model_default_params())
+        self.model = door.c_load(ll, path)
         cp = ll.llama_context_default_params()
         cp.n_ctx, cp.n_batch, cp.n_ubatch = n_ctx, n_batch, n_batch
         cp.n_threads = cp.n_threads_batch = default_threads()  # the thread count can move the logits
-        self.ctx = ll.llama_init_from_model(self.model, cp)
+        self.ctx = door.c_context(ll, self.model, cp)
         self.n_vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(self.model))
         self.batch = ll.llama_batch_init(n_batch, 0, 1)
         self.n_batch = n_batch

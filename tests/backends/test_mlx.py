@@ -428,7 +428,7 @@ def test_diagnosis_on_mlx_calls_a_planted_rollback_bug_a_state_bug(models, promp
         want, _ = plain_greedy(models["target"], prompt, MAX_TOKENS)
         assert tr.vanilla.tokens == want
         assert not tr.comparison.identical  # the stale drafts changed the speculative text
-        d = diagnose(s, cfg, tr)
+        d = diagnose(s, s.resolve(cfg).config, tr)
         assert d["verdict"] == "state", d["explanation"]
         assert d["replays"]["speculative"]["reproduced"] is False  # a clean replay does not give its tokens
         assert d["replays"]["single"]["reproduced"] is True
@@ -571,7 +571,8 @@ def test_derive_is_cached_atomic_and_refuses_quantized_sources(models):
 def test_demo_gguf_converted_to_mlx_agrees_with_llama_cpp():
     """The shipped Q4_1 GGUF, converted to MLX as it is, tokenizes exactly like llama.cpp does
     and decodes the same text until the first near-tie."""
-    from specview.backends.llama_cpp import LlamaEngine, LlamaModel
+    import door
+
     from specview.core import demo
 
     folder = Path(MLXBackend().resolve("demo:Q4_1"))
@@ -579,7 +580,7 @@ def test_demo_gguf_converted_to_mlx_agrees_with_llama_cpp():
     f = m.facts()
     assert (f["quantization"], f["quant_group_size"], f["n_vocab"]) == ("4bit", 32, 49152)
     assert json.loads((folder / "config.json").read_text())["quantization"]["model.embed_tokens"]["bits"] == 8
-    ll = LlamaModel(demo.shipped_path())
+    ll = door.model(demo.shipped_path())
     assert m.vocab.texts == ll.vocab.texts and (m.vocab.bos, m.vocab.eos) == (ll.vocab.bos, ll.vocab.eos)
     for text in ["What is the capital of France?", "Write an essay about sleep. 12345 numbers!",
                  "  leading spaces\nand  émojis 🎉 done"]:
@@ -589,7 +590,7 @@ def test_demo_gguf_converted_to_mlx_agrees_with_llama_cpp():
 
     ids = ll.tokenize("The capital of France is")
     a = run_to_end(vanilla_greedy(MLXEngine(m, n_ctx=128), ids, GenOptions(max_tokens=24, ignore_eos=True)))
-    b = run_to_end(vanilla_greedy(LlamaEngine(ll, n_ctx=128), ids, GenOptions(max_tokens=24, ignore_eos=True)))
+    b = run_to_end(vanilla_greedy(door.context(ll, n_ctx=128), ids, GenOptions(max_tokens=24, ignore_eos=True)))
     d = next((i for i, (x, y) in enumerate(zip(a.tokens, b.tokens)) if x != y), None)
     assert d is None or d >= 4
     if d is not None:  # two kernels on the same weights part only where the top two were close

@@ -17,6 +17,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import door
 import pytest
 from require import missing
 
@@ -48,11 +49,9 @@ def server_bin() -> str:
 
 @pytest.fixture(scope="module")
 def prompt_tokens(server_bin) -> tuple[int, ...]:
-    from specview.backends.llama_cpp import vocab_model
-
     from specview.core.demo import DEMO_PROMPT
 
-    vm = vocab_model(get_backend("llama.cpp").resolve("demo:Q8_0"))
+    vm = door.model(get_backend("llama.cpp").resolve("demo:Q8_0"), vocab_only=True)
     try:
         return tuple(vm.tokenize(DEMO_PROMPT, chat=True))
     finally:
@@ -325,8 +324,8 @@ def test_a_port_taken_between_check_and_bind_is_named_from_the_servers_output(se
         sock.bind(("127.0.0.1", 0))
         sock.listen(1)
         port = sock.getsockname()[1]
-        s = LlamaServer(server_bin, ["-m", get_backend("llama.cpp").resolve("demo:Q8_0"), "-t", "1"], label="vanilla",
-                        port=port)
+        s = LlamaServer(server_bin, ["-m", get_backend("llama.cpp").resolve("demo:Q8_0"), "-t", "1",
+                                     *door.server_flags()], label="vanilla", port=port)
         s.start()
         try:
             with pytest.raises(ServerError, match=f"port {port} on 127.0.0.1 is already in use"):
@@ -393,7 +392,8 @@ def test_the_shared_openai_protocol_reads_llama_servers_v1_completions_as_its_na
 
     model = get_backend("llama.cpp").resolve("demo:Q8_0")
     toks = [1, 504, 3458, 282, 1060]
-    with LlamaServer(server_bin, ["-m", model, "-t", "1", "-c", "256", "-np", "1"], label="openai") as s:
+    with LlamaServer(server_bin, ["-m", model, "-t", "1", "-c", "256", "-np", "1", *door.server_flags()],
+                     label="openai") as s:
         s.wait_ready(timeout=120)
         native = s.post("/completion", completion_body(toks, 12, n_probs=4))
         choice, resp = openai.complete(s, "/v1/completions", openai.completion_body(toks, 12, top_logprobs=4))
