@@ -183,7 +183,7 @@ def test_the_trace_of_a_chat_run_on_such_a_model_records_the_note(plain_model, t
 
 
 def test_the_vocabulary_only_model_tokenizes_like_the_full_one_and_cannot_evaluate(tiny_target):
-    full, voc = door.model(tiny_target), door.model(tiny_target, vocab_only=True)  # vocab_only: vocab_model()
+    full, voc = door.model(tiny_target), door.model(tiny_target, vocab_only=True)
     try:
         assert voc.vocab_only and voc.tokenize(LONG, chat=True) == full.tokenize(LONG, chat=True)
         assert voc.vocab.texts == full.vocab.texts and voc.facts()["quantization"] == "F32"
