@@ -305,8 +305,7 @@ class AcceptancePlot(TimedPlot):
     def mark_fork(self, i: int | None) -> None:
         r = self.round_of_token(i) if i is not None else None
         self.fork_line.setVisible(r is not None)
-        if r is not None:
-            self.fork_line.setValue(r.index)
+        self.fork_line.setValue(r.index if r is not None else 0)  # no fork: no stale position of the last one
 
     def _clicked(self, ev) -> None:
         if ev.button() != Qt.MouseButton.LeftButton or not self.rounds:
@@ -487,6 +486,8 @@ class MarginPlot(TimedPlot):
 
     def mark_fork(self, i: int | None, margin: float | None = None) -> None:
         self.fork_line.setVisible(i is not None)
+        if i is None:
+            self.fork_line.setValue(0)  # no fork: no stale position of the last one
         if i is not None:
             self.fork_line.setValue(i)
             n = max(self.n_vanilla, self.n_speculative, 1)

@@ -18,6 +18,7 @@ import functools
 import os
 from pathlib import Path
 
+import door
 import pytest
 from test_server import find_binary, runner  # noqa: F401  (runner: one ServerRunner for the module)
 
@@ -180,7 +181,7 @@ def test_dspark_p_min_refusal_is_what_llama_server_does(target, drafters):
     for draft, spec in cases:
         expected = dflash.dspark_p_min_refusal(draft, spec_type=spec[1] if spec else None)
         args = ["-m", str(target), "-md", str(draft), *spec, "--spec-draft-n-max", "7", "--spec-draft-p-min", "0.5",
-                "-c", "512", "-np", "1", "-t", threads]
+                "-c", "512", "-np", "1", "-t", threads, *door.server_flags()]
         with LlamaServer(find_binary(), args, label="p-min") as srv:
             srv.wait_ready(timeout=120)
             resp = srv.post("/completion", completion_body([1, 504, 3458, 282, 4998], 8, n_probs=0))

@@ -19,6 +19,11 @@ def gui_settings():
 def other_value(f):
     """A value the declaration accepts that is not the default (so a round trip that drops it fails)."""
     d, meta = typed_default(f), f.metadata  # a setting the machine may decide: typed by its plain value
+    if f.name == "no_repack":  # the app shows the machine's choice as the control's own: the other one is not it
+        from specview.core.config import EngineSettings as _E
+        from specview.core.registry import Runner
+
+        return not Runner.resolve_settings(_E(), backend="llama.cpp", measure=False)[0].no_repack
     if isinstance(d, bool):
         return not d
     if meta.get("choices"):
