@@ -125,10 +125,10 @@ def test_run_streams_both_arms_and_marks_the_fork(qtbot, win, fork):
     assert ref.tokens == v.tokens
 
 
-def test_p_min_1_reruns_only_the_speculative_arm_and_is_identical(qtbot, win):
+def test_p_min_1_reruns_only_the_speculative_arm_and_is_identical(qtbot, win, fork):
     ensure_base_config(win)
-    if win.trace is None or win.trace.comparison.identical:
-        run_and_wait(qtbot, win)
+    win.set_controls(**fork_controls(fork))  # a run that forks on this machine, whatever it decided
+    run_and_wait(qtbot, win)
     before = win.last_finished
     vanilla_text = win.panes.vanilla.text()
     win.auto_run.setChecked(True)
@@ -251,10 +251,10 @@ def test_bad_model_shows_error_and_the_window_stays_usable(qtbot, win, tmp_path)
     assert win.panes.vanilla.text() == trace.vanilla.text and len(trace.vanilla.tokens) > 0
 
 
-def test_saved_trace_reopens_identically(qtbot, win, make_window, tmp_path):
+def test_saved_trace_reopens_identically(qtbot, win, make_window, tmp_path, fork):
     ensure_base_config(win)
-    if win.trace is None or win.trace.comparison.identical:
-        run_and_wait(qtbot, win)
+    win.set_controls(**fork_controls(fork))  # a run that forks on this machine, whatever it decided
+    run_and_wait(qtbot, win)
     path = win.save_trace(tmp_path / "run.json")
     assert path is not None and path.exists()
     other = make_window()
