@@ -201,26 +201,37 @@ def _identical_trace(cfg: RunConfig):
 
 
 # -- the default demo: what the README promises ---------------------------------------------
-@pytest.mark.parametrize("no_repack", [False, True], ids=["repack", "no-repack"])
+@pytest.mark.parametrize("no_repack", [None, True], ids=["decided", "no-repack"])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_the_default_demo_forks(threads, no_repack):
-    """`specview run` with every default forks at one and at two threads, with repacked weights and without
-    (where is the machine's business): the demo target is the one `specview run` picks for these kernels."""
+    """`specview run` with every default forks at one and at two threads, with the repack this machine decides
+    (repacked weights, or none where the crash probe crashed) and with none: the demo target is the one `specview
+    run` picks for these kernels.  Repacking is never forced on: where the probe crashed that would crash."""
     from specview.backends.llama_cpp.demo_pick import pick_demo_target
+    from specview.core.registry import Runner
 
     settings = EngineSettings(threads=threads, no_repack=no_repack)
-    pick = pick_demo_target(settings)
+    resolved = Runner.resolve(RunConfig(prompt=DEMO_PROMPT, engine=settings), default_target=True)
+    machine = Runner.resolve_settings(EngineSettings(), backend="llama.cpp")[0].no_repack
+    assert resolved.settings.no_repack is (machine if no_repack is None else no_repack)
+    pick = pick_demo_target(resolved.settings)  # the pick the resolution took (cached under these settings)
     assert pick.can_fork, pick.reason
-    cfg = RunConfig(prompt=DEMO_PROMPT, target=pick.target, engine=settings)
+    assert resolved.config.target == pick.target
     session = Session()
     try:
-        trace = session.run(cfg)
+        trace = session.run(resolved)
     finally:
         session.close()
+    decided = trace.config.get("decided") or {}
+    assert trace.config["target"] == pick.target and trace.config["engine"]["no_repack"] is resolved.settings.no_repack
+    # the trace says why: the pick, and the no-repack decision where the machine (not the test) made it
+    assert decided["target"] == {"value": pick.target, "why": pick.reason}
+    assert ("no_repack" in decided) is (no_repack is None and machine is True)
+    cfg = resolved.config
     assert not trace.comparison.identical, (
         f"the default demo ({cfg.target} <- {cfg.draft}, {cfg.max_tokens} tokens, n_max {cfg.n_max}, "
-        f"{threads} thread(s), {'no repack' if no_repack else 'repack'}; {pick.reason or 'the default'}) gave the "
-        "same text in both arms on this machine; the README promises a fork")
+        f"{threads} thread(s), {'no repack' if cfg.engine.no_repack else 'repack'}; {pick.reason or 'the default'}) "
+        "gave the same text in both arms on this machine; the README promises a fork")
 
 
 def test_an_identical_run_is_cheap():
