@@ -16,6 +16,7 @@ from specview.core.config import EngineSettings
 from specview.core.kernels.evidence import DIFFER, NOT_COVERED, PROVEN, STATUSES
 from specview.core.kernels.map import kernel_map
 from specview.core.matrix import MatrixSpec, builtin_prompts, load_matrix, run_matrix
+from specview.core.registry import Runner
 from specview.core.report.write import write_report
 from specview.core.session import Session
 from specview.core.trace import Trace
@@ -23,6 +24,12 @@ from specview.core.trace import Trace
 pytestmark = pytest.mark.demo
 
 SETTINGS = EngineSettings(threads=1)
+
+
+def _nr_here() -> str:
+    """The label part ``nr`` where this machine decides no repack for SETTINGS (the crash probe crashed, or
+    $SPECVIEW_REPACK_PROBE plants that): a map's rows and a run's settings carry the decision, and its label."""
+    return ", nr" if Runner.resolve_settings(SETTINGS, backend="llama.cpp")[0].no_repack else ""
 
 
 @pytest.fixture(scope="module")
@@ -77,12 +84,14 @@ def test_each_prediction_follows_from_the_maps_own_rows(demo_run):
 
 
 def test_a_gguf_path_is_matched_to_its_demo_row_by_file_facts(demo_run, demo_paths):
-    _, _, doc, _ = demo_run
+    km, _, doc, _ = demo_run
     cells = [c for c in doc["cells"] if c["params"]["target"] == str(demo_paths["Q4_K_M"])]
     assert cells
+    row = km.target("demo:Q4_K_M")  # mapped as this machine decides: its label names no repack where decided
+    assert row.label == f"demo:Q4_K_M [t 1{_nr_here()}]"
     for c in cells:
         p = c["kernel_prediction"]
-        assert p["row"] == "demo:Q4_K_M [t 1]"
+        assert p["row"] == row.label
         assert not any("by name only" in cv for cv in p["caveats"])  # the facts decided, not the names
 
 
@@ -90,8 +99,11 @@ def test_the_trace_report_carries_the_prediction(demo_run, tmp_path: Path):
     _, km_file, doc, tmp = demo_run
     c = doc["cells"][0]
     trace = Trace.load(tmp / c["trace"] if not Path(c["trace"]).is_absolute() else c["trace"])
+    # the trace's settings carry this machine's decision, and the map row they match is labelled with it
+    nr = _nr_here()
+    assert trace.config["engine"]["no_repack"] is bool(nr)
     written = write_report(trace, tmp_path, kernel_map=km_file)
     page = written["html"].read_text(encoding="utf-8")
-    assert "<h2>Kernel map</h2>" in page and "demo:Q8_0 [t 1]" in page
+    assert "<h2>Kernel map</h2>" in page and f"demo:Q8_0 [t 1{nr}]" in page
     words = {"proven-lossless": "proven lossless", "kernels-differ": "kernels differ"}[c["kernel_prediction"]["status"]]
     assert words in page
