@@ -83,13 +83,9 @@ class Runner(ABC):
     def resolve_settings(settings: EngineSettings, *, backend: str, target: str | None = None,
                          measure: bool = True) -> "tuple[DecidedSettings, tuple[Decision, ...]]":
         """Engine settings alone (a job's, a matrix's free axes) decided for ``backend`` (and ``target``)."""
-        from .resolve import NothingDecides, resolve_engine
+        from .resolve import resolve_engine
 
-        try:
-            be: Any = get_backend(backend)
-        except BackendUnavailable:  # an engine the registry does not know (a test's own Session): nothing decides
-            be = NothingDecides()
-        return resolve_engine(settings, be, target=target, measure=measure)
+        return resolve_engine(settings, _deciding(backend), target=target, measure=measure)
 
     @staticmethod
     def as_decided(settings: EngineSettings, *, backend: str) -> EngineSettings:
@@ -132,14 +128,10 @@ class Runner(ABC):
         argument (one EngineSettings or a list) is resolved here, once, for ``backend=`` (and ``target=``,
         where the job names one).  Only in-process engines have a Session to give it."""
         if "settings" in kwargs and kwargs.get("backend"):
-            from .resolve import NothingDecides, resolve_settings
+            from .resolve import resolve_settings
 
             target = kwargs.get("target") if isinstance(kwargs.get("target"), str) else None
-            try:
-                be: Any = get_backend(kwargs["backend"])
-            except BackendUnavailable:  # an engine the registry does not know: nothing decides
-                be = NothingDecides()
-            kwargs["settings"] = resolve_settings(kwargs["settings"], be, target=target)
+            kwargs["settings"] = resolve_settings(kwargs["settings"], _deciding(kwargs["backend"]), target=target)
         return self.run_job(fn, args, kwargs)
 
     def run_job(self, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
@@ -155,6 +147,17 @@ class Runner(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _deciding(name: str) -> Any:
+    """The backend that decides for ``name``: the registry's, or one that decides nothing for an engine the registry
+    does not know (a test's own Session)."""
+    from .resolve import NothingDecides
+
+    try:
+        return get_backend(name)
+    except BackendUnavailable:
+        return NothingDecides()
 
 
 class Backend(ABC):
