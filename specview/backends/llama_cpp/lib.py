@@ -283,5 +283,42 @@ def llama_environment() -> dict[str, Any]:
             "gpu_offload": bool(ll.llama_supports_gpu_offload()),
             "llama_lib_dir": str(lib_dir()),
             "ggml_env": ggml_environment(),
+            **build_facts(getattr(ll, "__version__", None)),
         }
     return dict(_ENV)
+
+
+#: the llama.cpp commit each llama-cpp-python release vendors (its CHANGELOG.md: "update llama.cpp to
+#: ggml-org/llama.cpp@..."); a source build without git records no commit of its own
+VENDORED_LLAMA_CPP = {"0.3.36": "0c1e57098", "0.3.35": "4df29be4f", "0.3.34": "e3546c794", "0.3.33": "78d2f5246"}
+
+
+def build_facts(version: str | None) -> dict[str, Any]:
+    """What this build says of its own making: ggml's version and commit (``ggml_version``, ``ggml_commit``; a
+    build from a source archive says "unknown"), the llama.cpp commit the llama-cpp-python release vendors, and
+    the compiler libllama (or libggml-base) was built with (its ELF ``.comment``).  What it cannot read is left
+    out."""
+    out: dict[str, Any] = {}
+    if version in VENDORED_LLAMA_CPP:
+        out["llama_cpp_vendored_commit"] = VENDORED_LLAMA_CPP[version]
+    for path in sorted(lib_dir().glob("libggml-base*")):
+        try:
+            lib = ctypes.CDLL(str(path))
+            for name in ("ggml_version", "ggml_commit"):
+                fn = getattr(lib, name, None)
+                if fn is not None:
+                    fn.restype, fn.argtypes = ctypes.c_char_p, []
+                    out[name] = (fn() or b"").decode("utf-8", "replace")
+        except OSError:
+            continue
+        break
+    for path in [*sorted(lib_dir().glob("libllama*")), *sorted(lib_dir().glob("libggml-base*"))]:
+        try:
+            with open(path, "rb") as fh:
+                found = re.search(rb"(GCC: \([^\x00]{1,80}\) [^\x00]{1,40}|clang version [^\x00]{1,60})", fh.read())
+        except OSError:
+            continue
+        if found:
+            out["compiler"] = found.group(1).decode("utf-8", "replace")
+            break
+    return out
