@@ -29,7 +29,7 @@ def _obj(x: Any) -> Mapping[str, Any]:
 
 
 def model_record(name: str, path: str | None) -> dict[str, Any]:
-    """``{"name", "path", "size", "header_hash"}`` for a model named ``name`` that loaded from ``path``
+    """``{"name", "path", "size", "header_hash", "sha256"}`` for a model named ``name`` that loaded from ``path``
     (size and hash None where the file cannot be read: the name and path are still worth keeping)."""
     rec: dict[str, Any] = {"name": name, "path": path, "size": None, "header_hash": None}
     if not path:
@@ -42,7 +42,55 @@ def model_record(name: str, path: str | None) -> dict[str, Any]:
             rec["size"] = os.stat(path).st_size
         except OSError:
             pass
+    digest = file_sha256(path)
+    if digest:
+        rec["sha256"] = digest
     return rec
+
+
+def file_sha256(path: str) -> str | None:
+    """The SHA-256 of a model file, as upstream bug reports ask for it; None for a folder or an unreadable file.
+
+    An Ollama blob is named by its digest (``sha256-<hex>``); any other file is hashed once and the digest kept
+    in specview's cache, by path, size and modification time, so a run of a file hashed before costs a stat.
+    """
+    import hashlib
+    import json
+    import re
+
+    from ..jsonfile import write_atomic
+    from ..paths import cache_dir
+
+    named = re.fullmatch(r"sha256[-:]([0-9a-f]{64})", os.path.basename(path))
+    if named:
+        return named.group(1)
+    try:
+        st = os.stat(path)
+        if not os.path.isfile(path):
+            return None
+        key = f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}"
+        store = cache_dir() / "sha256.json"
+        try:
+            known = json.loads(store.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            known = {}
+        if not isinstance(known, dict):
+            known = {}
+        if isinstance(known.get(key), str):
+            return known[key]
+        h = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        known[key] = h.hexdigest()
+        try:
+            store.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(store, json.dumps(known, indent=0))
+        except (OSError, SpecviewError):
+            pass
+        return known[key]
+    except OSError:
+        return None
 
 
 def record_models(trace: Any) -> Any:
