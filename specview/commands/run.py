@@ -8,6 +8,7 @@ import time
 from ..core.config import DEMO_DRAFT, DEMO_DRAFTERS, DEMO_TARGET, DRAFT_FILE_TYPES, RunConfig
 from ..core.demo import DEMO_PROMPT, is_demo_name
 from ..core.diagnose import format_verdict
+from ..core.diagnose.ties import format_ties, tie_density
 from ..core.diagnose.words import rollback_line
 from ..core.errors import ConfigError, EngineCrashed, SpecviewError
 from ..core.models import is_store_name
@@ -222,6 +223,8 @@ def main(args: argparse.Namespace) -> int:
     if diag is not None:
         print()
         print(diag)
+    print()
+    print(format_ties(tie_density(trace)))
     progress(f"done in {time.perf_counter() - t0:.1f} s")
     if _cancelled(trace):
         return 130
