@@ -8,7 +8,7 @@ from fractions import Fraction
 import pytest
 
 from specview.core.matrix.rates import wilson as matrix_wilson
-from specview.core.quality.stats import mcnemar_exact, wilson
+from specview.core.quality.stats import EXACT_MAX, SADDLE_MIN, mcnemar_exact, wilson
 
 
 def binomial_two_sided(b: int, c: int) -> Fraction:
@@ -75,3 +75,66 @@ def test_wilson_agrees_with_the_matrix_rates_and_scipy():
     for k, n in [(1, 3), (7, 20), (163, 164), (50, 257)]:
         ci = stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
         assert wilson(k, n) == (pytest.approx(ci.low, abs=1e-9), pytest.approx(ci.high, abs=1e-9))
+
+
+# -- large tables: the float and saddle-point paths, against exact sums and independent computations --------------
+def doubled_tail(b: int, c: int) -> Fraction:
+    """2 * P(X <= min(b, c)) under Binomial(b + c, 1/2), in exact rationals (fresh coefficients, no recurrence)."""
+    n = b + c
+    return min(Fraction(1), Fraction(2 * sum(math.comb(n, i) for i in range(min(b, c) + 1)), 2 ** n))
+
+
+@pytest.mark.parametrize("n", [EXACT_MAX - 1, EXACT_MAX, EXACT_MAX + 1, EXACT_MAX + 701])
+def test_mcnemar_past_the_exact_sum_still_matches_it(n):
+    sd = math.sqrt(n) / 2
+    for k in sorted({0, 1, 7, n // 5, int(n / 2 - 9 * sd), int(n / 2 - 3 * sd), int(n / 2 - sd), n // 2 - 2}):
+        assert mcnemar_exact(k, n - k) == pytest.approx(float(doubled_tail(k, n - k)), rel=1e-12, abs=0)
+
+
+def _mp_doubled_tail(mp, n: int, k: int):
+    """2 * P(X <= k) at 40 digits: mpmath's own C(n, k) / 2^n, then the terms below it until they stop mattering."""
+    term = mp.binomial(n, k) / mp.mpf(2) ** n
+    total, i = term, k
+    while i > 0 and term > total * mp.mpf(10) ** -30:
+        term = term * i / (n - i + 1)
+        total, i = total + term, i - 1
+    return 2 * total
+
+
+def test_mcnemar_on_hundreds_of_thousands_agrees_with_mpmath():
+    mp = pytest.importorskip("mpmath")
+    with mp.workdps(40):
+        for n in (9_999, 99_000, 400_001):
+            sd = math.sqrt(n) / 2
+            for z in (0.05, 1, 2.5, 6, 15):
+                k = int(n / 2 - z * sd)
+                assert mcnemar_exact(k, n - k) == pytest.approx(float(_mp_doubled_tail(mp, n, k)), rel=1e-12), (n, k)
+
+
+def test_mcnemar_the_issue_tables_against_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    for b, c in [(10_000, 10_000), (50_000, 49_000), (10_000, 9_700), (3, 40_000)]:
+        assert mcnemar_exact(b, c) == pytest.approx(stats.binomtest(b, b + c, 0.5).pvalue, rel=1e-9, abs=1e-300)
+
+
+def test_the_saddle_point_and_the_sum_agree_where_one_hands_over_to_the_other():
+    from specview.core.quality.stats import _tail_float, _tail_saddle
+
+    n = SADDLE_MIN
+    for z in (0.5, 3, 9):
+        k = int(n / 2 - z * math.sqrt(n) / 2)
+        assert _tail_saddle(n, k) == pytest.approx(_tail_float(n, k), rel=1e-11), z
+
+
+def test_mcnemar_on_counts_past_floats_is_the_normal_limit():
+    # b + c = 2e30: the symmetric binomial is normal to O(1/n); the distance from the mean is taken in integers
+    b, c = 10**30, 10**30 - 10**15
+    z = (b - c) / math.sqrt(b + c)
+    assert mcnemar_exact(b, c) == pytest.approx(math.erfc(z / math.sqrt(2)), rel=1e-9)
+    assert mcnemar_exact(0, 10**18) == 0.0 and mcnemar_exact(10**18, 10**18) == 1.0
+
+
+def test_mcnemar_falls_as_the_split_grows_more_uneven():
+    n = 50_001
+    ps = [mcnemar_exact(k, n - k) for k in range(n // 2, n // 2 - 1500, -37)]
+    assert all(a >= b for a, b in zip(ps, ps[1:])) and ps[0] == 1.0 and ps[-1] < 1e-10
