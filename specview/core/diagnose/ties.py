@@ -128,9 +128,10 @@ def positions(trace: Any) -> list[Position]:
     return out
 
 
-def envelope_of(trace: Any) -> tuple[float | None, str]:
-    """The measured envelope (largest logit shift between the shapes) a trace carries, and where it came from."""
-    d = trace.diagnosis if isinstance(trace.diagnosis, dict) else {}
+def envelope_of(trace: Any, diagnosis: dict[str, Any] | None = None) -> tuple[float | None, str]:
+    """The measured envelope (largest logit shift between the shapes) a trace's diagnosis (or ``diagnosis``)
+    carries, and where it came from."""
+    d = diagnosis if isinstance(diagnosis, dict) else trace.diagnosis if isinstance(trace.diagnosis, dict) else {}
     env = d.get("envelope") if isinstance(d.get("envelope"), dict) else {}
     m = _finite(env.get("max"))
     if m is not None and env.get("positions"):
@@ -184,10 +185,12 @@ def rate_fields(in_band: int, flipped: int) -> dict[str, Any]:
             "low": lo if in_band else None, "high": hi if in_band else None}
 
 
-def tie_density(trace: Any, *, envelope: float | None = None, source: str = "") -> dict[str, Any]:
-    """The near-tie density of one run (JSON-able); ``envelope`` (logits) overrides the one the trace carries."""
+def tie_density(trace: Any, *, envelope: float | None = None, source: str = "",
+                diagnosis: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The near-tie density of one run (JSON-able); ``envelope`` (logits) overrides the one the trace's diagnosis
+    (or ``diagnosis``) carries."""
     if envelope is None:
-        envelope, source = envelope_of(trace)
+        envelope, source = envelope_of(trace, diagnosis)
     ps = positions(trace)
     bands = bands_for(envelope, source)
     flips = [p for p in ps if p.flipped]
@@ -209,7 +212,7 @@ def tie_density(trace: Any, *, envelope: float | None = None, source: str = "") 
     }
 
 
-def _r(x: float | None, nd: int = 6) -> float | None:
+def _r(x: float | None, nd: int = 5) -> float | None:  # a trace's own precision: a reloaded trace gives the same
     return None if x is None else round(float(x), nd)
 
 

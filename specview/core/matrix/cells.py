@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..config import DRAFT_PARAM_TYPES, RunConfig, axes, with_setting
+from ..diagnose.ties import tie_density
 from .spec import (NON_MODEL_DRAFTERS, MatrixSpec, axis_fields, axis_short, cell_settings, draft_axes, drafter_parts,
                    engine_axes)
 
@@ -193,6 +194,7 @@ def cell_record(index: int, params: CellParams, trace: Any, seconds: float,
         "mean_accepted": _r(s.mean_accepted),
         "n_drafted": s.n_drafted,
         "n_accepted": s.n_accepted,
+        "ties": tie_density(trace, diagnosis=diagnosis),  # positions in each tie band and the flips among them (diagnose/ties.py)
         # which text the speculative arm gave, in 16 hex digits: two cells whose settings differ in one way (the
         # rollback) can be told to give the same or other text without keeping every token
         "speculative_digest": token_digest(s.tokens),
