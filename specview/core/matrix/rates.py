@@ -28,6 +28,7 @@ import math
 from typing import Any, Sequence
 
 from ..diagnose.classify import FAR_FLOOR
+from ..diagnose.ties import band_label, combine, rate_text as tie_rate_text, says
 from ..quality.stats import wilson  # the Wilson interval of a rate: one formula for fork rates and pass rates
 from .evidence import group_prediction, group_prediction_text
 from .quality import answers, answers_text
@@ -113,6 +114,8 @@ def _group(cells: Sequence[dict[str, Any]], n_tokens: int) -> dict[str, Any]:
         },
         "severity": sev,
         "gaps": gaps,
+        # positions in each tie band and the flips among them, over the cells' compared positions
+        "ties": combine(c.get("ties") for c in ok),
     }
 
 
@@ -203,8 +206,19 @@ def format_rates(r: dict[str, Any]) -> list[str]:
                     lines.append(f"    {label:>9} logits  {bar(b['near-tie'], most)}{'▒' * 0}"
                                  f"{bar(b['material'], most).replace('█', '▓')} {b['near-tie']} near-tie, "
                                  f"{b['material']} material")
+        lines += ties_lines(g.get("ties"))
         for c in g["categories"]:
             lines.append(f"  {c['category']:<20} {rate_text(c)}")
         if isinstance(g.get("kernel_map"), dict):
             lines.append(f"  kernel map  {group_prediction_text(g['kernel_map'])}")
     return lines
+
+
+def ties_lines(t: dict[str, Any] | None) -> list[str]:
+    """A setting's near-tie density, a line per band (none for cells recorded before it was kept)."""
+    if not t:
+        return []
+    out = [f"  near-ties  {t['positions']} positions compared over {t['runs']} run(s), {t['flips']} flip(s)"]
+    for b in t["bands"]:
+        out.append(f"    {band_label(b):<30} {tie_rate_text(b)}; {says(b)}")
+    return out

@@ -344,6 +344,7 @@ def rates_html(r: dict[str, Any]) -> str:
              "gap is within what batched-versus-single numerics can flip (its diagnosis' far threshold: four "
              "times the largest shift before the fork, at least 2 logits), material when it is above.</p>",
              "<table class=kv>" + head + "".join(_rate_row(g["label"], g, scored) for g in settings) + "</table>"]
+    parts += ties_rates_html(settings)
     if scored:
         parts.append("<p class=note>Answers: over a task suite, each item's two answers scored; <i>same</i> where "
                      "both arms pass or both fail, <i>changed</i> where one passes and the other fails, with "
@@ -372,3 +373,29 @@ def rates_html(r: dict[str, Any]) -> str:
                          + (f"<p class=note>{g['severity']['undiagnosed']} fork(s) not diagnosed: no gap.</p>"
                             if g["severity"]["undiagnosed"] else ""))
     return "\n".join(parts)
+
+
+def ties_table_html(t: dict[str, Any]) -> str:
+    """A near-tie density (one run's, or summed over runs) as a table, a row per band."""
+    from ..diagnose.ties import TABLE_HEADERS, table_rows
+
+    return _table_html(TABLE_HEADERS, table_rows(t))
+
+
+def ties_rates_html(settings: Sequence[dict[str, Any]]) -> list[str]:
+    """Per setting: how many compared positions lay in each tie band, and how many of them flipped."""
+    have = [g for g in settings if g.get("ties")]
+    if not have:
+        return []
+    parts = ["<h2>Near-tie density</h2>",
+             "<p class=note>Per setting, over its prompts' positions where both arms saw the same context (the "
+             "shared prefix and the fork): those whose vanilla top-1/top-2 margin lies in each tie band, how many "
+             "flipped, the rate with a 95% Wilson interval, and the flips outside the band (what that band would "
+             "call a bug). The calibrated band is twice each run's measured envelope; 0.125 and 0.5 nats and the "
+             "2.0-logit gap are the fixed bands used upstream (nats and logits are the same number for a top-2 "
+             "margin).</p>"]
+    for g in have:
+        t = g["ties"]
+        parts.append(f"<p class=note>{esc(g['label'])}: {t['positions']} positions over {t['runs']} run(s), "
+                     f"{t['flips']} flip(s)</p>" + ties_table_html(t))
+    return parts
