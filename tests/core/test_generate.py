@@ -1,5 +1,6 @@
 """The two arms on a fake engine whose every logit is known in advance."""
 
+import numpy as np
 import pytest
 
 from fakes import EOS, FakeEngine, ToyModel
@@ -104,8 +105,19 @@ def test_eos_stops_both_arms_at_the_same_token():
     spec, _, _, _ = run_spec(m, m, GenOptions(max_tokens=200), n_max=5)
     assert van.tokens == ref[:cut] and van.stop_reason == "eos"
     assert spec.tokens == ref[:cut] and spec.stop_reason == "eos"
+    # --ignore-eos as llama.cpp means it: EOS banned (a -inf logit bias), never emitted
+    seq, banned_ref = list(PROMPT), []
+    for _ in range(200):
+        row = m.logits(seq, 1)
+        row[EOS] = -np.inf
+        banned_ref.append(int(np.argmax(row)))
+        seq.append(banned_ref[-1])
+    assert banned_ref[:cut - 1] == ref[:cut - 1] and EOS not in banned_ref
     ign = run_to_end(vanilla_greedy(FakeEngine(m), PROMPT, GenOptions(max_tokens=200, ignore_eos=True)))
-    assert ign.tokens == ref
+    assert ign.tokens == banned_ref
+    spec_ign, _, _, _ = run_spec(m, m, GenOptions(max_tokens=200, ignore_eos=True), n_max=5)
+    assert spec_ign.tokens == banned_ref
+    assert all(EOS not in s.top_ids for s in ign.steps + spec_ign.steps)
 
 
 def test_cancel_stops_between_forward_passes():

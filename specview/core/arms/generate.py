@@ -32,6 +32,12 @@ Shapes are the point of specview, so they are exact and recorded:
   are emitted from the replay's rows, one more than the verify alone gives (the
   token after the target's own), and the next round drafts after it.  The round
   records ``rollback`` and the replay's width ``replay``.
+* ``ignore_eos`` is llama.cpp's ``--ignore-eos`` ("ignore end of stream token
+  and continue generating (implies --logit-bias EOS-inf)"): every
+  end-of-generation token of the target's vocabulary gets a logit of -inf in
+  every row the arm picks from (prefill, verify, replay, each serial row), so
+  it is never chosen, never accepted and never recorded among the top-k; the
+  drafters keep their own samplers, as llama.cpp's do, and may draft one.
 """
 
 from __future__ import annotations
@@ -142,15 +148,34 @@ def accepted_prefix(draft: Sequence[int], argmax: Sequence[int]) -> int:
     return n
 
 
-def verify(engine: Engine, batch: Sequence[int], *, serial: bool = False) -> np.ndarray:
-    """The logits of every row of ``batch``: one T-token pass, or T single-token passes in order."""
+Ban = Union[np.ndarray, None]
+
+
+def banned(engine: Engine, ignore_eos: bool) -> Ban:
+    """The token ids ``--ignore-eos`` bans on ``engine``'s vocabulary: every end-of-generation token (None: none)."""
+    if not ignore_eos or not engine.vocab.eog:
+        return None
+    return np.fromiter(sorted(engine.vocab.eog), dtype=np.int64)
+
+
+def ban_rows(rows: np.ndarray, ban: Ban) -> np.ndarray:
+    """``rows`` (one row or a stack of them) with the banned ids' logits at -inf (a copy; as given without a ban)."""
+    if ban is None:
+        return rows
+    out = np.array(rows, dtype=np.float32, copy=True)
+    out[..., ban] = -np.inf
+    return out
+
+
+def verify(engine: Engine, batch: Sequence[int], *, serial: bool = False, ban: Ban = None) -> np.ndarray:
+    """The logits of every row of ``batch``: one T-token pass, or T single-token passes in order (banned ids -inf)."""
     if not serial:
-        return engine.eval(batch, rows=range(len(batch)))
-    return np.stack([engine.eval([t], rows=[0])[0] for t in batch])
+        return ban_rows(engine.eval(batch, rows=range(len(batch))), ban)
+    return ban_rows(np.stack([engine.eval([t], rows=[0])[0] for t in batch]), ban)
 
 
-def replay_verify(engine: Engine, n_past: int, id_last: int, carry: list[int], *, serial: bool = False
-                  ) -> tuple[np.ndarray, list[int], int, int]:
+def replay_verify(engine: Engine, n_past: int, id_last: int, carry: list[int], *, serial: bool = False,
+                  ban: Ban = None) -> tuple[np.ndarray, list[int], int, int]:
     """llama-server's replay after a checkpoint restore (``spec_is_replay``): ``[id_last] + carry`` verified again.
 
     ``carry`` is the accepted draft tokens and the target's own token.  The
@@ -163,7 +188,7 @@ def replay_verify(engine: Engine, n_past: int, id_last: int, carry: list[int], *
     for _ in range(len(carry) + 1):
         engine.truncate(n_past)  # the checkpoint saved before the verify pass, restored
         batch = [id_last, *carry]
-        logits = verify(engine, batch, serial=serial)
+        logits = verify(engine, batch, serial=serial, ban=ban)
         argmax = np.argmax(logits, axis=1)
         n_ok = accepted_prefix(carry, argmax)
         if n_ok == len(carry):
@@ -225,6 +250,8 @@ def vanilla_greedy(
     n_prompt = len(prompt)
     batch_size, batch_index = size, size - 1
     tokens = arm.tokens
+    ban = banned(engine, opts.ignore_eos)
+    row = ban_rows(row, ban)
     while True:
         tok = int(np.argmax(row))
         step = make_step(
@@ -243,7 +270,7 @@ def vanilla_greedy(
         if cancel():
             arm.stop_reason = "cancelled"
             break
-        row = engine.eval([tok], rows=[0])[0]
+        row = ban_rows(engine.eval([tok], rows=[0])[0], ban)
         batch_size, batch_index = 1, 0
     arm.gen_ms = (time.perf_counter() - t1) * 1000.0
     arm.eval_ms = (engine.eval_seconds - eval0) * 1000.0
@@ -275,6 +302,7 @@ class _Loop:
     n_prompt: int
     serial: bool
     history: list[int]  # tokens in the target's KV cache, in order; only ever appended to
+    ban: Ban = None  # what --ignore-eos bans (see the module docstring)
 
     def verify_draft(self, r: int, id_last: int, draft: list[int], draft_ms: float, t_drafted: float
                      ) -> tuple[Round, list[Step], str]:
@@ -288,7 +316,7 @@ class _Loop:
         T = len(batch)
         n_past = engine.n_past
         engine.prepare_rollback(len(draft))  # a checkpoint engine saves its state here
-        logits = verify(engine, batch, serial=serial)
+        logits = verify(engine, batch, serial=serial, ban=self.ban)
         argmax = np.argmax(logits, axis=1)
         n_acc = accepted_prefix(draft, argmax)
         emitted = [*draft[:n_acc], int(argmax[n_acc])]
@@ -297,7 +325,8 @@ class _Loop:
             how = engine.rollback_mode(len(draft) - n_acc)
         if how == "checkpoint":
             # llama-server's checkpoint and replay: the rows of the replay choose the tokens
-            logits, emitted, n_acc, replay = replay_verify(engine, n_past, id_last, emitted, serial=serial)
+            logits, emitted, n_acc, replay = replay_verify(engine, n_past, id_last, emitted, serial=serial,
+                                                          ban=self.ban)
             width = replay
         else:
             # keep [id_last] + accepted drafts; drop the rejected tail exactly
@@ -360,10 +389,11 @@ def speculative_greedy(
     (row, size), t1 = opened
     n_prompt = len(prompt)
     tokens = arm.tokens
-    step, rnd = _round_zero(engine, arm, row, size, n_prompt, opts.top_k)
+    ban = banned(engine, opts.ignore_eos)
+    step, rnd = _round_zero(engine, arm, ban_rows(row, ban), size, n_prompt, opts.top_k)
     yield step
     yield rnd
-    loop = _Loop(engine, arm, opts, n_prompt, serial_verify, history=list(prompt))
+    loop = _Loop(engine, arm, opts, n_prompt, serial_verify, history=list(prompt), ban=ban)
     history = loop.history
     stop = ("eos" if not opts.ignore_eos and engine.is_eog(step.token) else
             "max_tokens" if len(tokens) >= opts.max_tokens else "")

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..engine import Engine
 from ..errors import SpecviewError
-from ..arms.generate import prefill, verify
+from ..arms.generate import Ban, ban_rows, banned, prefill, verify
 from ..arms.topk import topk
 from ..trace import ArmResult, Trace
 from .classify import LOGIT_TOL, DiagnosisCancelled, rank_of
@@ -99,6 +99,12 @@ def spec_rows(eng: Engine, prompt: list[int], n_batch: int, spec: ArmResult, upt
                 return
             yield j, logits[k], {"round": rnd.index, "batch_size": width, "batch_index": k,
                                  "serial": rnd.serial}
+
+
+def without_banned(rows: Rows, ban: Ban) -> Rows:
+    """The replay's rows as the arms picked from them: with ``--ignore-eos`` every end-of-generation token at -inf."""
+    for j, row, meta in rows:
+        yield j, ban_rows(row, ban), meta
 
 
 def recorded_delta(row: np.ndarray, step) -> tuple[bool, float]:
@@ -182,8 +188,9 @@ def replay(e1: Engine, e2: Engine, trace: Trace, *, prompt: list[int], n_batch: 
     passes0 = e1.n_evals + e2.n_evals
     out = Replays(upto=upto, single=ArmCheck(v), spec=ArmCheck(s))
     single, spec, series = out.single, out.spec, out.series
-    g1 = single_rows(e1, prompt, n_batch, v.tokens, upto, cancel)
-    g2 = spec_rows(e2, prompt, n_batch, s, upto, cancel)
+    ban = banned(e1, bool(trace.config.get("ignore_eos")))
+    g1 = without_banned(single_rows(e1, prompt, n_batch, v.tokens, upto, cancel), ban)
+    g2 = without_banned(spec_rows(e2, prompt, n_batch, s, upto, cancel), ban)
     for j in range(upto + 1):
         j1, row1, _ = next(g1)
         try:
@@ -228,13 +235,13 @@ def replay(e1: Engine, e2: Engine, trace: Trace, *, prompt: list[int], n_batch: 
         d = single.first_deviation
         assert d is not None
         say(f"the vanilla replay deviates from the record at token {d}: replaying it again")
-        out.reruns["single"] = rerun_consistent(single_rows(e1, prompt, n_batch, v.tokens, d, cancel),
-                                                single, d, LOGIT_TOL)
+        out.reruns["single"] = rerun_consistent(without_banned(single_rows(e1, prompt, n_batch, v.tokens, d, cancel),
+                                                               ban), single, d, LOGIT_TOL)
     if not spec.reproduced:
         d = spec.first_deviation
         assert d is not None
         say(f"the speculative replay deviates from the record at token {d}: replaying it again")
-        out.reruns["speculative"] = rerun_consistent(spec_rows(e2, prompt, n_batch, s, d, cancel),
-                                                     spec, d, LOGIT_TOL)
+        out.reruns["speculative"] = rerun_consistent(without_banned(spec_rows(e2, prompt, n_batch, s, d, cancel),
+                                                                    ban), spec, d, LOGIT_TOL)
     out.seconds = time.perf_counter() - t0
     return out
