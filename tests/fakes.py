@@ -284,6 +284,12 @@ class WrappedEngine(Engine):
     def plan_rollbacks(self, n_drop: int) -> None:
         self.inner.plan_rollbacks(n_drop)
 
+    def rollbacks(self) -> dict[str, int]:
+        return self.inner.rollbacks()
+
+    def snapshots_by_checkpoint(self) -> bool:
+        return self.inner.snapshots_by_checkpoint()
+
     def close(self) -> None:
         self.inner.close()
 

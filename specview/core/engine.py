@@ -44,6 +44,7 @@ __all__ = [
     "EngineSettings",
     "Rollback",
     "ROLLBACK_MODES",
+    "ROLLBACK_MECHANISMS",
     "VocabInfo",
     "SpecviewError",
     "ModelFileError",
@@ -130,13 +131,17 @@ def check_draft_compatible(target: VocabInfo, draft: VocabInfo, *, draft_name: s
 
 #: how a context drops tokens it evaluated (``backends/llama_cpp/memory.py`` says how each is done)
 ROLLBACK_MODES = ("seq-rm", "snapshots", "checkpoint")
+#: what one rollback did, counted per context by :meth:`Engine.rollbacks`: a plain seq_rm, llama.cpp's n_rs_seq
+#: snapshot, a state kept by a copy after a single-token pass and loaded back, a checkpoint loaded back, and the
+#: tokens decoded again after a restore
+ROLLBACK_MECHANISMS = ("seq-rm", "n_rs_seq", "state-copy", "checkpoint", "replay")
 
 
 @dataclass(frozen=True)
 class Rollback:
     """How one ``truncate`` dropped tokens: its mode, and the tokens it decoded again after restoring a state."""
 
-    mode: str  # "seq-rm", "snapshots" or "checkpoint"
+    mode: str  # "seq-rm", "snapshots", "checkpoint", or "state-copy" (a snapshot context's state kept by a copy)
     replay: int = 0  # the width of the replay pass (0: nothing was decoded again)
 
 
@@ -234,6 +239,16 @@ class Engine(ABC):
     def plan_rollbacks(self, n_drop: int) -> None:
         """The most tokens one rollback may drop in the run about to start (a context that keeps snapshots
         keeps that many); it may clear the context, so call it before the prefill."""
+
+    def rollbacks(self) -> dict[str, int]:
+        """How many rollbacks of each of :data:`ROLLBACK_MECHANISMS` this context has done since it was opened
+        (empty: the engine does not say)."""
+        return {}
+
+    def snapshots_by_checkpoint(self) -> bool:
+        """From now on roll back what n_rs_seq snapshots would by a checkpoint and a replay of the kept tokens
+        instead (the diagnosis' snapshot check); False where this engine keeps no snapshots."""
+        return False
 
     def sibling(self) -> "Engine":
         """A fresh context on the same loaded weights (weights are never loaded twice)."""
