@@ -122,8 +122,76 @@ def test_user_jsonl_file_errors(tmp_path):
     with pytest.raises(QualityError, match="two items have the id 'a'"):
         load_suite(str(dup))
     (tmp_path / "bin.jsonl").write_bytes(b"\xff\xfe\x00")
-    with pytest.raises(QualityError, match="cannot read it as UTF-8"):
+    with pytest.raises(QualityError, match="line 1: not UTF-8 text"):
         load_suite(str(tmp_path / "bin.jsonl"))
+
+
+# -- hostile lines: each one line naming its line, never a traceback -----------------------------------------
+GOOD = '{"prompt": "2+2?", "answer": "4"}'
+HOSTILE_LINES = [
+    ("[" * 200_000 + "]" * 200_000, "line 2: nested too deeply"),  # json.loads: RecursionError
+    ('{"prompt": "x", "answer": ' + "7" * 5000 + "}", "line 2: holds a number of more than"),  # int digits limit
+    ('{"prompt": "x", "answer": "a", "id": ' + "[" * 500 + "]" * 500 + "}", "line 2: nested more than 64 levels"),
+    ('{"prompt": "x", "answer": NaN}', "line 2: NaN is not a JSON number"),
+    ('{"prompt": "x", "answer": -Infinity}', "line 2: -Infinity is not a JSON number"),
+    ('{"prompt": "x", "answer": 1e999}', 'line 2: "answer" is a number too large'),
+    ('{"prompt": "x", "answer": "a", "id": {"a": 1}}', 'line 2: "id" must be text or a whole number'),
+    ('{"prompt": "x", "answer": "a", "match": ["regex"]}', 'line 2: "match" must be one of'),
+    (json.dumps({"prompt": "x", "answer": "(" * 100_000 + ")" * 100_000, "match": "regex"}),
+     "line 2: the answer is not a valid regular expression (nested too deeply)"),
+    (json.dumps({"prompt": "x", "answer": "a{99999999999}", "match": "regex"}),
+     "line 2: the answer is not a valid regular expression (the repetition number is too large)"),
+]
+
+
+@pytest.mark.parametrize("line,msg", HOSTILE_LINES, ids=range(len(HOSTILE_LINES)))
+def test_a_hostile_line_is_one_error_naming_it(tmp_path, capsys, line, msg):
+    from specview import cli
+
+    p = write(tmp_path, [GOOD, line])
+    with pytest.raises(QualityError) as e:
+        load_suite(str(p))
+    assert f"{p}, {msg}" in str(e.value) and "\n" not in str(e.value) and len(str(e.value)) < 300
+    assert cli.main(["quality", "--suite", str(p), "-o", str(tmp_path / "out"), "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"specview: error: {e.value}" and "Traceback" not in err
+
+
+def test_invalid_utf8_is_named_by_line_and_column(tmp_path):
+    p = tmp_path / "latin1.jsonl"
+    p.write_bytes((GOOD + "\n" + GOOD + "\n").encode() + '{"prompt": "café", "answer": "1"}\n'.encode("latin-1"))
+    with pytest.raises(QualityError, match=r"latin1\.jsonl, line 3: not UTF-8 text \(byte 0xe9 at column 16\)"):
+        load_suite(str(p))
+    gz = tmp_path / "latin1.jsonl.gz"
+    gz.write_bytes(gzip.compress(p.read_bytes()))
+    with pytest.raises(QualityError, match="line 3: not UTF-8 text"):
+        load_suite(str(gz))
+
+
+def test_lines_split_on_newlines_only(tmp_path):
+    # U+2028, U+0085 and a form feed are text inside a JSON string, not line ends (str.splitlines would split them)
+    p = tmp_path / "seps.jsonl"
+    p.write_text(json.dumps({"prompt": "a\u2028b\x85c\x0cd", "answer": "1"}, ensure_ascii=False) + "\r\n" + GOOD,
+                 encoding="utf-8")
+    s = load_suite(str(p))
+    assert [it.prompt for it in s.items] == ["a\u2028b\x85c\x0cd", "2+2?"] and [it.id for it in s.items] == ["seps-1",
+                                                                                                       "seps-2"]
+
+
+def test_a_suite_that_is_no_regular_file_or_a_gzip_bomb(tmp_path, monkeypatch):
+    import os
+
+    from specview.core.quality import suites
+
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(QualityError, match="not a regular file"):
+        load_suite(str(fifo))  # open() would block forever
+    bomb = tmp_path / "bomb.jsonl.gz"
+    bomb.write_bytes(gzip.compress((GOOD + "\n").encode() * 2000))
+    monkeypatch.setattr(suites, "MAX_SUITE_BYTES", 10_000)
+    with pytest.raises(QualityError, match="more than 0 MB of text"):
+        load_suite(str(bomb))
 
 
 PROBLEMS = [

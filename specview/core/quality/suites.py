@@ -20,13 +20,17 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import random
 import re
+import sys
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
 from ..errors import SpecviewError
+from ..jsonfile import MAX_DEPTH, json_depth
 
 Match = Literal["exact", "regex", "number"]
 Kind = Literal["text", "code"]
@@ -76,8 +80,9 @@ class Item:
             if self.match == "regex":
                 try:
                     re.compile(self.answer)
-                except re.error as exc:
-                    raise QualityError(f"{where}: the answer is not a valid regular expression ({exc})") from None
+                except (re.error, RecursionError, OverflowError, ValueError) as exc:
+                    why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+                    raise QualityError(f"{where}: the answer is not a valid regular expression ({why})") from None
             if self.match == "number" and _number(self.answer) is None:
                 raise QualityError(f"{where}: match is number but the answer {self.answer!r} is not a number")
         elif not self.test:
@@ -274,16 +279,58 @@ def generate(name: str, i: int, seed: int = 0) -> Item:
 
 
 # -- the user's JSONL and HumanEval ----------------------------------------------------------------
-def _lines(path: Path, what: str) -> list[str]:
+#: the most a suite file may hold (decompressed): far more than any suite, far less than a machine's memory
+MAX_SUITE_BYTES = 256 * 1024 * 1024
+#: the longest integer literal Python converts (its int_max_str_digits; 4300 by default)
+_MAX_DIGITS = getattr(sys, "get_int_max_str_digits", lambda: 4300)()
+
+
+def _lines(path: Path, what: str) -> list[tuple[int, str]]:
+    """The file's lines as (number, text), split on newlines only (JSON text may hold U+2028 and form feeds);
+    a line that is not UTF-8 is named by its number and column."""
     try:
-        raw = path.read_bytes()
         if path.name.endswith(".gz"):
-            raw = gzip.decompress(raw)
-        return raw.decode("utf-8").splitlines()
+            with gzip.open(path, "rb") as fh:
+                raw = fh.read(MAX_SUITE_BYTES + 1)
+        else:
+            if path.exists() and not path.is_file():
+                raise QualityError(f"{what} {path}: not a regular file")
+            with open(path, "rb") as fh:
+                raw = fh.read(MAX_SUITE_BYTES + 1)
     except FileNotFoundError:
         raise QualityError(f"{what} {path}: no such file") from None
-    except (OSError, EOFError, UnicodeDecodeError, gzip.BadGzipFile) as exc:
-        raise QualityError(f"{what} {path}: cannot read it as UTF-8 JSON lines ({exc})") from None
+    except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise QualityError(f"{what} {path}: cannot read it ({exc})") from None
+    if len(raw) > MAX_SUITE_BYTES:
+        raise QualityError(f"{what} {path}: more than {MAX_SUITE_BYTES >> 20} MB of text; no suite is that large")
+    out = []
+    for lineno, line in enumerate(raw.split(b"\n"), 1):
+        try:
+            out.append((lineno, line.decode("utf-8").removesuffix("\r")))
+        except UnicodeDecodeError as exc:
+            raise QualityError(f"{path}, line {lineno}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at "
+                               f"column {exc.start + 1}); save the file as UTF-8") from None
+    return out
+
+
+def _json_line(line: str, where: str) -> Any:
+    """One JSONL line parsed, or QualityError naming ``where``: never a RecursionError (a line of nested
+    brackets) or a ValueError (an integer longer than Python converts, NaN)."""
+    def no_constant(name: str) -> Any:
+        raise QualityError(f"{where}: {name} is not a JSON number; write the answer as text")
+
+    try:
+        d = json.loads(line, parse_constant=no_constant)
+    except json.JSONDecodeError as exc:
+        raise QualityError(f"{where}: not JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise QualityError(f"{where}: nested too deeply to be a suite item") from None
+    except ValueError:  # an integer literal longer than Python converts (sys.get_int_max_str_digits)
+        raise QualityError(f"{where}: holds a number of more than {_MAX_DIGITS} digits, "
+                           "longer than specview reads; write a long answer as text") from None
+    if json_depth(d) > MAX_DEPTH:
+        raise QualityError(f"{where}: nested more than {MAX_DEPTH} levels deep; a suite item is an object of texts")
+    return d
 
 
 def jsonl_suite(path: str | Path) -> Suite:
@@ -293,14 +340,11 @@ def jsonl_suite(path: str | Path) -> Suite:
     p = Path(path).expanduser()
     stem = p.name.split(".")[0] or "item"
     items: list[Item] = []
-    for lineno, line in enumerate(_lines(p, "--suite"), 1):
+    for lineno, line in _lines(p, "--suite"):
         if not line.strip():
             continue
         where = f"{p}, line {lineno}"
-        try:
-            d = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise QualityError(f"{where}: not JSON ({exc.msg})") from None
+        d = _json_line(line, where)
         if not isinstance(d, dict) or not isinstance(d.get("prompt"), str) or not d["prompt"].strip():
             raise QualityError(f'{where}: each line must be an object with a "prompt" text')
         has_answer, has_test = "answer" in d, "test" in d
@@ -311,9 +355,15 @@ def jsonl_suite(path: str | Path) -> Suite:
             raise QualityError(f"{where}: unknown key {sorted(unknown)[0]!r} (known: id, prompt, answer, match, "
                                "test, entry_point)")
         iid = d.get("id", f"{stem}-{lineno}")
+        if isinstance(iid, bool) or not isinstance(iid, (str, int)):
+            raise QualityError(f'{where}: "id" must be text or a whole number')
         ans = d.get("answer")
         if isinstance(ans, bool) or (has_answer and not isinstance(ans, (str, int, float))):
             raise QualityError(f'{where}: "answer" must be text or a number')
+        if isinstance(ans, float) and not math.isfinite(ans):  # 1e999 reads as infinity
+            raise QualityError(f'{where}: "answer" is a number too large for a float; write it as text')
+        if "match" in d and not isinstance(d["match"], str):
+            raise QualityError(f'{where}: "match" must be one of {", ".join(MATCHES)}')
         match = d.get("match", "number" if isinstance(ans, (int, float)) else "exact")
         try:
             items.append(Item.from_dict({"id": str(iid), "prompt": d["prompt"],
@@ -349,14 +399,14 @@ def humaneval_suite() -> Suite:
     its ``check(candidate)``, the entry point the function's name."""
     p = humaneval_file()
     items = []
-    for lineno, line in enumerate(_lines(p, "--suite humaneval:"), 1):
+    for lineno, line in _lines(p, "--suite humaneval:"):
         if not line.strip():
             continue
+        d = _json_line(line, f"{p}, line {lineno}")
         try:
-            d = json.loads(line)
             items.append(Item(id=str(d["task_id"]), prompt=d["prompt"], test=d["test"],
                               entry_point=d["entry_point"], kind="code"))
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        except (KeyError, TypeError) as exc:
             raise QualityError(f"{p}, line {lineno}: not a HumanEval problem ({exc})") from None
     return Suite(name="humaneval", items=items, seed=None, source=str(p))
 
