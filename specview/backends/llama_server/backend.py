@@ -504,6 +504,12 @@ class ServerRunner(Runner):
         return diagnose_run(self, trace, self._with_binary(self.resolve(cfg).config), progress=progress or self.progress,
                             cancel=cancel or _never)
 
+    def neighbours(self, cfg: RunConfig, **kw: Any) -> dict[str, Any]:
+        """My answer alone and beside a neighbour request on a two-slot server (:mod:`.neighbours`)."""
+        from .neighbours import alone_and_beside
+
+        return alone_and_beside(self, self._with_binary(self.resolve(cfg).config), **kw)
+
     def close(self) -> None:
         self.pool.stop_all()
         for m in self._vocab.values():
