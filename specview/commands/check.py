@@ -16,7 +16,10 @@ _SKIP = ("draft", "spec_type", "n_max", "n_min", "p_min", "ngram_size_n", "ngram
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from ..core.config import RunConfig
     from ..core.diagnose.reference import DEFAULT_CONTINUATION, KL_MEAN_LIMIT, TOP1_LIMIT
+
+    DEFAULT_N_MAX = RunConfig.__dataclass_fields__["n_max"].default
 
     p = sub.add_parser(
         "check",
@@ -41,12 +44,35 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                      help="built-in prompts by name, comma-separated (essay, technical, code, list)")
     g.add_argument("-n", "--continuation", type=int, default=DEFAULT_CONTINUATION, metavar="N",
                    help=f"greedy tokens the reference adds after each prompt (default {DEFAULT_CONTINUATION})")
+    g.add_argument("--widths", default=f"1-{DEFAULT_N_MAX + 1}", metavar="LIST",
+                   help="verify widths to check the continuation at, each as passes of exactly that many tokens: "
+                   "a range 1-4, a list 1,2,4,8, or none (default: 1 to n_max + 1 of llama.cpp's default n_max, "
+                   f"1-{DEFAULT_N_MAX + 1})")
     add_engine_choice(p, groups["engine"])
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print the result as JSON")
     o.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=main)
     return p
+
+
+def parse_widths(text: str) -> list[int]:
+    """``1-4`` -> [1, 2, 3, 4]; ``1,2,8`` -> [1, 2, 8]; ``none`` -> []; anything else is a one-line error."""
+    t = text.strip().lower()
+    if t in ("none", "0", ""):
+        return []
+    out: set[int] = set()
+    try:
+        for part in t.split(","):
+            a, dash, b = part.strip().partition("-")
+            lo, hi = int(a), int(b) if dash else int(a)
+            if lo < 1 or hi < lo or hi > 512:
+                raise ValueError
+            out.update(range(lo, hi + 1))
+    except ValueError:
+        raise SpecviewError(f"--widths {text!r}: give widths from 1 to 512 as a range (1-4), a list (1,2,4,8) or "
+                            "none") from None
+    return sorted(out)
 
 
 def _prompts(args: argparse.Namespace) -> list[tuple[str, str]]:
@@ -67,6 +93,10 @@ def main(args: argparse.Namespace) -> int:
     progress = Progress(args.quiet or args.json)
     if args.continuation < 0:
         raise SpecviewError(f"--continuation must be >= 0 (got {args.continuation})")
+    widths = parse_widths(args.widths)
+    if widths and args.continuation < 2:
+        raise SpecviewError("--widths checks the continuation's positions: give --continuation 2 or more, or "
+                            "--widths none")
     try:
         settings = engine_settings(args)
     except ConfigError as exc:
@@ -81,7 +111,7 @@ def main(args: argparse.Namespace) -> int:
     texts = _prompts(args)
     with backend.runner(progress=progress) as runner:
         result = runner.job(check_texts, backend=backend.name, target=target, settings=settings, texts=texts,
-                            chat=chat, continuation=args.continuation, progress=progress)
+                            chat=chat, continuation=args.continuation, progress=progress, widths=widths)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

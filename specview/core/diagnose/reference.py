@@ -20,6 +20,22 @@ a saved baseline file:
 
 A pair is **broken** when the mean KL is above :data:`KL_MEAN_LIMIT`, the
 same-top-1 share is below :data:`TOP1_LIMIT`, or a logit is not finite.
+
+**At every verify width** (1 to n_max + 1, :func:`width_figures`): a fixed
+width can hide a kernel that is wrong only at some widths (a GPU's batched
+path at M >= 2, a dispatch that changes at 4 or 8).  So after the prompt's
+prefill, the continuation's positions are fed in passes of exactly W tokens,
+the shape of a verify pass of W rows, on both setups, and per width the same
+figures are given for three comparisons:
+
+* ``pair``: the test against the reference at the same width (is the backend
+  sane at this width);
+* ``drift``: the test at width W against the test at width 1 (what a verify
+  pass of W rows moves against the rows plain decoding computes: the measured
+  envelope the near-tie bands are calibrated from);
+* ``reference_drift``: the same for the reference.
+
+A width whose pair is broken makes the whole check broken.
 """
 
 from __future__ import annotations
@@ -197,6 +213,48 @@ def teacher_force(ref: Engine, test: Engine, tokens: Sequence[int], *, n_prompt:
     return out
 
 
+def _forced_rows(eng: Engine, tokens: Sequence[int], *, start: int, width: int, cancel: CancelFn) -> np.ndarray:
+    """The rows of positions ``start``.. of ``tokens`` computed in passes of ``width`` tokens, after a prefill of
+    the tokens before ``start`` in chunks (the shape of a verify pass of ``width`` rows after a prompt)."""
+    eng.reset()
+    chunk = max(1, min(CHUNK, eng.n_batch))
+    for a in range(0, start, chunk):
+        part = list(tokens[a:min(start, a + chunk)])
+        eng.eval(part, rows=[len(part) - 1])
+    out = []
+    for a in range(start, len(tokens), width):
+        if cancel():
+            raise BackendCheckCancelled("backend check cancelled")
+        part = list(tokens[a:a + width])
+        out.append(eng.eval(part, rows=range(len(part))))
+    return np.concatenate(out) if out else np.zeros((0, 0), np.float32)
+
+
+def width_rows(ref: Engine, test: Engine, tokens: Sequence[int], *, start: int, widths: Sequence[int],
+               cancel: CancelFn) -> dict[int, dict[str, tuple[list, ...]]]:
+    """Per width: the raw per-row figures (KL, same top-1, max |delta|, finite) of ``pair``, ``drift`` and
+    ``reference_drift`` (see the module's docstring) over positions ``start``.. of ``tokens``."""
+    if max(widths) > min(ref.n_batch, test.n_batch):
+        raise SpecviewError(f"a verify width of {max(widths)} is more than the context's batch of "
+                            f"{min(ref.n_batch, test.n_batch)} tokens: raise -b/--n-batch or give smaller widths")
+    r1 = _forced_rows(ref, tokens, start=start, width=1, cancel=cancel)
+    t1 = _forced_rows(test, tokens, start=start, width=1, cancel=cancel)
+    out = {}
+    for w in widths:
+        rw = r1 if w == 1 else _forced_rows(ref, tokens, start=start, width=w, cancel=cancel)
+        tw = t1 if w == 1 else _forced_rows(test, tokens, start=start, width=w, cancel=cancel)
+        out[w] = {}
+        for key, (a, b) in (("pair", (rw, tw)), ("drift", (t1, tw)), ("reference_drift", (r1, rw))):
+            c = compare_rows(a, b)
+            out[w][key] = (c["kl"].tolist(), c["same_top1"].tolist(), c["max_delta"].tolist(), c["finite"].tolist())
+    return out
+
+
+def widths_upto(n_max: int) -> list[int]:
+    """The verify widths a run with ``n_max`` drafts per round can take: 1 to n_max + 1."""
+    return list(range(1, max(0, int(n_max)) + 2))
+
+
 def _round(d: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for k, v in d.items():
@@ -234,8 +292,13 @@ def run_check(
     pair: Pair | None = None,
     kl_limit: float = KL_MEAN_LIMIT,
     top1_limit: float = TOP1_LIMIT,
+    widths: Sequence[int] = (),
+    verify_from: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """The backend check over ``prompts`` (name, token ids), each followed by ``continuation`` greedy tokens.
+
+    ``widths`` adds the per-width figures (:func:`width_figures`) over each
+    prompt's positions from ``verify_from[name]`` (default: its continuation).
 
     ``session`` loads the target (a :class:`~specview.core.session.Session`).
     Returns a JSON-able dict: the pair, per-prompt and total figures, the
@@ -255,8 +318,11 @@ def run_check(
     base: dict[str, Any] = {
         "kind": None, "reference_label": None, "test_label": None, "target": target, "prompts": [],
         "totals": None, "limits": {"kl_mean": kl_limit, "same_top1": top1_limit}, "ok": None, "problems": [],
-        "continuation": continuation, "seconds": None, "skipped": None,
+        "continuation": continuation, "seconds": None, "skipped": None, "widths": None,
     }
+    widths = sorted({int(w) for w in widths})
+    if widths and widths[0] < 1:
+        raise SpecviewError(f"a verify width is at least 1 token (got {widths[0]})")
     if isinstance(chosen, str):
         base["skipped"] = chosen
         base["seconds"] = round(time.perf_counter() - t0, 3)
@@ -269,6 +335,7 @@ def run_check(
     e_ref = session.engine("check-reference", m_ref, chosen.reference, n_ctx)
     e_test = session.engine("check-test", m_test, chosen.test, n_ctx)
     raws = []
+    by_width: dict[int, dict[str, list]] = {}
     # one line per prompt with an estimate of the rest (a slow backend takes minutes per prompt)
     eta = WorkEta({name: len(toks) + continuation for name, toks in prompts}, label=f"backend check: {target}",
                   unit="positions", every=0.0)
@@ -288,12 +355,28 @@ def run_check(
         fig = teacher_force(e_ref, e_test, seq, n_prompt=len(toks), cancel=cancel)
         raws.append(fig["_raw"])
         base["prompts"].append({"name": name, **_round(fig)})
+        start = (verify_from or {}).get(name, len(toks))
+        if widths and start < len(seq):
+            say(f"backend check: {name}: {len(seq) - start} positions at verify widths "
+                f"{', '.join(map(str, widths))}")
+            for w, raw in width_rows(e_ref, e_test, seq, start=start, widths=widths, cancel=cancel).items():
+                acc = by_width.setdefault(w, {})
+                for key, cols in raw.items():
+                    acc.setdefault(key, [[], [], [], []])
+                    for i in range(4):
+                        acc[key][i].extend(cols[i])
         if len(prompts) > 1 and (line := eta.done(name, len(toks) + continuation, what=f"{name} done")):
             say(line)
     joined = [sum((list(r[i]) for r in raws), []) for i in range(6)]
     totals = summarize(*joined)
     base["totals"] = _round(totals)
     base["problems"] = problems_of(totals, kl_limit=kl_limit, top1_limit=top1_limit)
+    if widths:
+        base["widths"] = [{"width": w, **{k: _round(summarize(*cols)) for k, cols in by_width[w].items()}}
+                          for w in widths if w in by_width]
+        for row in base["widths"]:
+            base["problems"] += [f"at width {row['width']}: {p}" for p in
+                                 problems_of(row["pair"], kl_limit=kl_limit, top1_limit=top1_limit)]
     base["ok"] = not base["problems"]
     base["seconds"] = round(time.perf_counter() - t0, 3)
     return base
@@ -311,7 +394,8 @@ def reference_for_trace(session: Any, cfg: Any, trace: Any, *, progress: Progres
         if pair.kind == "threads" and isinstance(used, int) and used > 1:
             pair = replace(pair, test=replace(pair.test, threads=used), test_label=f"{used} threads")
     return run_check(session, backend=cfg.backend, target=cfg.target, settings=cfg.engine,
-                     prompts=[("run", seq)], continuation=0, progress=progress, cancel=cancel, pair=pair)
+                     prompts=[("run", seq)], continuation=0, progress=progress, cancel=cancel, pair=pair,
+                     widths=widths_upto(cfg.draft_width), verify_from={"run": len(prompt)})
 
 
 def format_check(result: dict[str, Any]) -> str:
@@ -337,6 +421,15 @@ def format_check(result: dict[str, Any]) -> str:
                      f"{num(None if r['same_top1'] is None else 100 * r['same_top1'], '.2f') + '%':>10} "
                      f"{num(r['max_logit_delta'], '.4f'):>12} {num(r['ppl_reference'], '.3f'):>9} "
                      f"{num(r['ppl_test'], '.3f'):>9}")
+    if result.get("widths"):
+        lines.append("")
+        lines.append("per verify width: the continuation fed in passes of W tokens on both sides; pair = the test "
+                     "against the reference at W, drift = the test at W against the test at width 1")
+        head, rows = width_table(result)
+        lines.append("  ".join(f"{h:>{len(h) if i else 5}}" for i, h in enumerate(head)))
+        for r in rows:
+            lines.append("  ".join(f"{v:>{len(h) if i else 5}}" for i, (h, v) in enumerate(zip(head, r))))
+        lines.append("")
     lim = result["limits"]
     lines.append(f"limits  broken when the mean KL is above {lim['kl_mean']:g} nats, the same top-1 share is below "
                  f"{lim['same_top1']:.0%}, or a logit is not finite")
@@ -346,3 +439,25 @@ def format_check(result: dict[str, Any]) -> str:
         lines.append("RESULT  BROKEN: " + "; ".join(result["problems"]) + ". Read nothing into a fork on this "
                      "backend until it is fixed; compare with -ngl 0 or another backend.")
     return "\n".join(lines)
+
+
+WIDTH_HEADERS = ("width", "positions", "pair KL mean", "pair KL max", "pair same top-1", "pair max |Δ|",
+                 "drift KL max", "drift same top-1", "drift max |Δ|", "ref drift max |Δ|")
+
+
+def width_table(result: dict[str, Any]) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """The per-width figures of a check (its ``widths`` block) as headers and rows of plain strings."""
+    def num(x: Any, fmt: str) -> str:
+        return "n/a" if x is None else format(x, fmt)
+
+    def share(x: Any) -> str:
+        return "n/a" if x is None else f"{100 * x:.2f}%"
+
+    rows = []
+    for w in result.get("widths") or []:
+        p, d, r = w.get("pair") or {}, w.get("drift") or {}, w.get("reference_drift") or {}
+        rows.append((str(w["width"]), str(p.get("positions")), num(p.get("kl_mean"), ".3e"),
+                     num(p.get("kl_max"), ".3e"), share(p.get("same_top1")), num(p.get("max_logit_delta"), ".4g"),
+                     num(d.get("kl_max"), ".3e"), share(d.get("same_top1")), num(d.get("max_logit_delta"), ".4g"),
+                     num(r.get("max_logit_delta"), ".4g")))
+    return WIDTH_HEADERS, rows
