@@ -96,8 +96,9 @@ class Round:
     draft_tokens: list[int] = field(default_factory=list)
     # the verify pass ran as batch_size single-token passes (serial verify; written only when true)
     serial: bool = False
-    # how the rejected drafts were dropped: "seq-rm", "snapshots" or "checkpoint" ("" nothing was rejected, or
-    # the engine does not say); written only when set
+    # how the rejected drafts were dropped: "seq-rm", "snapshots" (an n_rs_seq snapshot), "state-copy" (a
+    # snapshot context's state kept by a copy after a single-token pass) or "checkpoint" ("" nothing was
+    # rejected, or the engine does not say); written only when set
     rollback: str = ""
     # the width of the replay pass after a checkpoint restore (0: none; written only when not 0).  A replay
     # verifies [id_last] + the accepted tokens + the target's token again, and its rows chose this round's
@@ -137,6 +138,9 @@ class ArmResult:
     # timings.draft_n / draft_n_accepted); None means "sum the rounds".
     reported_drafted: int | None = None
     reported_accepted: int | None = None
+    # speculative arm: how many rollbacks of each mechanism (specview.core.engine.ROLLBACK_MECHANISMS) each of its
+    # contexts did, {"target": {...}, "draft": {...}}; empty where the engine does not say (written only when set)
+    rollbacks: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def tokens_per_s(self) -> float:
@@ -188,6 +192,8 @@ class ArmResult:
             d["n_accepted"] = self.n_accepted
             d["acceptance_rate"] = None if self.acceptance_rate is None else round(self.acceptance_rate, 5)
             d["mean_accepted"] = None if self.mean_accepted is None else round(self.mean_accepted, 5)
+            if self.rollbacks:
+                d["rollbacks"] = {k: dict(v) for k, v in self.rollbacks.items()}
         return d
 
     @classmethod
@@ -211,6 +217,11 @@ class ArmResult:
             raise Malformed(f"{name}.rounds", "is missing (an empty list when the engine reports no rounds)")
         arm.rounds = [_round(r, len(arm.tokens), f"{name}.rounds[{i}]")
                       for i, r in enumerate(as_list(rounds, f"{name}.rounds"))]
+        arm.rollbacks = {str(ctx): {str(m): as_int(c, f"{name}.rollbacks.{ctx}.{m}") for m, c in
+                                    as_dict(counts, f"{name}.rollbacks.{ctx}").items()}
+                         for ctx, counts in as_dict(a.get("rollbacks") or {}, f"{name}.rollbacks").items()}
+        if any(c < 0 for v in arm.rollbacks.values() for c in v.values()):
+            raise Malformed(f"{name}.rollbacks", "holds a negative count")
         if not arm.rounds and a.get("n_drafted") is not None:  # totals without rounds: an engine's own counts
             arm.reported_drafted = as_int(a["n_drafted"], f"{name}.n_drafted")
             arm.reported_accepted = as_int(a.get("n_accepted") or 0, f"{name}.n_accepted")
@@ -439,7 +450,7 @@ def validate(d: Any, *, source: str = "<trace>") -> None:
 _STEP_KEYS = {f for f in Step.__dataclass_fields__}
 _ROUND_KEYS = {f for f in Round.__dataclass_fields__}
 #: a round's ``rollback`` values ("": nothing rejected, or not reported)
-ROUND_ROLLBACKS = ("", "seq-rm", "snapshots", "checkpoint")
+ROUND_ROLLBACKS = ("", "seq-rm", "snapshots", "state-copy", "checkpoint")
 _MISMATCH_KEYS = {f for f in Mismatch.__dataclass_fields__}
 
 

@@ -382,6 +382,7 @@ def speculative_greedy(
     arm = ArmResult(name="speculative", drafter=drafter.spec_type)
     eval0 = engine.eval_seconds
     deval0 = drafter.eval_seconds
+    used0 = rollbacks_used(engine, drafter)
     engine.plan_rollbacks(n_max_hint)  # a snapshot context keeps as many states as a round can drop
     opened = prefill_arm(engine, prompt, opts, arm, cancel, then=lambda: drafter.begin(prompt))
     if opened is None:
@@ -418,8 +419,25 @@ def speculative_greedy(
     arm.stop_reason = stop
     arm.gen_ms = (time.perf_counter() - t1) * 1000.0
     arm.eval_ms = (engine.eval_seconds - eval0 + drafter.eval_seconds - deval0) * 1000.0
+    arm.rollbacks = rollbacks_since(used0, engine, drafter)
     arm.text = "".join(s.piece for s in arm.steps)
     return arm
+
+
+def rollbacks_used(engine: Engine, drafter: Drafter | None = None) -> dict[str, dict[str, int]]:
+    """The rollbacks each context has done so far, by mechanism (``target``; ``draft`` for a draft model's)."""
+    out = {"target": engine.rollbacks()}
+    d_engine = getattr(drafter, "engine", None)
+    if isinstance(d_engine, Engine):
+        out["draft"] = d_engine.rollbacks()
+    return {k: v for k, v in out.items() if v}
+
+
+def rollbacks_since(before: dict[str, dict[str, int]], engine: Engine, drafter: Drafter | None = None
+                    ) -> dict[str, dict[str, int]]:
+    """The rollbacks each context did since ``before`` (:func:`rollbacks_used`), by mechanism."""
+    return {k: {m: c - before.get(k, {}).get(m, 0) for m, c in v.items()}
+            for k, v in rollbacks_used(engine, drafter).items()}
 
 
 def run_to_end(gen: Generator[Event, None, ArmResult], on_event: Callable[[Event], None] | None = None) -> ArmResult:
