@@ -68,6 +68,7 @@ def trace_sections(trace: Any, plots: Collection[str], kernel: Any = None) -> li
         out.append(Section("fork", ctx, f"The fork, token {ctx['index']}"))
     if kernel is not None:
         out.append(Section("kernel", kernel))
+    out += ties_sections(trace)
     out += plot_sections(plots)
     out.append(Section("facts", acceptance_facts(trace), "Acceptance and speed"))
     out.append(Section("commands", commands(trace), "Reproduce with llama.cpp"))
@@ -79,6 +80,22 @@ def trace_sections(trace: Any, plots: Collection[str], kernel: Any = None) -> li
     out.append(Section("models", model_facts(trace), "Models", folded=True))
     out.append(environment_section(obj(trace.environment)))
     out.append(Section("texts", (trace.vanilla, trace.speculative), "Both texts", markdown=False))
+    return out
+
+
+def ties_sections(trace: Any) -> list[Section]:
+    """The run's near-tie density by band, and the backend check per verify width where its diagnosis ran one."""
+    from ..diagnose.reference import width_table
+    from ..diagnose.ties import TABLE_HEADERS, intro, table_rows, tie_density
+
+    t = tie_density(trace)
+    out = [Section("table", (TABLE_HEADERS, table_rows(t)), "Near-tie density"), Section("paragraph", intro(t))]
+    check = obj(obj(trace.diagnosis).get("reference"))
+    if check.get("widths"):
+        out.append(Section("table", width_table(check), "Backend check per verify width"))
+        out.append(Section("paragraph", f"{check.get('test_label')} against {check.get('reference_label')}: pair "
+                           "is the test against the reference at each width; drift is the test at that width "
+                           "against its own width-1 rows."))
     return out
 
 
