@@ -27,12 +27,18 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         description="Compare two traces of the same prompt and model made on different machines, builds or "
         "backends: per arm (vanilla, speculative) the first token where A and B differ, with both texts around "
         "it; whether the models and settings match; and what differs in the environment. Traces of different "
-        "prompts are refused.",
-        epilog="Exit status: 0 both arms produced the same tokens in A and B, 1 they differ, 2 error "
-        "(unreadable file, different prompts or vocabularies).",
+        "prompts are refused. Given a folder instead, gathers the summary of every trace and fork card in it into one "
+        "table (printed) and one self-contained HTML page: what is the same on every machine (models, settings, "
+        "acceptance where it agrees) apart from what is not (machine, backend, build, exactness, speed); a card whose "
+        "checksum no longer matches its content is marked EDITED.",
+        epilog="Exit status: 0 both arms produced the same tokens in A and B (a folder: on every machine, and no card "
+        "edited), 1 they differ (or a card is edited), 2 error (unreadable file, different prompts or vocabularies).",
     )
-    p.add_argument("a", metavar="A.json", help="a trace saved by specview run --json or the app")
-    p.add_argument("b", metavar="B.json", help="another trace of the same prompt and model")
+    p.add_argument("a", metavar="A.json|DIR", help="a trace saved by specview run --json or the app; or a folder of "
+                   "traces and fork cards from many machines, gathered into one table")
+    p.add_argument("b", metavar="B.json", nargs="?", default=None, help="another trace of the same prompt and model")
+    p.add_argument("--html", metavar="OUT.html", default=None,
+                   help="with a folder: the cross-machine page to write (default DIR/compare.html)")
     p.add_argument("--context", type=int, default=CONTEXT, help=f"tokens of context around a difference (default {CONTEXT})")
     p.set_defaults(func=main)
     return p
@@ -189,7 +195,36 @@ def format_comparison(res: dict[str, Any], a: Trace, b: Trace, names: tuple[str,
     return "\n".join(lines)
 
 
+def across_machines(folder: str, out: str | None) -> int:
+    from pathlib import Path
+
+    from ..core.report.crossmachine import cross_html, cross_table, format_table, gather
+    from ..core.trace import write_atomic
+
+    cards, skipped = gather(folder)
+    table = cross_table(cards)
+    print(format_table(table, skipped))
+    page = Path(out) if out else Path(folder) / "compare.html"
+    try:
+        write_atomic(page, cross_html(table, skipped))
+    except SpecviewError as exc:
+        raise SpecviewError(f"--html {page}: {exc}") from None
+    print(f"html       {page}")
+    edited = any(c.status == "edited" for c in cards)
+    return EXIT_SAME if table.exact_everywhere and not edited else EXIT_DIFFERENT
+
+
 def main(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    if Path(args.a).is_dir():
+        if args.b is not None:
+            raise SpecviewError(f"{args.a} is a folder: give the folder alone (one table across machines), or two traces")
+        return across_machines(args.a, args.html)
+    if args.b is None:
+        raise SpecviewError(f"{args.a}: give two traces to compare (A.json B.json), or a folder of them")
+    if args.html is not None:
+        raise SpecviewError("--html: only a folder of traces and fork cards gets a page; give a folder")
     a, b = Trace.load(args.a), Trace.load(args.b)
     res = compare_traces(a, b, names=(args.a, args.b))
     print(format_comparison(res, a, b, (args.a, args.b), args.context))

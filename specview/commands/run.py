@@ -210,6 +210,9 @@ def main(args: argparse.Namespace) -> int:
             elif exc.crash:
                 trace.extra["crash"] = exc.crash
     if trace is not None and args.json:
+        from ..core.report.summary import TRACE_KEY, sealed_summary
+
+        trace.extra[TRACE_KEY] = sealed_summary(trace)  # for one table across machines (specview compare DIR)
         path = trace.save(args.json)
         progress(f"trace written to {path}")
     if crash is not None:
