@@ -30,6 +30,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="a kernel map (specview kernels -o FILE): a trace's report gets a 'Kernel map' section (the "
                    "map's prediction for this run, the target's per-width table, what it means for the fork); a "
                    "matrix run without one is predicted cell by cell from its recorded settings")
+    p.add_argument("--issue", action="store_true",
+                   help="write instead the body of an upstream issue (NAME-issue.md, under GitHub's 65,536 characters) "
+                        "and the request its reproduction sends (request.json): the verdict and its proof, the op, the "
+                        "verify widths, both arms' token ids around the fork, the build, the flags, each model's "
+                        "SHA-256, and llama-server commands and a curl request that give the fork without specview, "
+                        "with the -ub 1 control")
     p.set_defaults(func=main)
     return p
 
@@ -65,6 +71,19 @@ def main(args: argparse.Namespace) -> int:
     from ..core.errors import SpecviewError
     from ..core.report.write import write_report
 
+    if args.issue:
+        from ..core.report.issue import LIMIT, gh_length
+        from ..core.report.write import write_issue
+
+        if args.card is not None:
+            raise SpecviewError("--issue writes the issue's body only; draw the fork card with its own --card run")
+        written = write_issue(args.input, args.out, name=args.name, kernel_map=args.kernel_map)
+        body = written["issue"].read_text(encoding="utf-8")
+        for key, path in written.items():
+            print(f"{key:<10} {path}")
+        print(f"{gh_length(body)} characters (GitHub takes up to {LIMIT:,}); paste {written['issue'].name} as the "
+              "issue's body" + (f" and attach {written['request'].name}" if "request" in written else ""))
+        return 0
     card = card_path = None
     if args.card is not None:
         if args.card and not args.card.lower().endswith(".png"):

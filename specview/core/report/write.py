@@ -12,6 +12,7 @@ a renderer may return are the keys of :data:`~specview.core.report.facts.PLOT_CA
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -61,6 +62,16 @@ def read_input(path: str | os.PathLike[str]) -> tuple[str, Any]:
                         f"(specview.quality/1); schema is {shown}")
 
 
+def _with_summary(png: bytes, trace: Trace) -> bytes:
+    """The fork card with the run's sealed summary in it (:mod:`.summary`), for ``specview compare DIR``."""
+    from .summary import png_with_summary, sealed_summary
+
+    try:
+        return png_with_summary(png, sealed_summary(trace))
+    except ValueError:  # a renderer that drew something other than a PNG: keep what it drew
+        return png
+
+
 def earliest_fork_trace(doc: dict, source: Path | None) -> Trace | None:
     """The saved trace of the matrix's earliest fork (``--traces``), or None when there is none to read."""
     cell = earliest_fork(doc)
@@ -73,6 +84,53 @@ def earliest_fork_trace(doc: dict, source: Path | None) -> Trace | None:
         return Trace.load(p)
     except (SpecviewError, OSError, ValueError):
         return None
+
+
+def write_issue(src: str | os.PathLike[str] | Trace, out_dir: str | os.PathLike[str], *, name: str = "report",
+                kernel_map: str | os.PathLike[str] | Any = None) -> dict[str, Path]:
+    """Write ``{name}-issue.md``, the body of an upstream issue (:mod:`.issue`), and the request its reproduction
+    sends (``request.json``) into ``out_dir``; returns them by kind ("issue", "request")."""
+    from .issue import REQUEST_FILE, issue_markdown
+    from .repro import reproduction
+
+    if isinstance(src, Trace):
+        trace = src
+    else:
+        kind, trace = read_input(src)
+        if kind != "trace":
+            raise SpecviewError(f"--issue: {src} is a {kind} file; an issue is written from a trace "
+                                "(specview run --json TRACE.json)")
+    _plain_name(name)
+    section = None
+    if kernel_map is not None:
+        from ..kernels.evidence import load_kernel_map
+        from ..kernels.map import KernelMap
+
+        kmap = kernel_map if isinstance(kernel_map, KernelMap) else load_kernel_map(kernel_map, what="--kernel-map")
+        section = trace_kernel_section(trace, kmap, None if isinstance(kernel_map, KernelMap) else str(kernel_map))
+    body, _ = issue_markdown(trace, kernel=section)
+    out = _folder(out_dir)
+    written = {"issue": write_atomic(out / f"{name}-issue.md", body)}
+    try:
+        rp = reproduction(trace)
+    except SpecviewError:
+        return written
+    written["request"] = write_atomic(out / REQUEST_FILE, json.dumps(rp.body, separators=(",", ":")) + "\n")
+    return written
+
+
+def _plain_name(name: str) -> None:
+    if "/" in name or "\\" in name or name in ("", ".", ".."):
+        raise SpecviewError(f"--name {name!r}: give a plain file name, without a folder")
+
+
+def _folder(out_dir: str | os.PathLike[str]) -> Path:
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecviewError(f"-o {out}: cannot create the folder ({exc})") from None
+    return out
 
 
 def write_report(src: str | os.PathLike[str] | Trace | dict | Any, out_dir: str | os.PathLike[str], *,
@@ -145,6 +203,7 @@ def write_report(src: str | os.PathLike[str] | Trace | dict | Any, out_dir: str 
             cp = Path(card_path) if card_path is not None else out / CARD_FILE
             png = card(obj)
             if png:
+                png = _with_summary(png, obj)
                 try:
                     cp.write_bytes(png)
                 except OSError as exc:
