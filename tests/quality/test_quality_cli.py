@@ -23,7 +23,7 @@ def test_no_changed_answer_exits_0_and_n_counts_items(tmp_path, capsys):
     out = capsys.readouterr().out
     doc = json.loads((tmp_path / RESULT_FILE).read_text())
     assert doc["n_items"] == 6 and doc["config"]["max_tokens"] == 64 and doc["table"]["both_pass"] == 6
-    assert "vanilla pass" in out and "No answer changed" in out and "passes 6 of 6" in out
+    assert "vanilla pass" in out and "No outcome changed" in out and "passes 6 of 6" in out
 
 
 def test_changed_answers_exit_1_with_their_forks_and_verdicts(tmp_path, capsys):
@@ -33,7 +33,7 @@ def test_changed_answers_exit_1_with_their_forks_and_verdicts(tmp_path, capsys):
     out = capsys.readouterr().out
     res = QualityResult.load(tmp_path / RESULT_FILE)
     assert res.config["max_tokens"] == 40 and res.p_mcnemar < 0.05
-    assert "Speculative decoding changed answers" in out and "answers that changed:" in out
+    assert "Speculative decoding changed outcomes" in out and "outcomes that changed:" in out
     for o in res.discordant:
         assert o.item_id in out and "state bug" in out
     # the report says the same numbers

@@ -11,15 +11,15 @@ P, F = Score(True, "1", "ok"), Score(False, "2", "no")
 def result(*outcomes):
     suite = load_suite("count", len(outcomes))
     items = [ItemOutcome(it.id, v, s, identical=ident, fork_index=None if ident else 3, fork_context="x[['a' | 'b']]",
-                         verdict=verdict)
-             for it, (v, s, ident, verdict) in zip(suite.items, outcomes)]
+                         verdict=verdict, diagnosis_error=(rest or [None])[0])
+             for it, (v, s, ident, verdict, *rest) in zip(suite.items, outcomes)]
     return QualityResult(suite=suite, config={"target": "t"}, items=items, status="complete").refresh()
 
 
 def test_no_change_with_a_state_fork_still_warns():
     res = result((P, P, True, None), (F, F, False, "state"), (P, P, False, "near-tie"))
     said = " ".join(reading(res))
-    assert said.startswith("No answer changed: on all 3 items") and "forked on 2" in said
+    assert said.startswith("No outcome changed: on all 3 items") and "forked on 2" in said
     assert "But 1 fork on items whose outcome did not change read state" in said
 
 
@@ -39,3 +39,37 @@ def test_changed_answers_beyond_chance_and_their_forks():
 def test_only_near_ties():
     res = result((P, F, False, "near-tie"), (F, F, True, None))
     assert "'divergences only at near-ties'" in " ".join(reading(res))
+
+
+F3 = Score(False, "3", "no")  # a wrong answer other than F's
+
+
+def test_answers_that_changed_without_changing_the_outcome_are_not_called_unchanged_answers():
+    # item 2: both fail, with two different wrong answers; item 3: both pass, forked after the answer
+    res = result((P, P, True, None), (F, F3, False, "near-tie"), (P, P, False, "near-tie"))
+    said = " ".join(reading(res))
+    assert said.startswith("No outcome changed: on all 3 items both arms pass or both fail")
+    assert "forked on 2, and on 1 of them the two answers differ" in said
+    assert "No answer changed" not in said and "No answer changed" not in format_result(res)
+    res = result((P, P, False, "near-tie"))
+    assert "forked on 1, without changing the answer" in " ".join(reading(res))
+
+
+def test_changed_outcomes_are_called_outcomes():
+    res = result((P, F, False, "near-tie"), (F, F, True, None))
+    said = " ".join(reading(res))
+    assert said.startswith("Outcomes changed on 1 of 2 items") and "The forks of the changed outcomes: 1 near-tie" in said
+    assert "outcomes that changed:" in format_result(res) and "answers that changed" not in format_result(res)
+
+
+def test_undiagnosed_forks_whose_outcome_held_point_to_diagnose_forks():
+    res = result((P, F, False, "near-tie"), (P, P, False, None), (F, F3, False, None), (F, F, False, None, "boom"))
+    said = " ".join(reading(res))
+    # two held outcomes forked undiagnosed; the failed diagnosis is not "not asked for"
+    assert "2 forks on items whose outcome held were not diagnosed" in said and "`--diagnose forks`" in said
+    assert "--diagnose forks diagnoses them" in format_result(res)
+    done = result((P, F, False, "near-tie"), (P, P, False, "near-tie"))
+    assert "--diagnose" not in " ".join(reading(done)) and "--diagnose" not in format_result(done)
+    none = result((P, F, False, None), (F, F, True, None))  # --diagnose none: a changed outcome's fork too
+    said = " ".join(reading(none))
+    assert "1 fork of changed outcomes was not diagnosed" in said and "--diagnose discordant" in format_result(none)

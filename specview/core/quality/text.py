@@ -1,4 +1,7 @@
-"""A quality result in words: the 2x2 table, the rates, the test's reading and the changed answers.
+"""A quality result in words: the 2x2 table, the rates, the test's reading and the changed outcomes.
+
+An item's *outcome* is whether each arm passed (both pass, both fail, only one); its *answers* are what each
+arm replied.  Answers can differ while the outcome holds (two wrong numbers), so the words say which.
 
 The CLI prints :func:`format_result`; the report and the app take the same
 sentences (:func:`reading`, :func:`verdict_counts`), so they never disagree.
@@ -37,47 +40,77 @@ def verdict_counts(items: list[ItemOutcome]) -> dict[str, int]:
 
 
 def reading(res: QualityResult) -> list[str]:
-    """What the result says, in sentences: whether answers changed, which way, whether the test calls it
-    evidence, and what the changed answers' forks were."""
+    """What the result says, in sentences: whether outcomes changed (an item's outcome is whether each arm
+    passed; its answers are what each arm replied), which way, whether the test calls it evidence, what the
+    changed outcomes' forks were, and how to diagnose the forks that were not."""
     t, p = res.table, res.p_mcnemar
     b, c = t.only_vanilla, t.only_speculative
     out: list[str] = []
     if t.n == 0:
         return ["No item was scored."]
     if b + c == 0:
-        forks = sum(1 for o in res.items if o.fork_index is not None and o.error is None)
-        out.append(f"No answer changed: on all {t.n} items both arms pass or both fail"
-                   + (f" (the texts forked on {forks}, without changing the outcome)." if forks else
-                      " (and every text was identical)."))
-        return out + _state_elsewhere(res)
+        forked = [o for o in res.items if o.fork_index is not None and o.error is None]
+        differ = sum(1 for o in forked if o.vanilla.got != o.speculative.got)
+        if not forked:
+            tail = " (and every text was identical)."
+        elif differ:
+            tail = (f" (the texts forked on {len(forked)}, and on {differ} of them the two answers differ, without "
+                    "changing whether they pass).")
+        else:
+            tail = f" (the texts forked on {len(forked)}, without changing the answer)."
+        out.append(f"No outcome changed: on all {t.n} items both arms pass or both fail{tail}")
+        return out + _state_elsewhere(res) + _undiagnosed(res)
     way = f"{b} passed by vanilla only, {c} by the speculative arm only"
     if p < ALPHA:
         worse = "lower" if b > c else "higher"
-        out.append(f"Speculative decoding changed answers: {way}; McNemar's exact test p = {p_text(p)} < {ALPHA}, "
+        out.append(f"Speculative decoding changed outcomes: {way}; McNemar's exact test p = {p_text(p)} < {ALPHA}, "
                    f"so the speculative arm's pass rate is {worse} than vanilla's beyond chance.")
     else:
-        out.append(f"Answers changed on {b + c} of {t.n} items ({way}); McNemar's exact test p = {p_text(p)}: "
+        out.append(f"Outcomes changed on {b + c} of {t.n} items ({way}); McNemar's exact test p = {p_text(p)}: "
                    f"on this many items that is not evidence that speculation moves the pass rate.")
     vc = verdict_counts(res.discordant)
     if vc:
-        out.append("The changed answers' forks: " + ", ".join(f"{n} {v}" for v, n in vc.items()) + ".")
+        out.append("The forks of the changed outcomes: " + ", ".join(f"{n} {v}" for v, n in vc.items()) + ".")
     if vc.get("state"):
-        out.append("A changed answer whose fork is a state bug is not rounding: the speculative loop or its cache "
+        out.append("A changed outcome whose fork is a state bug is not rounding: the speculative loop or its cache "
                    "is wrong there (see those items' traces).")
     elif vc and set(vc) == {"near-tie"}:
-        out.append("Every changed answer comes from a near-tie flipped by batched-versus-single numerics: the "
+        out.append("Every changed outcome comes from a near-tie flipped by batched-versus-single numerics: the "
                    "invariant that holds on this hardware is 'divergences only at near-ties'.")
-    return out + _state_elsewhere(res)
+    return out + _state_elsewhere(res) + _undiagnosed(res)
 
 
 def _state_elsewhere(res: QualityResult) -> list[str]:
-    """A warning for state forks on items whose answer did not change: a bug this suite's answers did not show."""
+    """A warning for state forks on items whose outcome did not change: a bug this suite's outcomes did not show."""
     n = sum(1 for o in res.items if o.verdict == "state" and not o.discordant)
     if not n:
         return []
     return [f"But {n} fork{'s' if n != 1 else ''} on items whose outcome did not change read state: the "
-            "speculative loop or its cache is wrong, whether or not this suite's answers show it (see those "
+            "speculative loop or its cache is wrong, whether or not this suite's outcomes show it (see those "
             "items' traces)."]
+
+
+def undiagnosed(items: list[ItemOutcome]) -> list[ItemOutcome]:
+    """The items whose texts forked and whose fork was not diagnosed (not asked for; a failed diagnosis is not one)."""
+    return [o for o in items if o.fork_index is not None and o.error is None and o.verdict is None
+            and o.diagnosis_error is None]
+
+
+def _undiagnosed(res: QualityResult) -> list[str]:
+    """Where forks went undiagnosed, what diagnoses them: ``--diagnose forks``."""
+    held = [o for o in undiagnosed(res.items) if not o.discordant]
+    changed = [o for o in undiagnosed(res.items) if o.discordant]
+    out = []
+    if held:
+        out.append(f"{len(held)} fork{'s' if len(held) != 1 else ''} on items whose outcome held "
+                   f"{'were' if len(held) != 1 else 'was'} not diagnosed (by default only the forks of changed "
+                   "outcomes are); `--diagnose forks` diagnoses every fork, so a state bug that did not change an "
+                   "outcome is found too.")
+    if changed:
+        out.append(f"{len(changed)} fork{'s' if len(changed) != 1 else ''} of changed outcomes "
+                   f"{'were' if len(changed) != 1 else 'was'} not diagnosed (`--diagnose none`); `--diagnose "
+                   "discordant` (the default) or `--diagnose forks` says whether each is a near-tie or a state bug.")
+    return out
 
 
 def table_lines(res: QualityResult) -> list[str]:
@@ -92,13 +125,14 @@ def table_lines(res: QualityResult) -> list[str]:
 
 
 def item_line(o: ItemOutcome) -> str:
-    """One changed answer: the item, which arm passed, the fork and its verdict."""
+    """One changed outcome: the item, which arm passed, the two answers, the fork and its verdict."""
     head = f"{o.item_id}: {OUTCOME_WORDS[o.outcome]}"
     got = f"vanilla {o.vanilla.got!r}, speculative {o.speculative.got!r}"
     if o.fork_index is None:
         return f"{head} ({got}; the texts are identical)"
     verdict = (words(o.verdict) if o.verdict else
-               f"not diagnosed ({o.diagnosis_error})" if o.diagnosis_error else "not diagnosed")
+               f"not diagnosed ({o.diagnosis_error})" if o.diagnosis_error else
+               "not diagnosed (--diagnose discordant, the default, diagnoses it)")
     return f"{head} ({got})\n      fork at token {o.fork_index}: {o.fork_context}\n      verdict  {verdict}"
 
 
@@ -121,8 +155,9 @@ def format_result(res: QualityResult) -> str:
     lines.append(f"McNemar      exact p = {p_text(res.p_mcnemar)} on {res.table.only_vanilla} + "
                  f"{res.table.only_speculative} discordant items")
     identical = sum(1 for o in res.items if o.identical and o.error is None)
+    hint = " (--diagnose forks diagnoses them)" if undiagnosed(res.items) else ""
     lines.append(f"texts        {identical} of {res.table.n} identical; forks: "
-                 + (", ".join(f"{n} {v}" for v, n in verdict_counts(res.items).items()) or "none"))
+                 + (", ".join(f"{n} {v}" for v, n in verdict_counts(res.items).items()) or "none") + hint)
     if res.errors:
         lines.append(f"errors       {len(res.errors)} items could not be run (outside the table): "
                      + "; ".join(f"{o.item_id}: {(o.error or '').splitlines()[0]}" for o in res.errors[:3]))
@@ -130,10 +165,10 @@ def format_result(res: QualityResult) -> str:
     lines += reading(res)
     if res.discordant:
         lines.append("")
-        lines.append("answers that changed:")
+        lines.append("outcomes that changed:")
         lines += [f"  {item_line(o)}" for o in res.discordant]
     return "\n".join(lines)
 
 
 __all__ = ["ALPHA", "OUTCOME_WORDS", "format_result", "item_line", "p_text", "pct", "rate_text", "reading",
-           "table_lines", "verdict_counts"]
+           "table_lines", "undiagnosed", "verdict_counts"]
