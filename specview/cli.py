@@ -27,6 +27,7 @@ COMMANDS = {
     "kernels": ("specview.commands.kernels", "map which draft widths are bit-identical to single-token passes"),
     "locate": ("specview.commands.locate", "name the first op where a verify pass departs from single-token passes"),
     "prescribe": ("specview.commands.prescribe", "say which speculative settings are proven lossless here"),
+    "probe": ("specview.commands.probe", "force the known triggers of real rollback and state bugs, each proven"),
     "doctor": ("specview.commands.doctor", "say what specview will run on: engines, GPU backends, CPU"),
     "gui": ("specview.commands.gui", "open the desktop app"),
 }
