@@ -3,7 +3,9 @@
 Subcommands live in :mod:`specview.commands`, one module each, imported only
 when chosen.  Exit status: 0 the arms are identical (or the command
 succeeded), 1 the arms diverged, 2 an error (a bad file, a bad value, a
-missing backend), 130 interrupted.
+missing backend), 70 an internal error (a bug in specview: one line, the
+traceback written to a file; never a status that reads as a result), 130
+interrupted.
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ COMMANDS = {
 EXIT_IDENTICAL = 0
 EXIT_DIVERGED = 1
 EXIT_ERROR = 2
+#: an exception specview did not expect: a bug (sysexits.h's EX_SOFTWARE), never 1, which reads as "diverged"
+EXIT_INTERNAL = 70
+#: set it to print an internal error's traceback on stderr as well
+DEBUG_ENV = "SPECVIEW_DEBUG"
 
 
 def _load(name: str):
@@ -46,7 +52,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         prog="specview",
         description="Does greedy speculative decoding give exactly the text plain greedy decoding gives? "
         "specview runs both on your model, shows where they fork, and says whether it is a near-tie or a bug.",
-        epilog="Exit status: 0 identical / success, 1 the arms diverged, 2 error. "
+        epilog="Exit status: 0 identical / success, 1 the arms diverged, 2 error, 70 internal error (a bug in "
+        "specview; the traceback is written to a file, or printed with SPECVIEW_DEBUG=1), 130 interrupted. "
         "Run `specview COMMAND --help` for a command's flags.",
     )
     parser.add_argument("--version", action="version", version=f"specview {__version__}")
@@ -104,6 +111,38 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             pass
         return 0
+    except Exception as exc:  # a bug in specview: say so in one line, never with a status that means a result
+        return internal_error(exc, argv)
+
+
+def internal_error(exc: BaseException, argv: list[str]) -> int:
+    """Report an exception specview did not expect: one line naming it and where its traceback was written
+    (the whole traceback on stderr too with ``$SPECVIEW_DEBUG``); returns :data:`EXIT_INTERNAL`."""
+    import time
+    import traceback
+
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    what = " ".join(str(exc).split())
+    what = f"{type(exc).__name__}: {what[:200]}{'…' if len(what) > 200 else ''}" if what else type(exc).__name__
+    where = None
+    try:
+        import tempfile
+
+        from .core.paths import cache_dir
+
+        folder = cache_dir() / "errors"
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), suffix=".txt", dir=folder)
+        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as fh:
+            fh.write(f"specview {__version__}: specview {' '.join(argv)}\n\n{tb}")
+        where = name
+    except Exception:  # no folder to write it to: the debug hint still says how to see it
+        pass
+    if os.environ.get(DEBUG_ENV):
+        print(tb, file=sys.stderr, end="")
+    hint = f"the traceback is in {where}" if where else f"rerun with {DEBUG_ENV}=1 to see the traceback"
+    print(f"specview: internal error (a bug in specview, please report it): {what}; {hint}", file=sys.stderr)
+    return EXIT_INTERNAL
 
 
 def gui_main() -> int:
