@@ -34,6 +34,9 @@ RULES: dict[str, str] = {
     "gap-far-beyond-envelope": "the fork's gap is far beyond anything batched-versus-single rounding moved",
     "gap-within-envelope": "the fork's gap is within the shift batched-versus-single rounding caused before it",
     "gap-below-far": "the fork's gap is above the largest shift seen before it but below the 'far' threshold",
+    "snapshot-restore-unproven": "the speculative arm rolled back through llama.cpp's n_rs_seq snapshots, a path "
+    "the serial-verify control never walks, and the snapshot check did not reproduce its tokens, so those "
+    "rollbacks are unproven (the same run with --rollback checkpoint is covered)",
     "not-measured": "what the diagnosis needs could not be measured on this engine (its reason is recorded)",
 }
 

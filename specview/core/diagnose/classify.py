@@ -97,6 +97,7 @@ def classify(
     floor: float = FAR_FLOOR,
     serial_verify_identical: bool | None = None,
     vanilla_repeat_identical: bool | None = None,
+    unproven: int = 0,
 ) -> tuple[str, str]:
     """The verdict and the rule that gave it (rule names and meanings: :data:`specview.core.verdicts.RULES`).
 
@@ -104,7 +105,9 @@ def classify(
     speculative loop with every verify row computed as its own single-token
     pass (in process), or the same server with ``-ub 1``, reproduced vanilla
     token for token; None where it could not run.  ``vanilla_repeat_identical``
-    is vanilla run again on a fresh context (None: not run).
+    is vanilla run again on a fresh context (None: not run).  ``unproven`` counts
+    the speculative arm's rollbacks through a path the control never walks and
+    no check proved (n_rs_seq snapshots, :func:`.controls.snapshot_check`).
 
     In order:
 
@@ -118,9 +121,12 @@ def classify(
     5. a gap far beyond the envelope (:func:`far_threshold`) is ``state`` even
        when the serial control reproduces vanilla: that control never runs a
        T > 1 pass, so it cannot see a bug that lives only in batched passes;
-    6. ``serial-verify-reproduces-vanilla``: the fork is proven to come from
+    6. ``snapshot-restore-unproven``: rollbacks the control did not cover leave
+       the fork ``inconclusive``, whatever its gap under the far threshold (a
+       wrong snapshot can fork on a near-tie as well as anything);
+    7. ``serial-verify-reproduces-vanilla``: the fork is proven to come from
        batched-versus-single numerics (``near-tie``);
-    7. without the control, the thresholds decide: ``near-tie`` within the
+    8. without the control, the thresholds decide: ``near-tie`` within the
        envelope or below the far threshold.
     """
     if identical:
@@ -138,11 +144,15 @@ def classify(
     if not spec_reproduced:
         return _rule("state", "speculative-unreproducible")
     if gap is None:
+        if unproven:
+            return _rule("inconclusive", "snapshot-restore-unproven")
         if serial_verify_identical:
             return _rule("near-tie", "serial-verify-reproduces-vanilla")
         raise ValueError("a gap (or the serial-verify control) is needed to classify a reproduced fork")
     if gap > far_threshold(env_max, factor=factor, floor=floor):
         return _rule("state", "gap-far-beyond-envelope")
+    if unproven:
+        return _rule("inconclusive", "snapshot-restore-unproven")
     if serial_verify_identical:
         return _rule("near-tie", "serial-verify-reproduces-vanilla")
     return _rule("near-tie", "gap-within-envelope" if env_max is not None and gap <= env_max else "gap-below-far")

@@ -12,7 +12,7 @@ from .reference import reference_for_trace, wanted_for
 from ..trace import Trace
 from .classify import (FAR_FACTOR, FAR_FLOOR, LOGIT_TOL, SCHEMA_VERSION, at_risk_positions, classify,
                        envelope_stats, far_threshold)
-from .controls import control_matrix, serial_verify_control
+from .controls import control_matrix, serial_verify_control, snapshot_rollbacks
 from .replays import ArmCheck, Replays, check_replayable, replay
 from .words import explain
 
@@ -190,6 +190,7 @@ def _classify(d: _Diagnosis, rp: Replays | None, repeat: dict[str, Any] | None) 
         env_max=(result["envelope"] or {}).get("max"),
         serial_verify_identical=sv["identical_to_vanilla"] if sv else None,
         vanilla_repeat_identical=rep["identical"] if rep else None,
+        unproven=sv.get("unproven", 0) if sv else snapshot_rollbacks(d.trace),
     )
 
 

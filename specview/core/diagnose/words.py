@@ -37,6 +37,13 @@ def serial_form_words(form: str | None) -> str:
     return "the speculative loop with every verify row computed as its own single-token pass"
 
 
+def mechanisms_words(rollbacks: dict[str, Any] | None, context: str = "target") -> str:
+    """ "n_rs_seq ×31, state-copy ×2" from an arm's or a control's ``rollbacks`` record ("no rollback": none)."""
+    rec = (rollbacks or {}).get(context) or {}
+    used = [f"{m} ×{c}" for m, c in rec.items() if c]
+    return ", ".join(used) if used else "no rollback"
+
+
 def serial_line(sv: dict[str, Any] | None) -> str | None:
     """One line on the serial-verify control, or None when it did not run."""
     if not sv:
@@ -44,17 +51,39 @@ def serial_line(sv: dict[str, Any] | None) -> str | None:
     form = serial_form_words(sv.get("form"))
     if sv.get("identical_to_vanilla") is None:
         return f"serial verify  not run ({sv.get('skipped') or 'not available for this engine'})"
+    walked = f" (its rollbacks: {mechanisms_words(sv['rollbacks'])})" if sv.get("rollbacks") else ""
     if sv["identical_to_vanilla"]:
         n = sv.get("n_tokens")
-        return (f"serial verify  IDENTICAL to vanilla{'' if n is None else f' over all {n} tokens'}: {form} "
-                f"reproduces plain greedy, so the fork comes from batched-vs-single numerics (proven)")
+        head = f"serial verify  IDENTICAL to vanilla{'' if n is None else f' over all {n} tokens'}: {form}{walked} "
+        if sv.get("unproven"):
+            return (head + f"reproduces plain greedy, but the speculative arm's {sv['unproven']} n_rs_seq snapshot "
+                    "rollbacks are a path no single-token pass walks, and the snapshot check did not prove them: "
+                    "UNPROVEN (run again with --rollback checkpoint, which the control covers)")
+        return head + "reproduces plain greedy, so the fork comes from batched-vs-single numerics (proven)"
     rep = sv.get("vanilla_repeat")
     tail = ""
     if rep is not None:
         tail = ("; vanilla run again repeats itself up to there" if rep.get("identical")
                 else f"; vanilla run again differs from itself at token {rep.get('first_mismatch')}")
-    return (f"serial verify  DIFFERS from vanilla at token {sv.get('first_mismatch')}: {form} does not reproduce "
-            f"plain greedy{tail}")
+    return (f"serial verify  DIFFERS from vanilla at token {sv.get('first_mismatch')}: {form}{walked} does not "
+            f"reproduce plain greedy{tail}")
+
+
+def snapshot_line(sv: dict[str, Any] | None) -> str | None:
+    """One line on the snapshot check (a speculative arm that rolled back by n_rs_seq snapshots), or None."""
+    chk = (sv or {}).get("snapshot_check")
+    if not chk:
+        return None
+    if chk.get("skipped"):
+        return f"snapshot check  not run ({chk['skipped']}): the n_rs_seq snapshot rollbacks are unproven"
+    walked = mechanisms_words(chk.get("rollbacks"))
+    if chk.get("identical_to_speculative"):
+        return (f"snapshot check  IDENTICAL to the speculative arm over its {chk.get('n_tokens')} tokens with every "
+                f"n_rs_seq snapshot rollback done by checkpoint and replay ({walked}): the snapshots restored the "
+                "states their positions had (proven)")
+    return (f"snapshot check  DIFFERS from the speculative arm at token {chk.get('first_mismatch')} with every "
+            f"n_rs_seq snapshot rollback done by checkpoint and replay ({walked}): a wrong snapshot, or the two "
+            "restores rounding apart; the snapshot rollbacks are UNPROVEN")
 
 
 def reference_line(ref: dict[str, Any] | None) -> str | None:
@@ -117,7 +146,9 @@ def rollback_line(trace: Trace) -> str | None:
         return None
     parts = []
     if modes.get("snapshots"):
-        parts.append(f"{modes['snapshots']} by a kept recurrent state (snapshots)")
+        parts.append(f"{modes['snapshots']} by a kept recurrent state (snapshots: llama.cpp's n_rs_seq)")
+    if modes.get("state-copy"):
+        parts.append(f"{modes['state-copy']} by a state copied after a single-token pass (snapshot mode)")
     if modes.get("checkpoint"):
         widths = replay_widths(trace)
         ws = ", ".join(f"{'width ' if i == 0 else ''}{w} ×{c}" for i, (w, c) in enumerate(widths.items()))
@@ -176,6 +207,31 @@ def departure_line(dep: Any) -> str | None:
     return f"located: row {dep.get('row')} of the width-{dep.get('width')} verify pass {where}"
 
 
+def _snapshot_sentence(chk: dict[str, Any] | None) -> str:
+    if not chk:
+        return "no snapshot check ran."
+    if chk.get("skipped"):
+        return f"the snapshot check did not run ({chk['skipped']})."
+    return (f"the snapshot check (the same arm with each snapshot rollback done by checkpoint and replay) differs "
+            f"from it at token {chk.get('first_mismatch')}, which a wrong snapshot explains, and so does the "
+            "rounding of a replay pass narrower than the verify pass.")
+
+
+def _snapshots_proven(sv: dict[str, Any]) -> str:
+    chk = sv.get("snapshot_check")
+    if not chk or not chk.get("identical_to_speculative"):
+        return ""
+    return (" The speculative arm's n_rs_seq snapshot rollbacks, which no single-token pass walks, are proven by "
+            "the snapshot check: the same arm with each of them done by checkpoint and replay gives its tokens, "
+            "one for one.")
+
+
+def _gap_words(d: dict[str, Any], th: dict[str, Any]) -> str:
+    if d.get("gap") is None or th.get("far") is None:
+        return ""
+    return f" (its gap, {d['gap']:.4f} logits, is under the far threshold {th['far']:.3f})"
+
+
 def explain(d: dict[str, Any], trace: Trace) -> str:
     verdict, rule = d["verdict"], d["rule"]
     ctrl = _controls_sentence(d.get("controls"))
@@ -204,8 +260,18 @@ def explain(d: dict[str, Any], trace: Trace) -> str:
                 f"for token, so drafting, acceptance, rollback and the KV cache are right. That proves the fork at "
                 f"token {d['fork']} ({a} against {b}) comes from the verify pass computing several rows at once, "
                 f"whose rounding differs from one row at a time: the argmax flipped on a near-tie.{numbers}"
+                f"{_snapshots_proven(sv)}"
                 f"{departure_sentence(d.get('departure'))} This "
                 f"is expected on quantized targets and is not a bug in the speculative loop.{ctrl}")
+    if rule == "snapshot-restore-unproven":
+        return (f"{pre}The serial-verify control, {serial_form_words(sv.get('form'))}, reproduces vanilla token for "
+                f"token, but it proves only the rollback paths it walked ({mechanisms_words(sv.get('rollbacks'))}). "
+                f"The speculative arm rolled back {sv.get('unproven') or 'some'} times through llama.cpp's n_rs_seq "
+                f"snapshots ({mechanisms_words(trace.speculative.rollbacks)}), which exist only for the positions "
+                f"of the last multi-token pass, so no single-token pass walks them; "
+                f"{_snapshot_sentence(sv.get('snapshot_check'))} So the fork at token {d['fork']} ({a} against {b}) "
+                f"is unproven: it may be a near-tie{_gap_words(d, th)}, or a snapshot that restored the wrong "
+                f"state. To prove it, run the same with --rollback checkpoint: the control covers that path.{ctrl}")
     if rule == "serial-verify-differs":
         return (f"{pre}The serial-verify control, {serial_form_words(sv.get('form'))}, computes every KV entry and "
                 f"every row exactly as vanilla computes them, yet it still differs from vanilla (at token "
@@ -278,6 +344,9 @@ def format_verdict(diag: dict[str, Any]) -> str:
     sv = serial_line(diag.get("serial_verify"))
     if sv:
         lines.append("  " + sv)
+    snap = snapshot_line(diag.get("serial_verify"))
+    if snap:
+        lines.append("  " + snap)
     if ref_line and not ref_line.startswith("BACKEND"):
         lines.append("  " + ref_line)
     dep = diag.get("departure")
