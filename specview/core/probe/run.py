@@ -32,8 +32,9 @@ def run_probe(target: str, *, backend: str = "llama.cpp", settings: EngineSettin
               prompt: str = "the cat and the dog", n: int = 48, long_n: int = 2048, n_max: int = 3,
               accept_draft: str | None = None, reject_draft: str | None = None, chat: bool = False,
               progress: ProgressFn | None = None, cancel: Callable[[], bool] | None = None,
-              on_row: Callable[[TriggerResult], None] | None = None) -> ProbeReport:
-    """Probe ``target`` in-process (on ``backend``) and/or on llama-server (``settings.server_bin``)."""
+              on_row: Callable[[TriggerResult], None] | None = None, runner: Any = None) -> ProbeReport:
+    """Probe ``target`` in-process (on ``backend``; on ``runner``, that engine's runner, when given) and/or on
+    llama-server (``settings.server_bin``)."""
     names = check_triggers(triggers)
     if n < 8 or long_n < n or n_max < 1:
         raise SpecviewError(f"the probe needs n >= 8, long_n >= n and n_max >= 1 (got {n}, {long_n}, {n_max})")
@@ -48,10 +49,14 @@ def run_probe(target: str, *, backend: str = "llama.cpp", settings: EngineSettin
         if not be.in_process:
             raise SpecviewError(f"the {backend} engine runs its own passes: probe it with --server (llama-server), "
                                 "and the in-process half with --engine llama.cpp")
-        with be.runner(progress=say) as r:
+        r = runner if runner is not None else be.runner(progress=say)
+        try:
             half = r.job(probe_in_session, target=target, settings=settings, backend=backend, triggers=names,
                          prompt=prompt, n=n, long_n=long_n, n_max=n_max, chat=chat, progress=say, cancel=cancel,
                          on_row=on_row)
+        finally:
+            if runner is None:
+                r.close()
         report.extend(half)
         report.config.update({k: v for k, v in half.config.items() if k not in report.config})
     if server:
