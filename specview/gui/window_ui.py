@@ -15,6 +15,7 @@ from .matrix import MatrixTab
 from .matrix.tab import TAB_TIP
 from .quality import QualityTab
 from .model_menu import attach_discovery
+from .probe import ProbeTab
 from .side_by_side import SideBySide
 from .verdict_bar import VerdictBar
 
@@ -111,6 +112,7 @@ def build_ui(w: Any) -> None:
     w.statusBar().addPermanentWidget(w.counters)
     w.statusBar().addPermanentWidget(w.progress)
     w.quality_tab = QualityTab.attach(w)
+    w.probe_tab = ProbeTab.attach(w)
     attach_discovery(w)
 
 
