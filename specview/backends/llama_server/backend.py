@@ -44,7 +44,8 @@ from .binary import find_server_bin, server_info
 from .pool import ServerPool
 from .process import LlamaServer
 from .protocol import (TokenByToken, arm_from_response, arm_from_stream, completion_body, held_back_ids, make_step,
-                       reads_request_speculation, stream_completion, vanilla_by_requests, wait_idle)
+                       reads_request_speculation, stream_completion, vanilla_by_requests, wait_idle,
+                       without_banned)
 
 ProgressFn = Callable[[str], None]
 EventFn = Callable[[str, Any], None]
@@ -489,6 +490,9 @@ class ServerRunner(Runner):
         if srv is not None and "-c" in srv.args:
             n_ctx = int(srv.args[srv.args.index("-c") + 1])  # a reused server may have a larger context
         config = dict(plan.config, n_ctx_used=n_ctx)
+        if cfg.ignore_eos:  # the top-k the sampler picked from, as the in-process arms record it
+            eog = self.vocab(plan.target).vocab.eog
+            vanilla, speculative = without_banned(vanilla, eog), without_banned(speculative, eog)
         # the models' names as given and the files they resolved to (config.models)
         return record_models(Trace(config=config, environment=env,
                                    models={"target": _facts(self.vocab(plan.target)),

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 from ...core.errors import Cancelled
 from ...core.trace import ArmResult, Round, Step
@@ -122,6 +122,27 @@ def make_step(i: int, tok: int, entry: dict[str, Any] | None, *, prompt_len: int
     margin = (vals[0] - vals[1]) if len(vals) >= 2 else None
     return Step(index=i, token=tok, piece=piece(tok), pos=prompt_len + i, top_ids=ids, top_logits=vals,
                 margin=margin, round=None, from_draft=None, batch_size=None, batch_index=None)
+
+
+def without_banned(arm: ArmResult, ban: Collection[int]) -> ArmResult:
+    """``arm`` with the tokens ``ignore_eos`` bans taken out of every step's top-k, in place.
+
+    llama-server reports ``n_probs`` from the row before its sampler applies the
+    ``-inf`` logit bias, so a banned end-of-generation token can head a step's
+    list though it was never a candidate; the in-process arms record the row the
+    sampler picks from, and so does the trace (the margin is then the chosen
+    token's over the next candidate).
+    """
+    ban = frozenset(int(t) for t in ban)
+    if not ban:
+        return arm
+    for st in arm.steps:
+        keep = [(i, v) for i, v in zip(st.top_ids, st.top_logits) if int(i) not in ban]
+        if len(keep) == len(st.top_ids):
+            continue
+        st.top_ids, st.top_logits = [i for i, _ in keep], [v for _, v in keep]
+        st.margin = (st.top_logits[0] - st.top_logits[1]) if len(keep) >= 2 else None
+    return arm
 
 
 def arm_from_response(name: str, resp: dict[str, Any], *, prompt_len: int, piece: Callable[[int], str]) -> ArmResult:
