@@ -30,7 +30,8 @@ from test_serial_verify import assert_state_through_the_control, faulty_fork  # 
 
 from specview.core import diagnose as dmod  # noqa: E402
 from specview.core.config import EngineSettings, RunConfig  # noqa: E402
-from specview.core.diagnose.replays import ArmCheck, spec_rows  # noqa: E402
+from specview.core.arms.generate import banned  # noqa: E402
+from specview.core.diagnose.replays import ArmCheck, spec_rows, without_banned  # noqa: E402
 from specview.core.registry import register_backend, unregister_backend  # noqa: E402
 from specview.core.session import Session  # noqa: E402
 from specview.core.trace import Trace  # noqa: E402
@@ -73,20 +74,27 @@ def test_specview_run_prints_a_comparison_and_a_verdict_in_every_mode(pairs, arc
     assert ("IDENTICAL" in text) == (rc == 0) and "VERDICT" in text
     trace = Trace.load(out)
     s = trace.speculative
+    raw = json.loads(out.read_text())
     assert trace.config["context_used"]["rollback"] == ran(mode)
-    # an explicit mode stays as given (auto too: the context decides); left unset, the target's header decides
-    assert trace.config["engine"]["rollback"] == (mode or "checkpoint")
-    assert ("rollback" in trace.config.get("decided", {})) == (mode is None)
+    # an explicit mode stays as given; left unset or auto, the target's header decides, with its reason
+    decided = mode in (None, "auto")
+    assert trace.config["engine"]["rollback"] == ("checkpoint" if decided else mode)
+    assert ("rollback" in trace.config.get("decided", {})) == decided
     rejected = [r for r in s.rounds[1:] if r.accepted < r.drafted]
     assert rejected and s.n_accepted > 0, "the Q4_0 drafter must be accepted in part"
     assert all(r.rollback == ran(mode) for r in rejected)
+    used = s.rollbacks["target"]
     if ran(mode) == "checkpoint":
         assert all(r.replay == r.accepted + 2 for r in rejected)
         assert "restored and replayed" in text
+        # every rejection restored the checkpoint and replayed (again, where a replay rejected a carried token)
+        assert used["checkpoint"] == used["replay"] >= len(rejected) and used["n_rs_seq"] == used["state-copy"] == 0
     else:
         assert all(r.replay == 0 for r in rejected) and "kept recurrent state" in text
+        # a batched verify pass keeps a snapshot of every position it may drop: each rejection selected one
+        assert used["n_rs_seq"] == len(rejected) and used["checkpoint"] == used["state-copy"] == used["replay"] == 0
+    assert raw["speculative"]["rollbacks"]["target"] == used
     assert 1 + sum(r.emitted for r in s.rounds[1:]) == len(s.tokens) == N
-    raw = json.loads(out.read_text())
     assert raw["speculative"]["rounds"][rejected[0].index]["rollback"] == ran(mode)
 
 
@@ -121,10 +129,17 @@ def test_the_serial_verify_control_reproduces_vanilla_in_every_mode(pairs, arch,
     s = trace.speculative
     assert trace.comparison.identical, trace.comparison.first_mismatch
     rejected = [r for r in s.rounds[1:] if r.accepted < r.drafted]
-    assert rejected and all(r.serial and r.rollback == mode for r in rejected)
+    # one-token passes keep no n_rs_seq snapshot: in snapshot mode each rejection loads a state copied after a
+    # single-token pass, and the rounds and the arm's record say so
+    assert rejected and all(r.serial and r.rollback == {"snapshots": "state-copy"}.get(mode, mode) for r in rejected)
+    used = s.rollbacks["target"]
+    assert used["n_rs_seq"] == 0
     if mode == "checkpoint":  # every replayed token was its own single-token pass too
         assert all(st.serial and st.batch_size == rnd.replay
                    for rnd in rejected for st in s.steps[rnd.first_step:rnd.first_step + rnd.emitted])
+        assert used["checkpoint"] == used["replay"] >= len(rejected)
+    else:
+        assert used["state-copy"] == len(rejected) and used["checkpoint"] == 0
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -139,8 +154,8 @@ def test_the_teacher_forced_replay_rebuilds_a_hybrid_arm_bit_for_bit(pairs, arch
         eng = session.engine("replay-check", target, session.resolve(cfg).settings, 512)
         check = ArmCheck(s)
         upto = len(s.tokens) - 1
-        for j, row, meta in spec_rows(eng, list(trace.prompt["tokens"]), cfg.engine.n_batch, s, upto,
-                                      lambda: False):
+        rows = spec_rows(eng, list(trace.prompt["tokens"]), cfg.engine.n_batch, s, upto, lambda: False)
+        for j, row, meta in without_banned(rows, banned(eng, cfg.ignore_eos)):  # read as the arm read them
             check.see(j, row, 8, 0.0)
             assert (meta["batch_size"], meta["batch_index"]) == (s.steps[j].batch_size, s.steps[j].batch_index)
             if j >= upto:

@@ -27,8 +27,8 @@ from ...core.engine import ModelEngine, Rollback
 from ...core.errors import ConfigError, EvalError, SpecviewError
 from ...core.resolve import DecidedSettings, require_decided
 from .lib import clear_log, llama_environment, recent_log, resolve_threads
-from .memory import (ATTENTION, AUTO, HYBRID, RECURRENT, SNAPSHOTS, ContextMemory, check_mode, choose_rollback,
-                     snapshots_refused)
+from .memory import (ATTENTION, AUTO, HYBRID, RECURRENT, SNAPSHOTS, ContextMemory, MemoryStats, check_mode,
+                     choose_rollback, snapshots_refused)
 from .model import LlamaModel
 
 _KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20,
@@ -99,12 +99,20 @@ class LlamaEngine(ModelEngine):
         self.rollback = asked if asked != AUTO else choose_rollback(self.architecture, self.memory_kind,
                                                                     "draft-simple", 0)[0]
         self._rs_depth = DEFAULT_RS_DEPTH if self.rollback == SNAPSHOTS else 0
+        #: what this context's rollbacks did, across every reopen (:meth:`plan_rollbacks`)
+        self.stats = MemoryStats()
+        self._by_checkpoint = False
         #: what was asked for; the sizes below are what llama.cpp made of it
         self.n_ctx_requested = n_ctx
         self.ctx = None
         self._open()
         self._batch = ll.llama_batch_init(self._n_batch, 0, 1)
+        b = self._batch
+        for i in range(self._n_batch):  # every token is of sequence 0: set once, not per pass
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = 0
         self._n_vocab = model.n_vocab
+        self._row_bytes = model.n_vocab * 4
         model.contexts += 1
 
     def _open(self) -> None:
@@ -127,7 +135,8 @@ class LlamaEngine(ModelEngine):
         self._n_ctx = int(ll.llama_n_ctx(ctx))
         self._n_batch = int(ll.llama_n_batch(ctx))
         self._n_ubatch = int(ll.llama_n_ubatch(ctx))
-        self.memory = ContextMemory(ll, ctx, self.rollback, depth, self._decode_again)
+        self.memory = ContextMemory(ll, ctx, self.rollback, depth, self._decode_again, stats=self.stats,
+                                    by_checkpoint=self._by_checkpoint)
         self.n_past = 0
 
     def _context_params(self, cp: Any) -> None:
@@ -153,17 +162,17 @@ class LlamaEngine(ModelEngine):
         n = len(tokens)
         ll = self._ll
         b = self._batch
-        want = set(rows)
         pos0 = self.n_past
-        n_vocab = self._n_vocab
+        btok, bpos, blog = b.token, b.pos, b.logits
         for i, t in enumerate(tokens):
-            b.token[i] = t
-            b.pos[i] = pos0 + i
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = 0
-            b.logits[i] = 1 if i in want else 0
+            btok[i] = t
+            bpos[i] = pos0 + i
+            blog[i] = 0
+        for r in rows:
+            blog[r] = 1
         b.n_tokens = n
-        self.memory.before_decode(n)
+        memory = self.memory
+        memory.before_decode(n)
         if activity.active:
             activity.doing(f"a {n}-token pass at position {pos0} of {self.model.path.name}")
         t0 = time.perf_counter()
@@ -171,11 +180,12 @@ class LlamaEngine(ModelEngine):
         if rc != 0:
             self.eval_seconds += time.perf_counter() - t0
             raise EvalError(f"llama_decode failed with status {rc} at position {pos0} ({n} tokens)")
-        self.memory.decoded(tokens)
-        out = np.empty((len(rows), n_vocab), dtype=np.float32)
+        memory.decoded(tokens)
+        out = np.empty((len(rows), self._n_vocab), dtype=np.float32)
+        size = self._row_bytes
+        get = ll.llama_get_logits_ith
         for j, r in enumerate(rows):
-            ptr = ll.llama_get_logits_ith(self.ctx, r)
-            ctypes.memmove(out[j].ctypes.data, ptr, n_vocab * 4)
+            ctypes.memmove(out[j].ctypes.data, get(self.ctx, r), size)
         self.eval_seconds += time.perf_counter() - t0
         self.n_evals += 1
         self.n_past = pos0 + n
@@ -209,6 +219,18 @@ class LlamaEngine(ModelEngine):
             self.ctx = None
             self._rs_depth = n_drop
             self._open()
+
+    def rollbacks(self) -> dict[str, int]:
+        """How many rollbacks of each mechanism (:data:`.memory.MECHANISMS`) this context has done."""
+        return dict(self.stats.used)
+
+    def snapshots_by_checkpoint(self) -> bool:
+        """From now on a snapshot context rolls back by a checkpoint and a replay, never by an n_rs_seq snapshot
+        (the diagnosis' snapshot check); False where this context keeps no snapshots."""
+        if self.rollback != SNAPSHOTS:
+            return False
+        self._by_checkpoint = self.memory.by_checkpoint = True
+        return True
 
     @property
     def rollback_depth(self) -> int:

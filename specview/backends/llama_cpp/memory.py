@@ -151,23 +151,32 @@ def snapshots_refused(architecture: str | None, kind: str | None = None) -> Conf
                        setting="rollback")
 
 
+#: the ways a context drops tokens, counted per context (``ContextMemory.stats.used``) and per arm in the trace:
+#: a plain ``llama_memory_seq_rm``; llama.cpp's n_rs_seq snapshot selected by ``seq_rm``; a state kept by a copy
+#: after a single-token pass, loaded back; a checkpoint loaded back; the tokens decoded again after a restore
+MECHANISMS = ("seq-rm", "n_rs_seq", "state-copy", "checkpoint", "replay")
+STATE_COPY = "state-copy"
+
+
 @dataclass
 class MemoryStats:
-    """What the rollbacks of one context cost, for benchmarks and the trace."""
+    """What the rollbacks of one context did and cost, for the trace and the benchmarks (it outlives a reopen)."""
 
+    used: dict[str, int] = field(default_factory=lambda: dict.fromkeys(MECHANISMS, 0))  # rollbacks per mechanism
     checkpoints: int = 0
     checkpoint_bytes: int = 0  # the last checkpoint's size
     checkpoint_seconds: float = 0.0
-    restores: int = 0
     restore_seconds: float = 0.0
-    snapshot_rollbacks: int = 0
     kept_states: int = 0  # single-token passes whose state was copied
     kept_seconds: float = 0.0
-    replays: int = 0
     replayed_tokens: int = 0
+
+    def count(self, mechanism: str, n: int = 1) -> None:
+        self.used[mechanism] += n
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
+        d["used"] = dict(self.used)
         for k in ("checkpoint_seconds", "restore_seconds", "kept_seconds"):
             d[k] = round(d[k], 6)
         return d
@@ -178,7 +187,11 @@ class ContextMemory:
     """The rollback of one llama.cpp context (sequence 0): what it holds, its checkpoint, its kept states.
 
     ``decode(tokens)`` is the engine's own forward pass (it appends to the
-    context and calls :meth:`decoded`), used for replays.
+    context and calls :meth:`decoded`), used for replays.  With ``by_checkpoint``
+    a snapshot context never selects an n_rs_seq snapshot: it saves a checkpoint
+    before the tokens a rollback may drop and rolls back by restoring it and
+    decoding the kept tokens again (the diagnosis' snapshot check, which must
+    give the text of the snapshot rollbacks without walking their path).
     """
 
     ll: Any
@@ -189,10 +202,14 @@ class ContextMemory:
     tokens: list[int] = field(default_factory=list)  # what the context holds, in order
     passes: list[int] = field(default_factory=list)  # the width of each forward pass that wrote them
     stats: MemoryStats = field(default_factory=MemoryStats)
-    _ckpt: tuple[int, bytes] | None = None
-    _kept: dict[int, bytes] = field(default_factory=dict)
+    by_checkpoint: bool = False
+    _ckpt: tuple[int, Any] | None = None
+    _kept: dict[int, Any] = field(default_factory=dict)
     _keeping: bool = False
     _pending: bool = False  # a snapshot rollback llama.cpp applies at the next decode (one at a time)
+    _dropped: list[int] | None = None  # what a checkpoint restore dropped: decoding it again is a replay
+    _size: int = 0  # the sequence state's size in bytes, once known (a recurrent state's is fixed)
+    _spare: Any = None  # the previous checkpoint's buffer, filled again by the next one
 
     @property
     def mem(self) -> Any:
@@ -207,35 +224,41 @@ class ContextMemory:
 
     def prepare(self, n_drop: int) -> str:
         """Before tokens of which up to ``n_drop`` may be dropped again: save what that rollback needs."""
-        self._kept.clear()
+        if self._kept:
+            self._kept.clear()
         self._keeping = False
         if n_drop <= 0:
             return ""
         mode = self.mode_for(n_drop)
-        if mode == CHECKPOINT:
+        if mode == CHECKPOINT or (mode == SNAPSHOTS and self.by_checkpoint):
             self.checkpoint()
         elif mode == SNAPSHOTS:
             self._keeping = True  # single-token passes keep a copy; a wider decode keeps llama.cpp's snapshots
         return mode
 
     # -- state copies ---------------------------------------------------------------------------------------
-    def state(self) -> bytes:
+    def state(self, buf: Any = None) -> Any:
+        """The sequence's state (its recurrent part) as a ctypes byte array (``buf`` when it is of the right size)."""
         ll = self.ll
-        n = int(ll.llama_state_seq_get_size_ext(self.ctx, 0, _PARTIAL_ONLY))
-        buf = (ctypes.c_ubyte * max(n, 1))()
+        n = self._size or int(ll.llama_state_seq_get_size_ext(self.ctx, 0, _PARTIAL_ONLY))
+        if buf is None or len(buf) != max(n, 1):
+            buf = (ctypes.c_ubyte * max(n, 1))()
         got = int(ll.llama_state_seq_get_data_ext(self.ctx, buf, n, 0, _PARTIAL_ONLY))
         if got != n:
+            if self._size:  # the size changed (another memory layout): ask again
+                self._size = 0
+                return self.state()
             raise EvalError(f"llama.cpp wrote {got} bytes of a {n}-byte sequence state")
-        return bytes(buf)[:n]
+        self._size = n
+        return buf
 
-    def load(self, data: bytes, n: int) -> None:
+    def load(self, data: Any, n: int) -> None:
         """Restore a state saved at position ``n`` and drop every KV entry from ``n`` on."""
         ll = self.ll
-        if data:
-            buf = (ctypes.c_ubyte * len(data)).from_buffer_copy(data)
-            got = int(ll.llama_state_seq_set_data_ext(self.ctx, buf, len(data), 0, _PARTIAL_ONLY))
-            if got != len(data):
-                raise EvalError(f"llama.cpp read {got} bytes of a {len(data)}-byte sequence state at position {n}")
+        if self._size:
+            got = int(ll.llama_state_seq_set_data_ext(self.ctx, data, self._size, 0, _PARTIAL_ONLY))
+            if got != self._size:
+                raise EvalError(f"llama.cpp read {got} bytes of a {self._size}-byte sequence state at position {n}")
         if not ll.llama_memory_seq_rm(self.mem, 0, n, -1):
             raise EvalError(f"llama.cpp refused to remove positions >= {n} after restoring the state there")
         self._pending = False
@@ -244,12 +267,13 @@ class ContextMemory:
     def checkpoint(self) -> int:
         """Save the sequence state at the current position; returns its size in bytes."""
         t0 = time.perf_counter()
-        data = self.state()
-        self._ckpt = (len(self.tokens), data)
+        buf = self._spare if self._ckpt is None else self._ckpt[1]
+        data = self.state(buf)
+        self._ckpt, self._spare = (len(self.tokens), data), None
         self.stats.checkpoints += 1
-        self.stats.checkpoint_bytes = len(data)
+        self.stats.checkpoint_bytes = self._size
         self.stats.checkpoint_seconds += time.perf_counter() - t0
-        return len(data)
+        return self._size
 
     def before_decode(self, width: int) -> None:
         if self._keeping and width == 1 and len(self.tokens) not in self._kept:
@@ -257,7 +281,12 @@ class ContextMemory:
 
     def decoded(self, tokens: Sequence[int]) -> None:
         """The engine decoded ``tokens`` in one pass."""
-        self.tokens.extend(int(t) for t in tokens)
+        if self._dropped is not None:
+            if self._dropped and self._dropped[0] == tokens[0]:  # the restore's first dropped token, fed again
+                self.stats.count("replay")
+                self.stats.replayed_tokens += len(tokens)
+            self._dropped = None
+        self.tokens.extend(tokens)
         self.passes.append(len(tokens))
         self._pending = False
         if self._keeping and len(tokens) == 1:
@@ -279,15 +308,16 @@ class ContextMemory:
                 break
             total += w
         if self._ckpt is not None and self._ckpt[0] > n:
-            self._ckpt = None
-        for p in [p for p in self._kept if p > n]:
-            del self._kept[p]
+            self._ckpt, self._spare = None, self._ckpt[1]
+        if self._kept:
+            for p in [p for p in self._kept if p > n]:
+                del self._kept[p]
 
     def copy_from(self, other: "ContextMemory") -> None:
         """Bookkeeping after this context's state became a copy of ``other``'s (no checkpoint, no kept state)."""
         self.tokens[:] = other.tokens
         self.passes[:] = other.passes
-        self._ckpt, self._pending, self._keeping = None, False, False
+        self._ckpt, self._pending, self._keeping, self._dropped = None, False, False, None
         self._kept.clear()
 
     def clear(self) -> None:
@@ -296,6 +326,7 @@ class ContextMemory:
         self._ckpt = None
         self._kept.clear()
         self._keeping = False
+        self._dropped = None
         self.tokens.clear()
         self.passes.clear()
 
@@ -314,42 +345,44 @@ class ContextMemory:
                 raise EvalError(f"llama.cpp refused to remove KV positions >= {n} (this model's memory cannot roll "
                                 "back by llama_memory_seq_rm; use --rollback checkpoint)")
             self._cut(n)
+            self.stats.count("seq-rm")
             return Rollback(SEQ_RM)
         drop = have - n
-        last = self.passes[-1] if self.passes else 0
-        if self.mode == SNAPSHOTS and not self._pending and drop <= self.depth and drop < last:
+        if self.mode == SNAPSHOTS and not self.by_checkpoint and not self._pending and drop <= self.depth \
+                and self.passes and drop < self.passes[-1]:
             # llama.cpp picks the state kept `drop` tokens back in the last decode
             if not self.ll.llama_memory_seq_rm(self.mem, 0, n, -1):
                 raise EvalError(f"llama.cpp refused a snapshot rollback of {drop} tokens (n_rs_seq {self.depth})")
             self._pending = True
             self._cut(n)
-            self.stats.snapshot_rollbacks += 1
+            self.stats.count("n_rs_seq")
             return Rollback(SNAPSHOTS)
         if self.mode == SNAPSHOTS and n in self._kept:
             t0 = time.perf_counter()
             self.load(self._kept[n], n)
-            self.stats.snapshot_rollbacks += 1
+            self.stats.count(STATE_COPY)
             self.stats.restore_seconds += time.perf_counter() - t0
-            return Rollback(SNAPSHOTS)
+            return Rollback(STATE_COPY)
         return self.restore(n)
 
     def restore(self, n: int) -> Rollback:
         """The checkpoint at or before ``n`` restored (or an empty state), then the tokens up to ``n`` replayed."""
         old = list(self.tokens)
-        widths = list(self.passes)
         t0 = time.perf_counter()
         if self._ckpt is not None and self._ckpt[0] <= n:
             c, data = self._ckpt
             self.load(data, c)
-            self.stats.restores += 1
+            self.stats.count("checkpoint")
             self.stats.restore_seconds += time.perf_counter() - t0
             replay = old[c:n]
+            self._dropped = old[c:]
             if replay:
-                self.decode(replay)
-                self._count(len(replay))
+                self.decode(replay)  # counted as a replay by decoded()
             return Rollback(CHECKPOINT, replay=len(replay))
         # no checkpoint covers n: the context's own passes again, with their own widths, from an empty state
+        widths = list(self.passes)
         self.clear()
+        self.stats.count("replay")
         start = 0
         for w in widths:
             if start >= n:
@@ -357,9 +390,5 @@ class ContextMemory:
             chunk = old[start:min(start + w, n)]
             self.decode(chunk)
             start += len(chunk)
-        self._count(n)
-        return Rollback(CHECKPOINT, replay=n)
-
-    def _count(self, n: int) -> None:
-        self.stats.replays += 1
         self.stats.replayed_tokens += n
+        return Rollback(CHECKPOINT, replay=n)

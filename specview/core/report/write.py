@@ -233,4 +233,8 @@ def write_report(src: str | os.PathLike[str] | Trace | dict | Any, out_dir: str 
         md_text = matrix_markdown(obj, fork_trace)
     written["html"] = write_atomic(out / f"{name}.html", html_text)
     written["markdown"] = write_atomic(out / f"{name}.md", md_text)
+    if kind == "trace":  # the one self-contained file to attach to an issue: arms linked, plots as SVG
+        from .linked import linked_html
+
+        written["linked"] = write_atomic(out / f"{name}-linked.html", linked_html(obj, kernel=section))
     return written
