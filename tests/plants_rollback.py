@@ -130,3 +130,37 @@ class RollbackFaultEngine(WrappedEngine):
                 self.shift += 1
         self.n_past = n
         return how
+
+
+# -- faults inside the real rollback (backends/llama_cpp/memory.py), each on one path only ------------------------
+#: faults planted in ContextMemory itself, with the path each lives on
+MEMORY_FAULTS = {
+    # the n_rs_seq snapshot one position further back is selected, and the first rejected draft token decoded
+    # where the last kept token was: positions stay consecutive, the state holds a token the target rejected
+    "snapshot-one-back": "n_rs_seq",
+}
+
+
+def plant_in_memory(monkeypatch, fault: str) -> list[int]:
+    """Plant ``fault`` in every llama.cpp context's rollback; returns a list that grows by one per firing."""
+    from specview.backends.llama_cpp import memory
+
+    if fault not in MEMORY_FAULTS:
+        raise ValueError(f"unknown memory fault {fault!r}; one of {', '.join(MEMORY_FAULTS)}")
+    fired: list[int] = []
+    real = memory.ContextMemory.truncate
+
+    def truncate(self, n: int):
+        drop = len(self.tokens) - n
+        if (0 < drop and self.mode == memory.SNAPSHOTS and not self.by_checkpoint and not self._pending
+                and drop + 1 <= self.depth and self.passes and drop + 1 < self.passes[-1] and n >= 2):
+            rejected = self.tokens[n]
+            how = real(self, n - 1)  # the real snapshot rollback, one position too far
+            assert how is not None and how.mode == memory.SNAPSHOTS, how
+            self.decode([rejected])
+            fired.append(n)
+            return how
+        return real(self, n)
+
+    monkeypatch.setattr(memory.ContextMemory, "truncate", truncate)
+    return fired
