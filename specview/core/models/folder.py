@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .files import NotRegular, TooLarge, kind_of, open_regular, read_small
+
 MAX_JSON = 64 << 20  # a tokenizer.json of a 256k vocabulary is ~20 MB
 MAX_ST_HEADER = 100 << 20
 #: a folder is a model folder when it holds both of these kinds of file
@@ -49,10 +51,13 @@ def is_model_folder(names: set[str]) -> bool:
 
 
 def _json(path: Path) -> Any:
-    size = path.stat().st_size
-    if size > MAX_JSON:
-        raise FolderError(f"{path.name} is {size} bytes, more than a model's {path.name} ever is")
-    raw = path.read_bytes()
+    try:
+        raw = read_small(path, MAX_JSON)
+    except NotRegular as exc:
+        raise FolderError(f"{path.name} is {exc.what}, not a file") from None
+    except TooLarge:
+        raise FolderError(f"{path.name} is more than {MAX_JSON} bytes, more than a model's {path.name} ever is") \
+            from None
     try:
         return json.loads(raw), raw
     except (ValueError, RecursionError) as exc:
@@ -60,7 +65,11 @@ def _json(path: Path) -> Any:
 
 
 def _st_header(path: Path, size: int) -> tuple[dict[str, Any], bytes]:
-    with path.open("rb") as fh:
+    try:
+        fd = open_regular(path)
+    except NotRegular as exc:
+        raise FolderError(f"{path.name} is {exc.what}, not a file") from None
+    with os.fdopen(fd, "rb") as fh:
         head = fh.read(8)
         if len(head) < 8:
             raise FolderError(f"{path.name}: truncated ({size} bytes), no safetensors header")
@@ -143,6 +152,12 @@ def read(folder: str | os.PathLike[str]) -> FolderHeader:
     size, n_params, weights = 0, 0, 0
     for e in sorted(os.scandir(folder), key=lambda e: e.name):
         if not e.is_file():
+            try:
+                what = kind_of(e.stat().st_mode)
+            except OSError:
+                what = None
+            if what and e.name.endswith(WEIGHTS_SUFFIX):
+                raise FolderError(f"{e.name} is {what}, not a file")
             continue
         st = e.stat()
         size += st.st_size

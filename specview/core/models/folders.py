@@ -13,8 +13,11 @@ from pathlib import Path
 from ..errors import SpecviewError
 from ..jsonfile import write_atomic
 from ..paths import settings_dir
+from .files import NotRegular, read_text
 
 FILE_NAME = "models.json"
+#: the largest list of folders read
+MAX_FILE = 4 << 20
 
 
 def folders_file(config_dir: str | os.PathLike[str] | None = None) -> Path:
@@ -24,10 +27,12 @@ def folders_file(config_dir: str | os.PathLike[str] | None = None) -> Path:
 
 def _load(f: Path) -> dict:
     try:
-        doc = json.loads(f.read_text(encoding="utf-8"))
+        doc = json.loads(read_text(f, MAX_FILE))
     except FileNotFoundError:
         return {"folders": []}
-    except (OSError, ValueError) as exc:
+    except NotRegular as exc:
+        raise SpecviewError(f"{f}: cannot read the list of model folders: it is {exc.what}, not a file; delete it") from None
+    except (OSError, ValueError, RecursionError) as exc:
         raise SpecviewError(f"{f}: cannot read the list of model folders ({exc}); fix or delete the file") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("folders", []), list):
         raise SpecviewError(f"{f}: not a list of model folders ({{\"folders\": [...]}}); fix or delete the file")

@@ -18,14 +18,22 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
+from .files import opened
+
 GGUF_MAGIC = b"GGUF"
 #: limits far beyond any real model, below what a corrupt count could make us allocate
 MAX_KV = 1 << 16
-MAX_TENSORS = 1 << 20
+MAX_TENSORS = 1 << 17
 MAX_ARRAY = 1 << 24
 MAX_STRING = 1 << 26
 MAX_DIMS = 8
 MAX_NESTING = 8
+#: the work one header may cost, whatever it claims: bytes of metadata and tensor table (a 262k-token vocabulary
+#: with its merges is under 20 MB), strings walked one by one (tokens and merges: under a million in any real
+#: model), and elements of nested arrays (which no llama.cpp writer makes)
+MAX_HEADER = 64 << 20
+MAX_STRINGS = 1 << 22
+MAX_NESTED = 1 << 16
 #: tokens per block of the vocabulary's block digests
 BLOCK = 256
 #: arrays kept as values (others are skipped, or hashed for the vocabulary)
@@ -109,13 +117,32 @@ class Header:
 class _Reader:
     def __init__(self, buf: Any, size: int):
         self.buf, self.size, self.pos = buf, size, 0
+        #: where the header may end: the file's end, or the work bound
+        self.end = min(size, MAX_HEADER)
+        self.strings_left, self.nested_left = MAX_STRINGS, MAX_NESTED
+
+    def past_end(self, n: int, what: str) -> GGUFError:
+        if self.pos + n > self.size:
+            return GGUFError(f"truncated: {what} at byte {self.pos} needs {n} bytes, the file has {self.size}")
+        return GGUFError(f"{what} at byte {self.pos} takes the header past {MAX_HEADER >> 20} MB, beyond any real "
+                         "model's: refused unread")
 
     def need(self, n: int, what: str) -> int:
-        if n < 0 or self.pos + n > self.size:
-            raise GGUFError(f"truncated: {what} at byte {self.pos} needs {n} bytes, the file has {self.size}")
+        if n < 0 or self.pos + n > self.end:
+            raise self.past_end(max(n, 0), what)
         p = self.pos
         self.pos += n
         return p
+
+    def spend(self, n: int, budget: str, what: str) -> None:
+        """Take ``n`` elements walked one by one from ``budget`` ("strings_left" or "nested_left")."""
+        left = getattr(self, budget)
+        if n > left:
+            limit = MAX_STRINGS if budget == "strings_left" else MAX_NESTED
+            kind = "strings" if budget == "strings_left" else "nested arrays"
+            raise GGUFError(f"{what} at byte {self.pos} takes the header past {limit} {kind}, beyond any real "
+                            "model's: refused")
+        setattr(self, budget, left - n)
 
     def scalar(self, fmt: str, what: str) -> Any:
         n = struct.calcsize(fmt)
@@ -149,6 +176,7 @@ def _value(r: _Reader, vtype: int, wide: bool, key: str, hashers: tuple[Any, ...
     etype = r.scalar("<I", f"element type of {key}")
     n = r.count(wide, MAX_ARRAY, f"length of {key}")
     if etype == _STRING:
+        r.spend(n, "strings_left", f"{key}'s {n} strings")
         if n > KEEP_ARRAY:
             _strings(r, wide, n, f"an element of {key}")
             return n
@@ -157,8 +185,9 @@ def _value(r: _Reader, vtype: int, wide: bool, key: str, hashers: tuple[Any, ...
         size = struct.calcsize(_SCALARS[etype])
         p = r.need(n * size, f"elements of {key}")
         if hashers is not None:
-            for h in hashers:
-                h.update(bytes(r.buf[p:p + n * size]))
+            with memoryview(r.buf) as mv:  # no copy of the array
+                for h in hashers:
+                    h.update(mv[p:p + n * size])
             return n
         if n <= KEEP_ARRAY:
             return list(struct.unpack_from(f"<{n}{_SCALARS[etype][1]}", r.buf, p))
@@ -166,6 +195,7 @@ def _value(r: _Reader, vtype: int, wide: bool, key: str, hashers: tuple[Any, ...
     if etype == _ARRAY:  # nested arrays: skipped, element by element (bounded by the file's size)
         if depth >= MAX_NESTING:
             raise GGUFError(f"{key}: arrays nested deeper than {MAX_NESTING} at byte {r.pos}")
+        r.spend(n, "nested_left", f"{key}'s {n} nested arrays")
         for _ in range(n):
             _value(r, _ARRAY, wide, key, depth=depth + 1)
         return n
@@ -178,7 +208,7 @@ def _strings(r: _Reader, wide: bool, n: int, what: str, on_block: Any = None) ->
 
     The loop checks nothing per string (a vocabulary has 150,000 of them): a length past the end makes the
     next length unreadable or leaves the position past the end, and both are caught once."""
-    buf, size, pos = r.buf, r.size, r.pos
+    buf, size, pos = r.buf, r.end, r.pos
     unpack = struct.Struct("<Q" if wide else "<I").unpack_from
     width = 8 if wide else 4
     pieces: list[bytes] = []
@@ -196,6 +226,8 @@ def _strings(r: _Reader, wide: bool, n: int, what: str, on_block: Any = None) ->
     except (struct.error, OverflowError):  # a length read from the bytes took the position past any buffer
         pos = size + 1
     if pos > size:
+        if size < r.size:
+            raise r.past_end(pos - r.pos, f"the {n} strings of {what}")
         raise GGUFError(f"truncated or corrupt: the {n} strings of {what} from byte {r.pos} run past the "
                         f"file's end ({size})")
     r.pos = pos
@@ -212,6 +244,7 @@ def _tokens(r: _Reader, wide: bool, hashers: tuple[Any, ...]) -> tuple[int, tupl
     if etype != _STRING:
         raise GGUFError(f"tokenizer.ggml.tokens holds type {etype}, not strings")
     n = r.count(wide, MAX_ARRAY, "length of tokenizer.ggml.tokens")
+    r.spend(n, "strings_left", f"the {n} tokens")
     blocks: list[str] = []
 
     def block(data: bytes, full: bool) -> None:
@@ -266,8 +299,9 @@ def parse(buf: Any, size: int) -> Header:
         hd.tensors[name] = n
         spans.append((name, ttype, offset, n))
     hd.header_bytes = r.pos
-    hd.header_hash = hashlib.sha256(bytes(buf[0:r.pos])).hexdigest()[:16]
-    hd.data_end = _data_end(hd, spans)
+    with memoryview(buf) as mv:
+        hd.header_hash = hashlib.sha256(mv[0:r.pos]).hexdigest()[:16]
+    hd.data_end = _data_end(hd, spans) if spans else r.pos  # a file of no tensors has no data to pad to
     if hd.data_end is not None and hd.data_end > size:
         raise GGUFError(f"truncated: its weights end at byte {hd.data_end} and the file has {size} "
                         "(an interrupted download?)")
@@ -294,12 +328,13 @@ def _data_end(hd: Header, spans: list[tuple[str, int, int, int]]) -> int | None:
 def read(path: str | os.PathLike[str]) -> Header:
     """The header of the GGUF file at ``path`` (memory-mapped; only the header's pages are read).
 
-    Raises OSError when the file cannot be opened and :class:`GGUFError` when
-    its bytes are not a readable GGUF header.
+    Raises OSError when the file cannot be opened (:class:`~.files.NotRegular`
+    for a FIFO, socket or device: never opened for reading, so never waited
+    on) and :class:`GGUFError` when its bytes are not a readable GGUF header.
     """
-    with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
+    with opened(path) as fd:
+        size = os.fstat(fd).st_size
         if size < 4:
             raise GGUFError(f"not a GGUF file ({size} bytes)")
-        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:
             return parse(mm, size)

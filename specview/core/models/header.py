@@ -20,6 +20,7 @@ from ..errors import SpecviewError
 from ..jsonfile import write_atomic
 from . import folder as mfolder
 from . import gguf
+from .files import NotRegular, read_text
 from .info import ModelHeaderError, ModelInfo, VocabPrint
 
 #: bumped whenever what a header read records changes, so a cached read is never stale
@@ -77,6 +78,26 @@ def _drafter(hd: gguf.Header) -> tuple[str | None, str | None, int | None]:
     return kind, target, width
 
 
+def _not_a_model(path: Path, hd: gguf.Header) -> None:
+    """Refuse, with what it is, a GGUF that llama.cpp does not run as a model: a multimodal projector, a
+    vocabulary-only file (llama.cpp's ``ggml-vocab-*.gguf``), a file of no tensors at all."""
+    arch = hd.arch
+    if arch is None:
+        raise ModelHeaderError(str(path), "a GGUF file with no general.architecture: not a llama.cpp model")
+    if arch == "clip":
+        raise ModelHeaderError(str(path), "a multimodal projector (architecture clip), not a model to run: "
+                                          "llama.cpp takes it beside its model with --mmproj")
+    if hd.tensors:
+        return
+    split = hd.get("split.count")
+    if isinstance(split, int) and not isinstance(split, bool) and split > 1 and shard_of(path.name):
+        return  # the first shard of a split model may hold the metadata alone (gguf-split --no-tensor-first-split)
+    if hd.n_tokens:
+        raise ModelHeaderError(str(path), f"a vocabulary-only file ({hd.n_tokens} tokens of a {arch} tokenizer and "
+                                          "no weights, as llama.cpp's ggml-vocab-*.gguf): not a model to run")
+    raise ModelHeaderError(str(path), "a GGUF file with no tensors: no weights, not a model to run")
+
+
 def _gguf_info(path: Path, name: str, source: str) -> ModelInfo:
     try:
         hd = gguf.read(path)
@@ -84,8 +105,7 @@ def _gguf_info(path: Path, name: str, source: str) -> ModelInfo:
         raise ModelHeaderError(str(path), f"{exc}; not a model llama.cpp can load (re-download or re-convert it)") \
             from None
     arch = hd.arch
-    if arch is None:
-        raise ModelHeaderError(str(path), "a GGUF file with no general.architecture: not a llama.cpp model")
+    _not_a_model(path, hd)
     shards = _shards(path)
     size = 0
     n_params = hd.n_params
@@ -161,6 +181,8 @@ def _read(path: Path, name: str, source: str) -> ModelInfo:
         if path.is_dir():
             return _folder_info(path, name, source)
         return _gguf_info(path, name, source)
+    except NotRegular as exc:
+        raise ModelHeaderError(str(path), exc.strerror) from None
     except OSError as exc:
         raise ModelHeaderError(str(path), f"cannot be read ({exc.strerror or exc})") from None
     except (ValueError, KeyError, TypeError, RecursionError, OverflowError, MemoryError, struct.error) as exc:
@@ -185,21 +207,34 @@ def stamp(path: Path) -> tuple[int, int]:
 class HeaderCache:
     """Header reads by path, size and mtime, kept in a JSON file (written atomically, only when it changed).
 
-    A failed read is cached too (its reason), so a corrupt file is not read again on every scan.
+    A failed read is cached too (its reason), so a corrupt file is not read again on every scan.  What a scan
+    has read is saved every :data:`SAVE_EVERY` new reads (and by :meth:`save` at its end, or when it is
+    interrupted), so a scan stopped half-way does not read those headers again.
     """
+
+    #: new reads between two saves of the file
+    SAVE_EVERY = 64
+    #: the largest cache file read back (some 100,000 models)
+    MAX_FILE = 256 << 20
 
     def __init__(self, file: Path | None):
         self.file = file
         self.entries: dict[str, dict[str, Any]] = {}
-        self.dirty = False
+        self.dirty = 0
         if file is not None:
             try:
-                doc = json.loads(file.read_text(encoding="utf-8"))
+                doc = json.loads(read_text(file, self.MAX_FILE))
                 if isinstance(doc, dict) and doc.get("version") == CACHE_VERSION and isinstance(doc.get("entries"),
                                                                                                   dict):
                     self.entries = doc["entries"]
-            except (OSError, ValueError):
-                pass  # no cache yet, or a damaged one: start afresh (it is only a cache)
+            except (OSError, ValueError, RecursionError):
+                pass  # no cache yet, a damaged one or not a file: start afresh (it is only a cache)
+
+    def _put(self, key: str, entry: dict[str, Any]) -> None:
+        self.entries[key] = entry
+        self.dirty += 1
+        if self.dirty >= self.SAVE_EVERY:
+            self.save(prune=False)
 
     def read(self, path: Path, name: str, source: str) -> ModelInfo:
         """The header of ``path`` (cached when its size and mtime are unchanged); raises ModelHeaderError."""
@@ -219,22 +254,22 @@ class HeaderCache:
         try:
             info = _read(path, name, source)
         except ModelHeaderError as exc:
-            self.entries[key] = {"size": size, "mtime": mtime, "error": exc.why}
-            self.dirty = True
+            self._put(key, {"size": size, "mtime": mtime, "error": exc.why})
             raise
-        self.entries[key] = {"size": size, "mtime": mtime, "info": info.to_dict()}
-        self.dirty = True
+        self._put(key, {"size": size, "mtime": mtime, "info": info.to_dict()})
         return info
 
-    def save(self) -> None:
+    def save(self, *, prune: bool = True) -> None:
+        """Write the reads made so far; ``prune`` (at a scan's end) drops the reads of files that are gone
+        (deleted models, old temporary homes)."""
         if self.file is None or not self.dirty:
             return
-        # the reads of files that are gone (deleted models, old temporary homes) are dropped
-        self.entries = {k: v for k, v in self.entries.items() if os.path.exists(k)}
+        if prune:
+            self.entries = {k: v for k, v in self.entries.items() if os.path.exists(k)}
         try:
             self.file.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(self.file, json.dumps({"version": CACHE_VERSION, "entries": self.entries}))
-            self.dirty = False
+            self.dirty = 0
         except (OSError, SpecviewError):
             pass  # an unwritable cache folder costs a cold scan next time, nothing else
 

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from ..errors import SpecviewError
 from ..llama_flags import _line
+from .files import open_regular, read_text
 from .header import read_header
 
 #: the trace's ``config`` key that holds the block
@@ -71,15 +72,15 @@ def file_sha256(path: str) -> str | None:
         key = f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}"
         store = cache_dir() / "sha256.json"
         try:
-            known = json.loads(store.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            known = json.loads(read_text(store, 64 << 20))
+        except (OSError, ValueError, RecursionError):
             known = {}
         if not isinstance(known, dict):
             known = {}
         if isinstance(known.get(key), str):
             return known[key]
         h = hashlib.sha256()
-        with open(path, "rb") as fh:
+        with os.fdopen(open_regular(path), "rb") as fh:
             for block in iter(lambda: fh.read(1 << 20), b""):
                 h.update(block)
         known[key] = h.hexdigest()

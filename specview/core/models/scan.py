@@ -13,6 +13,7 @@ from typing import Callable, Iterable, Iterator, Mapping
 from ..errors import SpecviewError
 from ..paths import cache_dir, settings_dir
 from . import stores
+from .files import read_text
 from .folders import user_folders
 from .header import HeaderCache, family_of
 from .info import ModelHeaderError, ModelInfo, Problem, ProgressFn, Root, Scan
@@ -48,19 +49,19 @@ def _lmstudio_dirs(h: Path) -> list[Path]:
     ``settings.json`` ``downloadsFolder``."""
     homes = [h / ".lmstudio", h / ".cache" / "lm-studio"]
     try:
-        pointed = (h / ".lmstudio-home-pointer").read_text(encoding="utf-8", errors="replace").strip()
+        pointed = read_text(h / ".lmstudio-home-pointer", 4096).strip()
         if pointed:
             homes.insert(0, Path(pointed).expanduser())
-    except OSError:
-        pass
+    except (OSError, ValueError):
+        pass  # none, or not a regular file (a FIFO is never waited on)
     out = []
     for base in homes:
         try:
-            doc = json.loads((base / "settings.json").read_text(encoding="utf-8"))
+            doc = json.loads(read_text(base / "settings.json", 1 << 20))
             dl = doc.get("downloadsFolder") if isinstance(doc, dict) else None
             if isinstance(dl, str) and dl:
                 out.append(Path(dl).expanduser())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             pass
         out.append(base / "models")
     return out
@@ -157,14 +158,61 @@ def _name_groups(grouped: dict[str, list[tuple[stores.Found, ModelInfo]]]) -> li
     return out
 
 
+def _merge(finds: list[tuple[int, stores.Found, ModelInfo]]) -> list[ModelInfo]:
+    """One model per file: the first find's, with every other find's names as aliases (a file reached through
+    several stores, an LM Studio link to an ollama blob, two tags of one blob keep every name)."""
+    models: dict[str, ModelInfo] = {}
+    for _i, f, m in sorted(finds, key=lambda x: x[0]):
+        key = os.path.realpath(f.path)
+        have = models.get(key)
+        if have is None:
+            models[key] = m
+            continue
+        more = [n for n in (m.name, *m.aliases) if n != have.name and n not in have.aliases]
+        if more:
+            models[key] = replace(have, aliases=tuple(dict.fromkeys((*have.aliases, *more))))
+    return list(models.values())
+
+
+def _walk_roots(roots: list[Root], hc: HeaderCache, problems: list[Problem], say: ProgressFn
+                ) -> list[tuple[int, stores.Found, ModelInfo]]:
+    """(order found, find, its header) of every find under ``roots``; a file's header is read once however
+    many finds reach it."""
+    finds: list[tuple[int, stores.Found, ModelInfo]] = []
+    read: dict[str, ModelInfo | None] = {}  # realpath -> its header (None: it could not be read)
+    for root in roots:
+        say(f"looking in {root.path} ({root.source})")
+        try:
+            for f in _found(root, problems):
+                key = os.path.realpath(f.path)
+                if key not in read:
+                    read[key] = None
+                    try:
+                        read[key] = hc.read(f.path, f.name or str(f.path), f.source)
+                    except ModelHeaderError as exc:
+                        problems.append(Problem(exc.path, exc.why))
+                    except Exception as exc:  # noqa: BLE001 - a scan never stops on one file
+                        problems.append(Problem(str(f.path), f"unexpected error reading it ({type(exc).__name__}: "
+                                                              f"{exc}); please report it"))
+                info = read[key]
+                if info is not None:
+                    finds.append((len(finds), f, replace(info, name=f.name or str(f.path), source=f.source,
+                                                          aliases=f.aliases)))
+        except Exception as exc:  # noqa: BLE001 - a walker's bug loses its root, never the scan
+            problems.append(Problem(root.path, f"unexpected error scanning it ({type(exc).__name__}: {exc}); "
+                                               "please report it"))
+    return finds
+
+
 def scan(roots: Iterable[Root] | None = None, *, home: str | os.PathLike[str] | None = None,
          env: Mapping[str, str] | None = None, cache: bool = True, progress: ProgressFn | None = None) -> Scan:
     """Every model under ``roots`` (default: :func:`default_roots`), and a :class:`Problem` for each thing
     skipped (a corrupt or truncated file, a manifest naming a missing blob, an unreadable folder, a
-    symlink loop, a file that is not a model).  Nothing raises past the scan.
+    symlink loop, a FIFO or device where a file should be, a file that is not a model).  Nothing raises
+    past the scan, and nothing it opens can make it wait.
 
-    ``cache``: reuse header reads recorded by path, size and mtime (in specview's cache folder).
-    ``progress`` gets a line per root.
+    ``cache``: reuse header reads recorded by path, size and mtime (in specview's cache folder; what a scan
+    reads is saved as it goes, so an interrupted scan keeps it).  ``progress`` gets a line per root.
     """
     say = progress or (lambda msg: None)
     problems: list[Problem] = []
@@ -176,42 +224,20 @@ def scan(roots: Iterable[Root] | None = None, *, home: str | os.PathLike[str] | 
             problems.append(Problem(str(specview_config(home, env)), str(exc)))
     roots = list(roots)
     hc = HeaderCache(specview_cache(home, env) / "models" / "headers.json" if cache else None)
-    named: list[tuple[stores.Found, ModelInfo]] = []
+    done = False
+    try:
+        finds = _walk_roots(roots, hc, problems, say)
+        done = True
+    finally:
+        hc.save(prune=done)  # an interrupted scan keeps what it read
+    named = [(i, f, m) for i, f, m in finds if f.group is None]
     grouped: dict[str, list[tuple[stores.Found, ModelInfo]]] = defaultdict(list)
-    seen: dict[str, int] = {}
-    for root in roots:
-        say(f"looking in {root.path} ({root.source})")
-        try:
-            for f in _found(root, problems):
-                key = os.path.realpath(f.path)
-                if key in seen:  # a second name for a file found already (two ollama tags, a linked folder)
-                    i = seen[key]
-                    if i >= 0 and f.name:
-                        pf, pm = named[i]
-                        named[i] = (pf, replace(pm, aliases=(*pm.aliases, f.name, *f.aliases)))
-                    continue
-                try:
-                    info = hc.read(f.path, f.name or str(f.path), f.source)
-                except ModelHeaderError as exc:
-                    problems.append(Problem(exc.path, exc.why))
-                    seen[key] = -1
-                    continue
-                except Exception as exc:  # noqa: BLE001 - a scan never stops on one file
-                    problems.append(Problem(str(f.path), f"unexpected error reading it ({type(exc).__name__}: "
-                                                          f"{exc}); please report it"))
-                    seen[key] = -1
-                    continue
-                if f.group is not None:
-                    grouped[f.group].append((f, info))
-                    seen[key] = -1
-                else:
-                    info = replace(info, aliases=f.aliases)
-                    seen[key] = len(named)
-                    named.append((f, info))
-        except Exception as exc:  # noqa: BLE001 - a walker's bug loses its root, never the scan
-            problems.append(Problem(root.path, f"unexpected error scanning it ({type(exc).__name__}: {exc}); "
-                                               "please report it"))
-    hc.save()
-    models = [m for _f, m in named] + [m for _f, m in _name_groups(grouped)]
+    order = {}
+    for i, f, m in finds:
+        if f.group is not None:
+            grouped[f.group].append((f, m))
+            order[id(f)] = i
+    named += [(order[id(f)], f, m) for f, m in _name_groups(grouped)]
+    models = _merge(named)
     models.sort(key=lambda m: (ORDER.index(m.source) if m.source in ORDER else len(ORDER), m.name.lower()))
     return Scan(models=models, problems=problems, roots=roots)

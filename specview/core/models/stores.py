@@ -13,10 +13,12 @@ import errno
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from .files import NotRegular, TooLarge, kind_of, not_regular_why, read_small
 from .folder import is_model_folder
 from .header import shard_of
 from .info import Problem
@@ -102,11 +104,23 @@ def walk(top: Path, problems: list[Problem], *, depth: int = MAX_DEPTH) -> Itera
             low = e.name.lower()
             if not low.endswith(".gguf") or low.startswith("mmproj") or ".incomplete" in low:
                 continue  # a vision projector is not a model to run; other files are not models
+            what = _special(e)
+            if what:
+                problems.append(Problem(e.path, not_regular_why(what)))
+                continue
             shard = shard_of(e.name)
             if shard is not None and shard[0] != 1:
                 continue  # the first shard stands for a split model
             yield Path(e.path), "gguf"
         stack.extend((s, level + 1) for s in reversed(subdirs))
+
+
+def _special(e: os.DirEntry) -> str | None:
+    """What a folder entry is when it is a FIFO, socket or device (symlinks followed), else None."""
+    try:
+        return kind_of(e.stat().st_mode)
+    except OSError:
+        return None
 
 
 def repo_walk(top: Path, source: str, prefix: str, problems: list[Problem], *, repo_depth: int) -> Iterator[Found]:
@@ -129,11 +143,16 @@ def lmstudio(top: Path, problems: list[Problem]) -> Iterator[Found]:
 
 
 def _read_small(path: Path, limit: int) -> bytes:
-    with path.open("rb") as fh:
-        data = fh.read(limit + 1)
-    if len(data) > limit:
-        raise ValueError(f"more than {limit} bytes: not a manifest")
-    return data
+    """The bytes of a small file (a manifest, a ref): ValueError past ``limit``, NotRegular (an OSError whose
+    strerror says what it is) for a FIFO, socket or device, which is never opened for reading."""
+    try:
+        return read_small(path, limit)
+    except TooLarge:
+        raise ValueError(f"more than {limit} bytes: not a manifest") from None
+
+
+def _oserror(exc: OSError) -> str:
+    return exc.strerror if isinstance(exc, NotRegular) else f"{type(exc).__name__}: {exc}"
 
 
 def _hf_snapshot(repo_dir: Path, problems: list[Problem]) -> Path | None:
@@ -142,6 +161,8 @@ def _hf_snapshot(repo_dir: Path, problems: list[Problem]) -> Path | None:
         ref = _read_small(repo_dir / "refs" / "main", 256).decode("ascii", "replace").strip()
         if ref and (snaps / ref).is_dir():
             return snaps / ref
+    except NotRegular as exc:
+        problems.append(Problem(str(repo_dir / "refs" / "main"), f"{exc.strerror} (the newest snapshot is used)"))
     except (OSError, ValueError):
         pass
     try:
@@ -194,12 +215,17 @@ def llama_cache(top: Path, problems: list[Problem]) -> Iterator[Found]:
             rfile = doc["ggufFile"]["rfilename"]
             if not isinstance(rfile, str):
                 raise TypeError("rfilename is not text")
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except OSError as exc:
+            problems.append(Problem(e.path, f"not a llama.cpp download manifest ({_oserror(exc)})"))
+            continue
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
             problems.append(Problem(e.path, f"not a llama.cpp download manifest ({type(exc).__name__}: {exc})"))
             continue
         local = top / f"{org}_{repo}_{rfile}".replace("/", "_")
-        if not local.is_file():
-            problems.append(Problem(e.path, f"names {rfile}, but {local.name} is not in the cache"))
+        what = _kind_at(local)
+        if what:
+            problems.append(Problem(e.path, f"names {rfile}, but {local.name} is " +
+                                    ("not in the cache" if what == "missing" else not_regular_why(what))))
             continue
         claimed.add(local.name)
         name = f"llama.cpp:{org}/{repo}:{tag}"
@@ -209,11 +235,26 @@ def llama_cache(top: Path, problems: list[Problem]) -> Iterator[Found]:
             continue
         low = e.name.lower()
         if low.endswith(".gguf") and e.name not in claimed and not low.startswith("mmproj"):
+            what = _special(e)
+            if what:
+                problems.append(Problem(e.path, not_regular_why(what)))
+                continue
             shard = shard_of(e.name)
             if shard is None or shard[0] == 1:
                 yield Found(Path(e.path), "llama.cpp", name=f"llama.cpp:{e.name}")
     if any(e.name.startswith("models--") for e in entries):
         yield from hf_hub(top, problems, source="llama.cpp", prefix="llama.cpp:")
+
+
+def _kind_at(p: Path) -> str | None:
+    """None for a regular file at ``p``; "missing", or what it is (a FIFO, a folder ...), otherwise."""
+    try:
+        mode = p.stat().st_mode
+    except OSError:
+        return "missing"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    return kind_of(mode)
 
 
 def ollama_name(registry: str, namespace: str, model: str, tag: str) -> str:
@@ -265,12 +306,17 @@ def _ollama_manifest(path: Path, parts: tuple[str, ...], blobs: Path, problems: 
     except StopIteration:
         problems.append(Problem(str(path), "an ollama manifest with no model layer"))
         return None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except OSError as exc:
+        problems.append(Problem(str(path), f"not an ollama manifest ({_oserror(exc)})"))
+        return None
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
         problems.append(Problem(str(path), f"not an ollama manifest ({type(exc).__name__}: {exc})"))
         return None
     blob = blobs / digest.replace(":", "-")
-    if not blob.is_file():
-        problems.append(Problem(str(path), f"names the model blob {digest}, which is not in {blobs}"))
+    what = _kind_at(blob)
+    if what:
+        problems.append(Problem(str(path), f"names the model blob {digest}, which is " + (
+            f"not in {blobs}" if what == "missing" else f"{not_regular_why(what)} ({blob})")))
         return None
     name = "ollama:" + ollama_name(*parts)
     aliases = (name[:-len(":latest")],) if name.endswith(":latest") else ()
