@@ -3,17 +3,23 @@
 A store name is ``<store>:<what the store calls it>[:<selector>]``: the
 selector picks among a repository's files by quantization (``:Q4_K_M``, any
 case) or by file name (``:model-q4_k_m.gguf``, or its path in the
-repository).  ``ollama:`` names are ollama's own (``qwen3:8b``; ``qwen3`` for
-``qwen3:latest``).
+repository).  ``ollama:`` names are ollama's own (``qwen3:8b``; ``qwen3`` means
+``qwen3:latest``, as ollama reads it, never another tag); ``hf:`` and
+``llama.cpp:`` take llama.cpp's ``-hf org/repo:TAG`` (the file whose name
+ends with the tag: ``:UD-Q2_K_XL``), and ``lmstudio:`` LM Studio's own
+``publisher/repo/file.gguf``.  A file several stores hold answers to every
+store's name for it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from ..errors import ModelFileError
 from .info import ModelInfo, Scan
+from .stores import OLLAMA_NAMESPACE, OLLAMA_REGISTRY
 
 #: the prefixes of names that resolve through a scan of the stores, and the source each names
 STORE_PREFIXES = ("ollama:", "hf:", "lmstudio:", "llama.cpp:")
@@ -39,11 +45,52 @@ def is_store_name(s: str) -> bool:
         return True
 
 
+def _names(m: ModelInfo) -> tuple[str, ...]:
+    return tuple(n.lower() for n in (m.name, *m.aliases))
+
+
+_SHARD_SUFFIX = re.compile(r"-\d{5}-of-\d{5}$")
+
+
+def _by_file(m: ModelInfo, sel: str) -> bool:
+    """Whether selector ``sel`` (lower case) names ``m``'s file: its name, its stem, its path in the repository
+    (LM Studio's ``pub/repo/file.gguf``), a folder of it named for the tag (``UD-Q2_K_XL/``), or the tag its
+    name ends with, as llama.cpp's ``-hf org/repo:TAG`` and ollama's ``hf.co/org/repo:TAG`` pick a file
+    (``Qwen3-8B-UD-Q2_K_XL.gguf``, shards ``-00001-of-00003`` aside)."""
+    p = Path(m.path)
+    posix = p.as_posix().lower()
+    stem = _SHARD_SUFFIX.sub("", p.stem.lower())
+    if sel in (p.name.lower(), p.stem.lower(), stem) or posix.endswith("/" + sel.strip("/")):
+        return True
+    if "/" not in sel and sel in (part.lower() for part in p.parent.parts[-2:]):
+        return True
+    return any(stem.endswith(sep + sel) for sep in "-._")
+
+
 def _matches(m: ModelInfo, selector: str) -> bool:
     sel = selector.lower()
-    p = Path(m.path)
-    return sel in {(m.quant or "").lower(), p.name.lower(), p.stem.lower()} or \
-        any(a.lower().endswith(":" + sel) for a in (m.name, *m.aliases))
+    return _by_file(m, sel) or sel == (m.quant or "").lower() or any(n.endswith(":" + sel) for n in _names(m))
+
+
+def normal_name(name: str) -> str:
+    """``name`` as the scan names models: ollama's long forms (``registry.ollama.ai/library/qwen3``,
+    ``library/qwen3``) cut to ollama's short one, a tag-less ollama name given its ``:latest`` (as ollama
+    reads it), and a Hugging Face host (``hf:hf.co/org/repo``, ``huggingface.co/``) dropped."""
+    pre = _prefix(name)
+    if pre is None:
+        return name
+    rest = name[len(pre):]
+    if pre == "ollama:":
+        for head in (f"{OLLAMA_REGISTRY}/", f"{OLLAMA_NAMESPACE}/"):
+            if rest.lower().startswith(head):
+                rest = rest[len(head):]
+        if ":" not in rest.rsplit("/", 1)[-1]:
+            rest += ":latest"
+    elif pre == "hf:":
+        for host in ("https://", "hf.co/", "huggingface.co/"):
+            if rest.lower().startswith(host):
+                rest = rest[len(host):]
+    return pre + rest
 
 
 def candidates(name: str, scan: Scan) -> list[ModelInfo]:
@@ -52,22 +99,30 @@ def candidates(name: str, scan: Scan) -> list[ModelInfo]:
     if pre is None:
         return []
     low = name.lower()
-    exact = [m for m in scan.models if low in (m.name.lower(), *(a.lower() for a in m.aliases))]
+    exact = [m for m in scan.models if low in _names(m)]
     if exact:
         return exact
-    source = _SOURCE[pre]
-    mine = [m for m in scan.models if m.source == source]
-    # the name without a selector: every model of that repository (or ollama model, any tag)
-    head = [m for m in mine if m.name.lower().startswith(low + ":")]
+    low = normal_name(name).lower()
+    exact = [m for m in scan.models if low in _names(m)]
+    if exact or pre == "ollama:":  # ollama names a model by its exact tag; no tag means :latest
+        return exact
+    mine = [m for m in scan.models if any(n.startswith(pre) for n in _names(m))]
+    # the name without a selector: every model of that repository
+    head = [m for m in mine if any(n.startswith(low + ":") for n in _names(m))]
     if head:
         return head
-    rest = name[len(pre):]
-    if source != "ollama" and ":" in rest:  # repository:selector
+    rest = low[len(pre):]
+    if ":" in rest:  # repository:selector
         repo, selector = rest.split(":", 1)
-        group = (pre + repo).lower()
-        in_repo = [m for m in mine if m.name.lower() == group or m.name.lower().startswith(group + ":")]
-        return [m for m in in_repo if _matches(m, selector)]
-    return []
+    elif rest.count("/") >= 2:  # LM Studio's (and the hub's) path form: publisher/repo/file.gguf
+        parts = rest.split("/")
+        repo, selector = "/".join(parts[:2]), "/".join(parts[2:])
+    else:
+        return []
+    group = pre + repo
+    in_repo = [m for m in mine if any(n == group or n.startswith(group + ":") for n in _names(m))]
+    by_file = [m for m in in_repo if _by_file(m, selector)]  # a file's own tag before the header's file type
+    return by_file or [m for m in in_repo if _matches(m, selector)]
 
 
 #: how long a scan made to resolve a name serves the next names (a run resolves its target and draft,
@@ -115,6 +170,13 @@ def resolve_name(name: str, kind: str, *, scan: Scan | None = None) -> ModelInfo
     if found:
         raise ModelFileError(f"{name} is {_KIND_LABEL.get(found[0].kind, found[0].kind)}, and this engine needs "
                              f"{_KIND_LABEL.get(kind, kind)}: pick another model or another --engine")
+    if source == "ollama" and normal_name(name).lower().endswith(":latest") and \
+            not name.lower().endswith(":latest"):
+        stem = normal_name(name)[:-len("latest")].lower()
+        tags = [m.name for m in scan.models if any(n.startswith(stem) for n in _names(m))]
+        if tags:
+            raise ModelFileError(f"{name}: ollama reads a name without a tag as {name[len('ollama:'):]}:latest, "
+                                 f"which is not in ollama's store; name a tag: {', '.join(tags[:10])}")
     mine = [m.name for m in scan.models if m.source == source and m.kind == kind]
     where = [r.path for r in scan.roots if r.source == source]
     if mine:
