@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from ..core import demo
+from ..core.config import LLAMA_SPEC_TYPES
 from ..core import models as M
 from ..core.errors import SpecviewError
 from ..core.models.names import candidates
@@ -116,8 +117,9 @@ def _target(name: str, scan: M.Scan) -> M.ModelInfo:
     return hit or M.read_header(name)
 
 
-def drafters(target: M.ModelInfo, fits: list[M.DrafterFit]) -> str:
-    """The ``--drafters-for`` table."""
+def drafters(target: M.ModelInfo, fits: list[M.DrafterFit], models: list[M.ModelInfo] | None = None,
+             spec_type: str | None = None) -> str:
+    """The ``--drafters-for`` table, and when no model fits, why (for ``spec_type``, or each kind of drafter)."""
     out = [f"drafters for {target.name} ({target.quant or '?'}, {_params(target.n_params)} parameters, "
            f"vocabulary {target.vocab or 'unknown'}):"]
     rows = [["DRAFTER", "SPEC TYPES", "SIZE", "WHY"]]
@@ -126,7 +128,7 @@ def drafters(target: M.ModelInfo, fits: list[M.DrafterFit]) -> str:
                      f"{f.ratio:.3f}x" if f.ratio is not None else "-", f.why])
     out += _table(rows)
     if not any(f.model for f in fits):
-        out.append("  no compatible draft models here (none has the target's vocabulary)")
+        out.append("  " + M.no_fit_reason(target, models or [], spec_type))
     return "\n".join(out)
 
 
@@ -172,6 +174,11 @@ def main(args: argparse.Namespace) -> int:
             print("\n".join(_table([[r.source, r.path] for r in roots])))
             print(f"your folders are kept in {M.folders_file()} (specview models --add-folder PATH)")
         return 0
+    if args.spec_type is not None and args.spec_type not in LLAMA_SPEC_TYPES:
+        raise SpecviewError(f"--spec-type {args.spec_type}: not a spec type; choose one of "
+                            f"{', '.join(LLAMA_SPEC_TYPES)}")
+    if args.spec_type is not None and not args.drafters_for:
+        raise SpecviewError("--spec-type goes with --drafters-for MODEL (the drafters that serve that spec type)")
     scan = M.scan(cache=not args.no_cache)
     if args.drafters_for:
         target = _target(args.drafters_for, scan)
@@ -179,9 +186,11 @@ def main(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({"target": target.to_dict(), "drafters": [
                 {"model": f.model.to_dict() if f.model else None, "spec_types": list(f.spec_types),
-                 "ratio": f.ratio, "why": f.why} for f in fits]}, indent=1))
+                 "ratio": f.ratio, "why": f.why} for f in fits],
+                "none_because": M.no_fit_reason(target, scan.models, args.spec_type) if not any(
+                    f.model for f in fits) else None}, indent=1))
         else:
-            print(drafters(target, fits))
+            print(drafters(target, fits, scan.models, args.spec_type))
         return 0
     if args.problems:
         if args.json:

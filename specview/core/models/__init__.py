@@ -15,7 +15,8 @@ on it, nothing else):
 * :func:`read_header` -> :class:`ModelInfo` (or :class:`ModelHeaderError`);
 * :func:`resolve_name` / :func:`is_store_name`: ``ollama:qwen3:8b``,
   ``hf:org/repo[:QUANT|:FILE]``, ``lmstudio:pub/repo[...]``, ``llama.cpp:...``;
-* :func:`drafters_for` -> [:class:`DrafterFit`]; :func:`check_drafter`.
+* :func:`drafters_for` -> [:class:`DrafterFit`]; :func:`check_drafter`; :func:`no_fit_reason`;
+* :func:`specview.core.models.preflight.refusal`: the drafter checks a run's headers answer, before any load.
 
 No Qt, no backend, no network, no ``gguf`` package: this runs wherever
 specview's core runs.
@@ -23,7 +24,7 @@ specview's core runs.
 
 from __future__ import annotations
 
-from .drafters import NO_DRAFTER_SPEC_TYPES, check_drafter, drafters_for
+from .drafters import NO_DRAFTER_SPEC_TYPES, check_drafter, drafters_for, no_fit_reason
 from .folders import add_folder, folders_file, remove_folder, user_folders
 from .header import read_header
 from .info import (DRAFTER_SPEC_TYPES, KINDS, SOURCES, DrafterFit, ModelHeaderError, ModelInfo, Problem, Root,
@@ -35,5 +36,5 @@ __all__ = [
     "DRAFTER_SPEC_TYPES", "KINDS", "NO_DRAFTER_SPEC_TYPES", "SOURCES", "STORE_PREFIXES",
     "DrafterFit", "ModelHeaderError", "ModelInfo", "Problem", "Root", "Scan", "VocabPrint",
     "add_folder", "check_drafter", "default_roots", "drafters_for", "folders_file", "is_store_name",
-    "read_header", "remove_folder", "resolve_name", "scan", "user_folders",
+    "no_fit_reason", "read_header", "remove_folder", "resolve_name", "scan", "user_folders",
 ]

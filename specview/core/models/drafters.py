@@ -126,3 +126,41 @@ def drafters_for(target: ModelInfo, models: Iterable[ModelInfo], spec_type: str 
     if spec_type is not None:
         fits = [f for f in fits if spec_type in f.spec_types]
     return fits
+
+
+def _why_none(target: ModelInfo, others: list[ModelInfo], spec_type: str) -> str:
+    """Why none of ``others`` drafts for ``target`` with ``spec_type``: the spec type's own need first."""
+    if spec_type == "none" or spec_type in NO_DRAFTER_SPEC_TYPES:
+        return f"{spec_type} needs no drafter model" + (" (n-gram lookups in the text so far)"
+                                                         if spec_type != "none" else "")
+    if spec_type == "draft-mtp":
+        return check_drafter(target, target, spec_type) or "draft-mtp drafts with the target's own MTP heads"
+    kind = [m for m in others if m.kind == target.kind]
+    if spec_type == "draft-simple":
+        models = [m for m in kind if not m.is_drafter]
+        if not models:
+            return f"draft-simple: no other model of this kind was found (the {len(others)} found are heads)" \
+                if others else "draft-simple: no other model was found"
+        same = [m for m in models if vocab_mismatch(target.vocab, m.vocab) is None]
+        bigger = [m for m in same if (_ratio(target, m) or 0) > 1]
+        bits = [f"{len(models) - len(same)} have another vocabulary"] if len(models) > len(same) else []
+        if bigger:
+            bits.append(f"{len(bigger)} have its vocabulary but more parameters (a drafter must be smaller)")
+        return f"draft-simple: of the {len(models)} models found, " + ", ".join(bits or ["none fits"])
+    label = _HEAD_LABEL.get(spec_type[6:], "a drafter")
+    heads = [m for m in kind if DRAFTER_SPEC_TYPES.get(m.drafter_kind or "") == spec_type]
+    if not heads:
+        return (f"{spec_type}: none of the {len(kind)} models found is {label} head ({spec_type} needs {label} "
+                "head made for this target, not a draft model)")
+    why = "; ".join(f"{m.name}: {check_drafter(target, m, spec_type)}" for m in heads[:3])
+    more = f" and {len(heads) - 3} more" if len(heads) > 3 else ""
+    return f"{spec_type}: the {len(heads)} {label[2:] if label.startswith('a ') else label[3:]} head(s) found " \
+           f"were made for other targets ({why}{more})"
+
+
+def no_fit_reason(target: ModelInfo, models: Iterable[ModelInfo], spec_type: str | None = None) -> str:
+    """Why no model found drafts for ``target``, in one line: for ``spec_type``, or for each spec type a drafter
+    model serves (a separate draft model, then each head)."""
+    others = [m for m in models if m.path != target.path]
+    types = [spec_type] if spec_type else list(DRAFT_FILE_TYPES)
+    return "no compatible drafter here: " + "; ".join(_why_none(target, others, st) for st in types)
