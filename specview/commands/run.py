@@ -12,6 +12,7 @@ from ..core.diagnose.ties import format_ties, tie_density
 from ..core.diagnose.words import rollback_line
 from ..core.errors import ConfigError, EngineCrashed, SpecviewError
 from ..core.models import is_store_name
+from ..core.models.preflight import refusal
 from ..core.registry import Runner, get_backend
 from ..core.resolve import Resolved, decided
 from ..core.trace import Step, Trace
@@ -75,7 +76,11 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         kw["prompt"] = args.prompt if args.prompt is not None else DEMO_PROMPT
     try:
         cfg = RunConfig(backend=args.backend, engine=engine_settings(args), **kw)
-        get_backend(cfg.backend).check(cfg)
+        backend = get_backend(cfg.backend)
+        backend.check(cfg)
+        why = refusal(cfg.target, cfg.draft, cfg.spec_type, backend.model_kind)  # headers: before anything loads
+        if why:
+            raise ConfigError(why, setting="draft" if cfg.uses_draft_model else "spec_type")
     except ConfigError as exc:
         raise cli_error(exc) from None
     return cfg
