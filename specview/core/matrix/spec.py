@@ -251,6 +251,21 @@ class _SpecMethods:
                         raise MatrixError(f"{where}{role} {name}: no such {self.backend} model folder")
                 elif kind == "gguf" and not user_path(name).is_file():
                     raise MatrixError(f"{where}{role} {name}: no such file")
+        self._check_pairs(where, kind)
+
+    def _check_pairs(self, where: str, kind: str) -> None:
+        """Every target with every drafter, by their headers, before any cell loads (the run's own check)."""
+        from ..models.preflight import refusal
+
+        for target in self.targets:
+            for d in self.drafters:
+                st, name = drafter_parts(d)
+                try:
+                    why = refusal(target, name, st, kind)
+                except SpecviewError as exc:
+                    raise MatrixError(f"{where}{exc}") from None
+                if why:
+                    raise MatrixError(f"{where}drafter {d} with target {target}: {why}")
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"targets": list(self.targets), "drafters": list(self.drafters)}
