@@ -266,6 +266,15 @@ class Catalog:
             return None
 
 
+    def spec_refusal(self, target: str, spec_type: str | None, kind: str) -> str | None:
+        """Why ``target`` cannot run ``spec_type`` with no draft model (draft-mtp on a target with no MTP
+        heads), from its header; None: it can, or nothing can be read yet."""
+        if spec_type != "draft-mtp" or not target:
+            return None
+        t, _ = self.info(target, kind)
+        return check_drafter(t, t, spec_type) if t is not None and not t.mtp else None
+
+
 def _reason_kind(t: ModelInfo, m: ModelInfo, spec_type: str, reason: str) -> tuple[str, str]:
     """A refusal, counted by its kind: (said of one model, said of several); the line stays short."""
     head = spec_type != "draft-simple"

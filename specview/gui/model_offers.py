@@ -110,6 +110,10 @@ class ModelOffers(QObject):
         st = self.current_spec_type() if spec_type is None else spec_type
         return self.catalog.refusal(t, d, st, self.kind)
 
+    def spec_refusal(self, target: str, spec_type: str) -> str | None:
+        """Why the target cannot run the spec type without a draft model (draft-mtp and no MTP heads)."""
+        return self.catalog.spec_refusal(target, spec_type, self.kind)
+
     def check(self, *, user: bool = True) -> str | None:
         """Show under the draft picker what fits or why the draft is refused; ``user``: the user just chose it, so
         a refusal also goes to the window's error bar."""

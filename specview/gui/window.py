@@ -127,8 +127,13 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------- config
     def build_config(self) -> RunConfig:
-        """The run the controls describe; raises ConfigError naming a bad value."""
-        return self.controls.config()
+        """The run the controls describe; raises ConfigError naming a bad value (or a spec type the target's
+        header says it cannot run: checked before anything loads)."""
+        cfg = self.controls.config()
+        why = self.controls.offers.spec_refusal(cfg.target, cfg.spec_type)
+        if why:
+            raise ConfigError(why, setting="spec_type")
+        return cfg
 
     def set_controls(self, **values: Any) -> None:
         """Set controls by setting name (``p_min=1.0``, ``backend="mlx"``, ``diagnose=False``...) as a user
