@@ -189,6 +189,8 @@ class QualityResult:
     execute: bool = False
     environment: dict[str, Any] = field(default_factory=dict)
     created: str = ""
+    #: with ``execute``: what the sandbox enforced (``SandboxReport.to_dict``), else empty
+    sandbox: dict[str, Any] = field(default_factory=dict)
 
     def refresh(self) -> "QualityResult":
         """Recompute the table, the test and the rates from ``items``; returns self."""
@@ -231,6 +233,7 @@ class QualityResult:
             "n_errors": len(self.errors),
             "items": [o.to_dict() for o in self.items],
             "environment": self.environment,
+            "sandbox": self.sandbox,
         }
 
     @classmethod
@@ -263,10 +266,14 @@ class QualityResult:
             elapsed = d.get("elapsed_s") or 0.0
             if not isinstance(env, dict) or isinstance(elapsed, bool) or not isinstance(elapsed, (int, float)):
                 raise QualityError("environment must be an object and elapsed_s a number")
+            sandbox = d.get("sandbox") or {}
+            if not isinstance(sandbox, dict):
+                raise QualityError("sandbox must be an object (what the sandbox enforced)")
         except QualityError as exc:
             raise QualityError(f"{source}: malformed quality result: {exc}") from None
         return cls(suite=suite, config=d["config"], items=items, elapsed=float(elapsed), status=status,
-                   execute=bool(d.get("execute")), environment=env, created=str(d.get("created") or "")).refresh()
+                   execute=bool(d.get("execute")), environment=env, created=str(d.get("created") or ""),
+                   sandbox=sandbox).refresh()
 
     @classmethod
     def load(cls, path: Any) -> "QualityResult":

@@ -72,6 +72,15 @@ def base_dict(cfg: RunConfig) -> dict[str, Any]:
     return d
 
 
+def _sandbox(execute: bool, given: dict[str, Any] | None, limits: Any) -> dict[str, Any]:
+    if not execute:
+        return {}
+    if given is not None:
+        return given
+    from .execute import sandbox_report
+    return sandbox_report(limits).to_dict()
+
+
 def run_quality(
     runner: Runner,
     base_config: Any,
@@ -85,6 +94,7 @@ def run_quality(
     on_item: ItemFn | None = None,
     diagnose: str = "discordant",
     limits: Any = None,
+    sandbox: dict[str, Any] | None = None,
 ) -> QualityResult:
     """Run every item of ``suite`` through both arms of ``base_config`` on ``runner``; return the result.
 
@@ -95,7 +105,8 @@ def run_quality(
     and inside each run: an item cut short is not recorded and the result's status is ``interrupted``
     (KeyboardInterrupt likewise).  ``resume`` keeps the finished items of ``out_dir/quality.json`` (refused,
     naming what differs, for another suite, other settings, or another machine, build or thread count).
-    ``diagnose``: one of :data:`DIAGNOSE_CHOICES`.
+    ``diagnose``: one of :data:`DIAGNOSE_CHOICES`.  ``sandbox``: what the sandbox enforces
+    (``SandboxReport.to_dict``), recorded with ``execute`` (asked here where not given).
     """
     resolved = base_config if isinstance(base_config, Resolved) else Runner.resolve(base_config)
     cfg0 = resolved.config
@@ -110,7 +121,7 @@ def run_quality(
     cancel = cancel or (lambda: False)
     out = Path(out_dir) if out_dir is not None else None
     result = QualityResult(suite=suite, config=base_dict(cfg0), execute=execute,
-                           created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+                           created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), sandbox=_sandbox(execute, sandbox, limits))
     kept: dict[str, ItemOutcome] = {}
     check_env: _SameMachine | None = None
     if resume:
