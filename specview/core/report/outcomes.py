@@ -15,6 +15,7 @@ from ..quality.result import QualityResult
 from ..quality.text import OUTCOME_WORDS, p_text, pct, rate_text, reading, verdict_counts
 from ..verdicts import words
 from .outline import Section, environment_section
+from .quality import sandbox_rows
 
 TABLE_HEADERS = ("", "speculative passes", "speculative fails", "total")
 ITEM_HEADERS = ("item", "outcome", "expected", "vanilla read", "speculative read", "fork at", "around the fork",
@@ -95,6 +96,9 @@ def quality_sections(res: QualityResult) -> list[Section]:
         out.append(Section("table", (("item", "error"), [(o.item_id, o.error or "") for o in res.errors]),
                            "Items not run"))
     out.append(Section("facts", setting_rows(res), "Settings", folded=True, head=("setting", "value")))
+    if sandbox_rows(res.sandbox):
+        out.append(Section("facts", sandbox_rows(res.sandbox), "The sandbox the code ran in", folded=True,
+                           head=("fence", "here")))
     out.append(environment_section(res.environment))
     return out
 
