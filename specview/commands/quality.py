@@ -48,7 +48,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    "(default 0: the same items everywhere)")
     g.add_argument("--execute", action="store_true",
                    help="allow running model-written code to score a code suite (humaneval, a JSONL with tests); "
-                   "without it such a suite is refused")
+                   "without it such a suite is refused. What the sandbox enforces here is printed first")
+    g.add_argument("--allow-weak-sandbox", action="store_true",
+                   help="with --execute: run the code even where this machine lacks a fence "
+                   "docs/quality-sandbox.md promises (without it such a machine is refused, naming what is missing)")
     add_engine_choice(p, groups["engine"])
     g = p.add_argument_group("output")
     g.add_argument("-o", "--out", default="quality", metavar="DIR",
@@ -71,6 +74,21 @@ def _items_not_tokens(p: argparse.ArgumentParser) -> None:
     act.help = (f"most tokens per answer (default {TEXT_TOKENS}; {CODE_TOKENS} for a code suite)")
 
 
+def _sandbox(args: argparse.Namespace) -> dict:
+    """What the sandbox enforces here, printed on stderr before anything runs (quiet or not: it is what the user
+    agreed to); refused where a promised fence is missing, unless ``--allow-weak-sandbox``.  The record for
+    quality.json."""
+    from ..core.quality.execute import refuse_weak, sandbox_report
+
+    report = sandbox_report()
+    print(report.text(), file=sys.stderr)
+    refuse_weak(report, args.allow_weak_sandbox)
+    if report.missing():
+        print("specview: --allow-weak-sandbox: running model-written code without: " + "; ".join(report.missing()),
+              file=sys.stderr)
+    return report.to_dict(allowed_weak=args.allow_weak_sandbox)
+
+
 def main(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
@@ -86,6 +104,7 @@ def main(args: argparse.Namespace) -> int:
     if suite.needs_execute and not args.execute:
         raise SpecviewError(f"--suite {args.suite} is code: scoring it runs what the model wrote. Pass --execute to "
                             "allow that (docs/quality.md says how the code is confined)")
+    sandbox = _sandbox(args) if args.execute else None
     args.prompt = args.prompt_file = args.tokens = None  # each item brings its own prompt
     resolved = resolved_from_args(args)
     if args.max_tokens is None:
@@ -101,7 +120,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         with get_backend(resolved.config.backend).runner(progress=progress) as runner:
             result = run_quality(runner, resolved, suite, execute=args.execute, out_dir=out, resume=args.resume,
-                                 progress=progress, cancel=lambda: stop["now"], diagnose=args.diagnose)
+                                 progress=progress, cancel=lambda: stop["now"], diagnose=args.diagnose,
+                                 sandbox=sandbox)
     finally:
         signal.signal(signal.SIGTERM, old)
     print(format_result(result))

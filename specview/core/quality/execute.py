@@ -585,6 +585,31 @@ class SandboxReport:
     def gaps(self) -> list[str]:
         return self.fences.gaps()
 
+    def missing(self) -> list[str]:
+        """The fences :data:`PROMISED` that do not hold here, in words."""
+        return self.fences.missing()
+
+    def to_dict(self, *, allowed_weak: bool = False) -> dict[str, Any]:
+        """What a quality result records: the lines, the gaps, the promised fences missing, and whether the run was
+        told to go on without them (``--allow-weak-sandbox``)."""
+        return {"enforced": self.lines(), "gaps": self.gaps(), "missing": self.missing(),
+                "allowed_weak": bool(allowed_weak), "python": self.python}
+
+    def text(self) -> str:
+        """The report as ``specview quality --execute`` prints it before anything runs."""
+        out = ["the sandbox each sample runs in here (docs/quality-sandbox.md):", *(f"  {x}" for x in self.lines())]
+        out += [f"  NOT enforced here: {g}" for g in self.gaps()]
+        return "\n".join(out)
+
+
+def refuse_weak(report: SandboxReport, allow_weak: bool) -> None:
+    """:class:`SandboxError` where a promised fence is missing here and the user did not say to go on without it."""
+    missing = report.missing()
+    if missing and not allow_weak:
+        raise SandboxError("this machine's sandbox lacks what docs/quality-sandbox.md promises for model-written "
+                           "code: " + "; ".join(missing) + ". Pass --allow-weak-sandbox to run it anyway, "
+                           "knowing the sample is not fenced that way")
+
 
 _REPORTS: dict[Limits, SandboxReport] = {}
 

@@ -77,4 +77,20 @@ def answer_line(trace: Any) -> str | None:
             f"vanilla {d['vanilla answer']} · speculative {d['speculative answer']}")
 
 
-__all__ = ["answer_line", "changed", "outcome_words", "quality_block", "quality_rows"]
+def sandbox_rows(sandbox: Any) -> list[tuple[str, str]]:
+    """(fence, what held) rows of a quality result's ``sandbox`` record (what ``specview quality --execute``
+    printed before it ran), then each gap as ``NOT enforced``; [] where no code ran."""
+    rec = obj(sandbox)
+    rows = []
+    for line in rec.get("enforced") if isinstance(rec.get("enforced"), list) else []:
+        fence, _, what = text(line).partition(": ")
+        rows.append((fence, what) if what else ("", fence))
+    rows += [("NOT enforced", text(g)) for g in (rec.get("gaps") if isinstance(rec.get("gaps"), list) else [])]
+    missing = rec.get("missing") if isinstance(rec.get("missing"), list) else []
+    if missing:
+        said = "run with --allow-weak-sandbox" if rec.get("allowed_weak") is True else "run"
+        rows.append((f"{said}, without", "; ".join(text(m) for m in missing)))
+    return rows
+
+
+__all__ = ["answer_line", "changed", "outcome_words", "quality_block", "quality_rows", "sandbox_rows"]
