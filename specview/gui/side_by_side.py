@@ -14,6 +14,7 @@ from PySide6.QtWidgets import QSplitter, QWidget
 from ..core.trace import Step, Trace
 from .panes import PanePair
 from .plots import AcceptancePlot, MarginPlot
+from .track_plots import AcceptanceHistogram, TrackPlot
 from .verdict_bar import fmt_margin
 
 
@@ -36,9 +37,17 @@ class SideBySide(QSplitter):
         self.panes = PanePair()
         self.acceptance = AcceptancePlot()
         self.margin_plot = MarginPlot()
+        self.track_plot = TrackPlot()  # under the margins, on their token axis
+        self.track_plot.setXLink(self.margin_plot)
+        self.histogram = AcceptanceHistogram()  # under the rounds: how far drafts survive, by draft position
         plots = QSplitter(Qt.Orientation.Horizontal)
-        plots.addWidget(self.acceptance)
-        plots.addWidget(self.margin_plot)
+        for top, under in ((self.acceptance, self.histogram), (self.margin_plot, self.track_plot)):
+            column = QSplitter(Qt.Orientation.Vertical)
+            column.addWidget(top)
+            column.addWidget(under)
+            column.setStretchFactor(0, 3)
+            column.setStretchFactor(1, 2)
+            plots.addWidget(column)
         plots.setStretchFactor(0, 2)
         plots.setStretchFactor(1, 3)
         self.addWidget(self.panes)
@@ -51,11 +60,14 @@ class SideBySide(QSplitter):
         self.panes.sigTokenSelected.connect(lambda i: self.select_token(i, from_pane=True))
         self.margin_plot.sigIndexClicked.connect(lambda i: self.select_token(i, scroll=True))
         self.acceptance.sigIndexClicked.connect(lambda i: self.select_token(i, scroll=True))
+        self.track_plot.sigIndexClicked.connect(lambda i: self.select_token(i, scroll=True))
 
     def clear_trace(self) -> None:
         """A new run starts: no trace is shown any more (the streamed tokens take its place)."""
         self.trace = None
         self.diffs = []
+        self.track_plot.set_trace(None)
+        self.histogram.set_arm(None)
 
     def show_trace(self, trace: Trace) -> str:
         """Show ``trace`` in the panes and plots, the fork marked and in view; return the diagnosis drawn, in words."""
@@ -66,6 +78,8 @@ class SideBySide(QSplitter):
         self.margin_plot.set_steps(v.steps, s.steps)
         self.acceptance.set_rounds(s.rounds, rate=s.acceptance_rate, mean=s.mean_accepted)
         self.acceptance.set_hint(None if s.rounds else "This run recorded no verify rounds, only the totals above.")
+        self.track_plot.set_trace(trace)
+        self.histogram.set_arm(s)
         fm = trace.comparison.first_mismatch
         self.diffs = mismatch_positions(v.tokens, s.tokens)
         fork = fm.index if fm is not None else None
@@ -89,6 +103,7 @@ class SideBySide(QSplitter):
         if not from_pane:
             self.panes.select(i, emit=False, scroll=scroll)
         self.margin_plot.mark_token(i)
+        self.track_plot.mark_token(i)
         self.acceptance.mark_token(i)
         if i is not None:
             bits = [f"token {i}"]
