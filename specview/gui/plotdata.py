@@ -94,3 +94,13 @@ def at_risk_positions(v: Any) -> list[int]:
         except (TypeError, ValueError):
             continue
     return out
+
+
+def track_arrays(delta: Sequence[float | None], kl: Sequence[float | None]
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(x, Δ-margin, x, KL) of a run's per-token tracks, each pair keeping only the finite values."""
+    d = np.array([_finite(v) for v in delta], float)
+    k = np.array([_finite(v) for v in kl], float)
+    xd, xk = np.arange(len(d), dtype=float), np.arange(len(k), dtype=float)
+    okd, okk = np.isfinite(d), np.isfinite(k)
+    return xd[okd], d[okd], xk[okk], k[okk]

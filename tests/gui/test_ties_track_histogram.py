@@ -1,0 +1,85 @@
+"""The Side by side tab's new views: the Δ-margin / KL track under the margin plot (titled with the near-tie
+density) and the acceptance histogram under the rounds, each drawing what the trace says, recomputed here."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specview.core.diagnose import ties
+from specview.gui.side_by_side import SideBySide
+
+
+@pytest.fixture
+def view(qtbot):
+    w = SideBySide()
+    qtbot.addWidget(w)
+    w.resize(1100, 700)
+    w.show()
+    return w
+
+
+def _deltas(trace):
+    """[s(a) - s(b)] - [v(a) - v(b)] with a, b vanilla's top two, on the shared prefix and the fork."""
+    c = trace.comparison
+    n = c.agree + 1 if not c.identical else c.agree
+    out = []
+    for i in range(n):
+        v, s = trace.vanilla.steps[i], trace.speculative.steps[i]
+        lv, ls = dict(zip(v.top_ids, v.top_logits)), dict(zip(s.top_ids, s.top_logits))
+        a, b = v.top_ids[0], v.top_ids[1]
+        out.append((ls[a] - ls[b]) - (lv[a] - lv[b]) if a in ls and b in ls else None)
+    return out
+
+
+def test_the_track_draws_each_tokens_delta_margin_and_names_the_density(view, synth):
+    t = synth(n=40, fork=25, diagnosis={"verdict": "near-tie", "envelope": {"max": 0.4, "positions": 25}})
+    view.show_trace(t)
+    tp = view.track_plot
+    want = _deltas(t)
+    x = np.asarray(tp.bars.opts["x"])
+    h = np.asarray(tp.bars.opts["height"])
+    assert list(x) == [i for i, d in enumerate(want) if d is not None]
+    assert h == pytest.approx([d for d in want if d is not None], abs=1e-9)
+    assert len(want) == 26 and x.max() <= 25  # nothing after the fork: the arms saw different texts there
+    d = ties.tie_density(t)
+    cal = d["bands"][0]
+    assert cal["calibrated"] and cal["width"] == pytest.approx(0.8)
+    title = tp.getPlotItem().titleLabel.text
+    assert f"{cal['in_band']} of {d['positions']} compared positions" in title and "calibrated (0.8 logits)" in title
+    assert tp.fork_line.isVisible() and tp.fork_line.value() == 25
+    # the track follows the margin plot's token axis, and a selection anywhere draws on it
+    assert tp.getPlotItem().getViewBox().linkedView(0) is view.margin_plot.getPlotItem().getViewBox()
+    view.select_token(7)
+    assert tp.select_line.isVisible() and tp.select_line.value() == 7
+
+
+def test_a_click_on_the_track_selects_that_token_in_both_panes(view, synth, qtbot):
+    view.show_trace(synth(n=40, fork=25))
+    got = []
+    view.track_plot.sigIndexClicked.connect(got.append)
+    view.track_plot.sigIndexClicked.emit(12)  # what a click at token 12 emits (pyqtgraph's scene click)
+    assert got == [12] and view.panes.selected == 12
+
+
+def test_the_histogram_counts_how_far_the_drafts_survive(view, synth):
+    t = synth(n=40, fork=None)
+    view.show_trace(t)
+    hg = view.histogram
+    rounds = [r for r in t.speculative.rounds if r.index > 0]
+    most = max(r.drafted for r in rounds)
+    drafted = [sum(r.drafted >= k for r in rounds) for k in range(1, most + 1)]
+    accepted = [sum(r.accepted >= k for r in rounds) for k in range(1, most + 1)]
+    assert list(hg.drafted.opts["height"]) == drafted and list(hg.accepted.opts["height"]) == accepted
+    assert [lab.toPlainText() for lab in hg.labels] == [f"{100 * a / d:.0f}%" for a, d in zip(accepted, drafted)]
+    assert f"{len(rounds)} rounds" in hg.getPlotItem().titleLabel.text
+    view.clear_trace()
+    assert hg.empty and view.track_plot.empty
+
+
+def test_screenshot_of_the_new_views(view, synth, tmp_path):
+    """Renders (offscreen) so a broken paint path fails here, not in a user's window."""
+    view.show_trace(synth(n=60, fork=40, diagnosis={"verdict": "near-tie", "envelope": {"max": 0.3, "positions": 40}}))
+    img = view.grab().toImage()
+    assert img.width() > 500 and img.height() > 300
+    assert img.save(str(tmp_path / "side.png"))
