@@ -21,7 +21,7 @@ from ..jsonfile import write_atomic
 from . import folder as mfolder
 from . import gguf
 from .files import NotRegular, read_text
-from .info import ModelHeaderError, ModelInfo, VocabPrint
+from .info import ModelHeaderError, ModelInfo, NotAModel, VocabPrint
 
 #: bumped whenever what a header read records changes, so a cached read is never stale
 CACHE_VERSION = 1
@@ -85,7 +85,7 @@ def _not_a_model(path: Path, hd: gguf.Header) -> None:
     if arch is None:
         raise ModelHeaderError(str(path), "a GGUF file with no general.architecture: not a llama.cpp model")
     if arch == "clip":
-        raise ModelHeaderError(str(path), "a multimodal projector (architecture clip), not a model to run: "
+        raise NotAModel(str(path), "a multimodal projector (architecture clip), not a model to run: "
                                           "llama.cpp takes it beside its model with --mmproj")
     if hd.tensors:
         return
@@ -93,9 +93,9 @@ def _not_a_model(path: Path, hd: gguf.Header) -> None:
     if isinstance(split, int) and not isinstance(split, bool) and split > 1 and shard_of(path.name):
         return  # the first shard of a split model may hold the metadata alone (gguf-split --no-tensor-first-split)
     if hd.n_tokens:
-        raise ModelHeaderError(str(path), f"a vocabulary-only file ({hd.n_tokens} tokens of a {arch} tokenizer and "
+        raise NotAModel(str(path), f"a vocabulary-only file ({hd.n_tokens} tokens of a {arch} tokenizer and "
                                           "no weights, as llama.cpp's ggml-vocab-*.gguf): not a model to run")
-    raise ModelHeaderError(str(path), "a GGUF file with no tensors: no weights, not a model to run")
+    raise NotAModel(str(path), "a GGUF file with no tensors: no weights, not a model to run")
 
 
 def _gguf_info(path: Path, name: str, source: str) -> ModelInfo:
@@ -182,7 +182,7 @@ def _read(path: Path, name: str, source: str) -> ModelInfo:
             return _folder_info(path, name, source)
         return _gguf_info(path, name, source)
     except NotRegular as exc:
-        raise ModelHeaderError(str(path), exc.strerror) from None
+        raise NotAModel(str(path), exc.strerror) from None
     except OSError as exc:
         raise ModelHeaderError(str(path), f"cannot be read ({exc.strerror or exc})") from None
     except (ValueError, KeyError, TypeError, RecursionError, OverflowError, MemoryError, struct.error) as exc:

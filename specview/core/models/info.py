@@ -32,6 +32,11 @@ class ModelHeaderError(ModelFileError):
         self.why = why
 
 
+class NotAModel(ModelHeaderError):
+    """A file no engine runs as a model, whatever its bytes hold further on: a FIFO, socket or device, a
+    multimodal projector, a vocabulary-only file, a GGUF of no tensors."""
+
+
 @dataclass(frozen=True)
 class VocabPrint:
     """A vocabulary's fingerprint: its size and a hash of its token strings and token types.

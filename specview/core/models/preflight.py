@@ -20,7 +20,7 @@ from ..demo import DEMO_FILE, demo_drafter, demo_quant, is_demo_name, shipped_pa
 from ..errors import SpecviewError
 from .drafters import check_drafter
 from .header import read_header
-from .info import ModelHeaderError, ModelInfo, Scan
+from .info import ModelHeaderError, ModelInfo, NotAModel, Scan
 from .names import is_store_name, resolve_name
 
 
@@ -44,8 +44,8 @@ def _demo_file(name: str) -> Path | None:
 def model_info(name: str | None, kind: str, *, scan: Scan | None = None) -> ModelInfo | None:
     """What the header of the model ``name`` says, named ``name`` (as typed); None when nothing here can be read
     before the engine loads it.  Raises :class:`~specview.core.errors.ModelFileError` for a store name that
-    names nothing (listing what the store has) and :class:`ModelHeaderError` for a file that is not a model
-    (a FIFO, a projector, a vocabulary-only file, a truncated download)."""
+    names nothing (listing what the store has) and :class:`ModelHeaderError` for a file whose header cannot
+    be read (:class:`~.info.NotAModel` for one no engine runs: a FIFO, a projector, a vocabulary-only file)."""
     if not name:
         return None
     if is_demo_name(name):
@@ -62,10 +62,14 @@ def model_info(name: str | None, kind: str, *, scan: Scan | None = None) -> Mode
 
 
 def _header(name: str, role: str, kind: str, scan: Scan | None) -> ModelInfo | None:
+    """The header of ``name``; None when this reader cannot read it (a GGUF version or layout it does not know,
+    an engine's own stand-in file: the engine decides); a file no engine runs as a model is refused."""
     try:
         return model_info(name, kind, scan=scan)
-    except ModelHeaderError as exc:
-        raise ModelHeaderError(exc.path, f"{exc.why}; the {role} {name} is refused before anything loads") from None
+    except NotAModel as exc:
+        raise NotAModel(exc.path, f"{exc.why}; the {role} {name} is refused before anything loads") from None
+    except ModelHeaderError:
+        return None
 
 
 def refusal(target: str | None, draft: str | None, spec_type: str, kind: str, *,
