@@ -176,7 +176,7 @@ def test_truncate_restores_the_checkpoint_bit_for_bit(arch, models):
     assert eng.n_past == n0 and {e.offset for e in eng.cache if isinstance(e, KVCache)} == {n0}
     want = _fed(model, [prompt], [d])
     assert np.array_equal(eng.eval([d], rows=[0]), want)
-    assert (eng.rollbacks, eng.replay_passes, eng.replayed_tokens) == (1, 0, 0)
+    assert (eng.restores, eng.replay_passes, eng.replayed_tokens) == (1, 0, 0)
 
     # the same rollback, the recurrent entries left as they were: the drafts stay in the state
     bad = SkipsRestore(model, n_ctx=64)
@@ -279,14 +279,14 @@ def test_speculative_arms_on_a_hybrid_equal_vanilla_under_serial_verify(arch, mo
         if serial:
             # the control: every verify row and every replayed token a single-token pass, so exactly vanilla
             assert arm.tokens == vanilla.tokens
-            assert eng.rollbacks == len(restored)  # one restore per rejecting round: each replay kept its tokens
+            assert eng.restores == len(restored)  # one restore per rejecting round: each replay kept its tokens
             assert all(r.replay == r.accepted + 2 for r in restored)  # [id_last] + accepted + the target's token
         else:
-            assert eng.rollbacks >= len(restored)
+            assert eng.restores >= len(restored)
             if mx.default_device() == mx.cpu:  # measured: the CPU build's batched rows equal its single-token rows
                 assert arm.tokens == vanilla.tokens
         # the drafter is a hybrid too: it keeps its accepted drafts, so the engine replays them itself
-        assert deng.rollback_mode(1) == "checkpoint" and deng.rollbacks > 0 and deng.replayed_tokens > 0
+        assert deng.rollback_mode(1) == "checkpoint" and deng.restores > 0 and deng.replayed_tokens > 0
         assert eng.replayed_tokens == 0  # the target's replays are the loop's own verify passes
 
 
@@ -336,11 +336,11 @@ def test_a_planted_restore_fault_reads_state(arch, plant, folders, monkeypatch):
         tr = s.run(cfg)
         assert not tr.comparison.identical  # the faulty restore changed the speculative text
         restored = sum(r.rollback == "checkpoint" for r in tr.speculative.rounds)
-        assert restored > 0 and made["speculative"].rollbacks >= restored  # the planted restore ran
+        assert restored > 0 and made["speculative"].restores >= restored  # the planted restore ran
         d = diagnose(s, s.resolve(cfg).config, tr)
     finally:
         s.close()
     assert d["verdict"] == "state" and d["rule"] == "serial-verify-differs", d["explanation"]
     sv = d["serial_verify"]
     assert sv["identical_to_vanilla"] is False and sv["vanilla_repeat"]["identical"] is True
-    assert made["control-serial"].rollbacks > 0 and all(type(e) is plant for e in made.values())
+    assert made["control-serial"].restores > 0 and all(type(e) is plant for e in made.values())

@@ -291,8 +291,9 @@ class MLXEngine(CheckpointRollback, ModelEngine):
     After each ``truncate`` that moved ``n_past``, ``last_rollback`` says how it
     was done (:class:`~.rollback.MLXRollback`: the mode, the checkpoint
     restored, the width of every pass fed again); a checkpoint ``truncate``
-    returns it too.  ``rollbacks``, ``replay_passes`` and ``replayed_tokens``
-    count the restores and what the engine fed again.
+    returns it too.  ``restores``, ``replay_passes`` and ``replayed_tokens``
+    count the restores and what the engine fed again; :meth:`rollbacks` counts
+    every rollback by mechanism.
     """
 
     backend = "mlx"
@@ -320,7 +321,8 @@ class MLXEngine(CheckpointRollback, ModelEngine):
         self.cache = self._new_cache()
         #: how the last truncate that moved n_past was done (None before any, and after a no-op truncate)
         self.last_rollback: MLXRollback | None = None
-        self.rollbacks = 0  # checkpoint restores
+        self.restores = 0  # checkpoint restores
+        self._used: dict[str, int] = {}  # rollbacks by mechanism (Engine.rollbacks)
         self.replay_passes = 0
         self.replayed_tokens = 0
         # greedy run-ahead (see the class docstring)
@@ -493,7 +495,13 @@ class MLXEngine(CheckpointRollback, ModelEngine):
         self._check_offsets(n, f"the MLX cache trimmed {got} of {want} positions" if got != want else "")
         self.n_past = n
         self.last_rollback = MLXRollback("seq-rm", n_from=n_from, n_to=n)
+        self._used["seq-rm"] = self._used.get("seq-rm", 0) + 1
         return None
+
+    def rollbacks(self) -> dict[str, int]:
+        """How many rollbacks this context has done, by mechanism: a trim (``seq-rm``), a checkpoint restore, and
+        the restores that fed tokens again (``replay``)."""
+        return dict(self._used)
 
     def sibling(self, *, n_ctx: int | None = None) -> "MLXEngine":
         return MLXEngine(self.model, self.settings, n_ctx=n_ctx or self._n_ctx)

@@ -298,7 +298,10 @@ class CheckpointRollback:
         self._check_offsets(n)
         self._history.cut(n)
         self.n_past = n
-        self.rollbacks += 1
+        self.restores += 1
+        self._used["checkpoint"] = self._used.get("checkpoint", 0) + 1
+        if rb.widths:
+            self._used["replay"] = self._used.get("replay", 0) + 1
         self.last_rollback = rb
         return rb
 
