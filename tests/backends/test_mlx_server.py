@@ -261,7 +261,7 @@ def test_a_server_dying_mid_run_is_an_error_and_nothing_is_left(models):
 
 def test_what_the_server_cannot_do_is_refused_before_starting(models):
     be = get_backend("mlx-server")
-    for kw, setting in ((dict(p_min=0.5), "p_min"), (dict(n_min=1), "n_min"), (dict(ignore_eos=True), "ignore_eos"),
+    for kw, setting in ((dict(p_min=0.5), "p_min"), (dict(n_min=1), "n_min"),
                         (dict(serial_verify=True), "serial_verify"), (dict(spec_type="ngram-simple", draft=None),
                                                                       "spec_type"),
                         (dict(engine=EngineSettings(kv_type="iq4_nl")), "kv_type"),

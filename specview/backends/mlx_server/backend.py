@@ -52,9 +52,6 @@ class MLXServerBackend(Backend):
             raise ConfigError("serial_verify runs on the in-process engines only; for mlx_lm.server the diagnosis "
                               "runs it (mlx-lm's loop in process, every verify row a single-token pass)",
                               setting="serial_verify")
-        if cfg.ignore_eos:
-            raise ConfigError("ignore_eos: mlx_lm.server always stops at an end-of-generation token; run without "
-                              "it, or with the mlx engine", setting="ignore_eos")
         from .process import kv_flags, split_server_args
 
         kv_flags(cfg.engine.kv_type, 64)

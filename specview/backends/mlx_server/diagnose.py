@@ -65,8 +65,9 @@ class LoopSettings:
     """What the server's loops were run with (the same here)."""
 
     def __init__(self, *, max_tokens: int, prefill_step_size: int, num_draft_tokens: int,
-                 kv_bits: int | None, kv_group_size: int):
+                 kv_bits: int | None, kv_group_size: int, ban: Sequence[int] = ()):
         self.max_tokens = int(max_tokens)
+        self.ban = tuple(int(t) for t in ban)  # what ignore_eos bans: the server's logit_bias of -inf
         self.prefill_step_size = int(prefill_step_size)
         self.num_draft_tokens = int(num_draft_tokens)
         self.kv_bits = kv_bits
@@ -76,6 +77,15 @@ class LoopSettings:
         if self.kv_bits is None:
             return {}
         return {"kv_bits": self.kv_bits, "kv_group_size": self.kv_group_size, "quantized_kv_start": 0}
+
+    def loop(self) -> dict[str, Any]:
+        """Keyword arguments of mlx-lm's loops: the KV settings, and the server's logit bias when it bans."""
+        kw = self.kv()
+        if self.ban:
+            from mlx_lm.sample_utils import make_logits_processors
+
+            kw["logits_processors"] = make_logits_processors(logit_bias={t: float("-inf") for t in self.ban})
+        return kw
 
 
 class _SerialTarget:
@@ -116,7 +126,7 @@ def vanilla_rows(model: Any, prompt: Sequence[int], ls: LoopSettings, upto: int,
     from mlx_lm.generate import generate_step
 
     gen = generate_step(mx.array(list(prompt), dtype=mx.uint32), model, max_tokens=ls.max_tokens,
-                        prefill_step_size=ls.prefill_step_size, **ls.kv())
+                        prefill_step_size=ls.prefill_step_size, **ls.loop())
     try:
         for j, (tok, lp) in enumerate(gen):
             if cancel():
@@ -143,7 +153,7 @@ def speculative_rows(model: Any, draft: Any, prompt: Sequence[int], ls: LoopSett
 
     gen = speculative_generate_step(mx.array(list(prompt), dtype=mx.uint32), model, draft,
                                     num_draft_tokens=ls.num_draft_tokens, max_tokens=ls.max_tokens,
-                                    prefill_step_size=ls.prefill_step_size, **ls.kv())
+                                    prefill_step_size=ls.prefill_step_size, **ls.loop())
     rnd, row, emitted, num_draft = 0, 0, 0, 0
     new_round = True
     try:
@@ -396,7 +406,7 @@ def _serial_verify(target: Any, draft: Any, prompt: list[int], ls: LoopSettings,
     serial = _SerialTarget(target, len(prompt))
     gen = speculative_generate_step(mx.array(prompt, dtype=mx.uint32), serial, draft,
                                     num_draft_tokens=ls.num_draft_tokens, max_tokens=ls.max_tokens,
-                                    prefill_step_size=ls.prefill_step_size, **ls.kv())
+                                    prefill_step_size=ls.prefill_step_size, **ls.loop())
     tokens: list[int] = []
     try:
         for tok, _lp, _fd in gen:

@@ -12,7 +12,10 @@ differently:
   its single-request path (``stream_generate``), the path a server with a draft
   model always takes, instead of its batch generator;
 * ``num_draft_tokens`` is sent per request to the speculative server (n_max),
-  so changing n_max needs no new server.
+  so changing n_max needs no new server;
+* ``ignore_eos`` is sent as llama.cpp defines it: a ``logit_bias`` of -inf on
+  every end-of-generation token (mlx_lm.server adds it to every row it samples
+  from, before its log-probabilities), so none is ever emitted.
 
 The answers: with ``top_logprobs`` > 0 each ``logprobs.content`` entry is the
 server's unsorted top list, and the entry's own ``id``/``logprob`` are those
@@ -26,7 +29,7 @@ mlx-lm's own loops and must give back these tokens.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 from ...core.trace import ArmResult, Step
 from ..local_server import openai
@@ -57,12 +60,19 @@ _PROBE = 1000
 _CAP = re.compile(r"top_logprobs must be at most (\d+)")
 
 
+def ban_bias(ban: Collection[int]) -> dict[str, float]:
+    """``logit_bias`` banning ``ban``, as llama.cpp's ``--ignore-eos`` does (-inf; JSON's ``-Infinity``)."""
+    return {str(int(t)): float("-inf") for t in sorted(ban)}
+
+
 def arm_request(prompt: str, *, chat: bool, max_tokens: int, top_logprobs: int,
-                num_draft_tokens: int | None = None) -> tuple[str, dict[str, Any]]:
-    """The endpoint and body of one arm's greedy request."""
+                num_draft_tokens: int | None = None, ban: Collection[int] = ()) -> tuple[str, dict[str, Any]]:
+    """The endpoint and body of one arm's greedy request (``ban``: the ids ``ignore_eos`` bans)."""
     extra: dict[str, Any] = {"logprobs": True}
     if num_draft_tokens is not None:
         extra["num_draft_tokens"] = int(num_draft_tokens)
+    if ban:
+        extra["logit_bias"] = ban_bias(ban)
     if chat:
         return "/v1/chat/completions", openai.chat_body([{"role": "user", "content": prompt}], max_tokens,
                                                         top_logprobs=top_logprobs, extra=extra)

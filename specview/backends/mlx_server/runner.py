@@ -219,7 +219,8 @@ class MLXServerRunner(Runner):
         import time
 
         path, body = protocol.arm_request(text, chat=chat, max_tokens=cfg.max_tokens, top_logprobs=k,
-                                          num_draft_tokens=num_draft)
+                                          num_draft_tokens=num_draft,
+                                          ban=vm.vocab.eog if cfg.ignore_eos else ())
         self.progress(f"{name} arm: {cfg.max_tokens} tokens from {srv.name} pid {srv.pid}")
         t0 = time.perf_counter()
         choice, resp = openai.complete(srv, path, body, cancel=cancel)
@@ -293,13 +294,16 @@ class MLXServerRunner(Runner):
         trace.diagnosis = d
         return d
 
-    def loop_settings(self, cfg: RunConfig, model_config: dict[str, Any] | None) -> Any:
+    def loop_settings(self, cfg: RunConfig, model_config: dict[str, Any] | None, ban: Any = ()) -> Any:
+        """mlx-lm's loop settings of the run (``ban``: the target's end-of-generation ids, banned with
+        ``ignore_eos`` as the server's requests ban them)."""
         from .diagnose import LoopSettings
 
         group = self.backend.kv_group_size(model_config) if model_config and kv_bits(cfg.engine.kv_type) else 64
         return LoopSettings(max_tokens=cfg.max_tokens, prefill_step_size=cfg.engine.n_batch,
                             num_draft_tokens=self.backend.num_draft_tokens(cfg) if cfg.draft else 0,
-                            kv_bits=kv_bits(cfg.engine.kv_type), kv_group_size=group)
+                            kv_bits=kv_bits(cfg.engine.kv_type), kv_group_size=group,
+                            ban=tuple(sorted(ban)) if cfg.ignore_eos else ())
 
     def _inprocess(self) -> Any:
         if self._session is None:
@@ -325,6 +329,6 @@ def replay_fork(session: Any, target: str, draft: str | None, cfg: RunConfig, tr
     tm = session.model("mlx", target, cfg.engine)
     dmodel = session.model("mlx", draft, cfg.engine) if draft else None
     runner = get_backend("mlx-server").runner()
-    ls = runner.loop_settings(cfg, tm.model.config)
+    ls = runner.loop_settings(cfg, tm.model.config, tm.vocab.eog)
     return diagnose_from_outside(tm.model.model, dmodel.model.model if dmodel else None, trace, ls,
                                  progress=progress, cancel=cancel)
