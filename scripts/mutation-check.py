@@ -38,6 +38,21 @@ class Mutation:
     old: str
     new: str
     tests: tuple[str, ...]
+    more: tuple[tuple[str, str], ...] = ()  # further (old, new) patches of the same file, for a defect in two places
+
+    @property
+    def patches(self) -> tuple[tuple[str, str], ...]:
+        return ((self.old, self.new), *self.more)
+
+
+_MEM = "specview/backends/llama_cpp/memory.py"
+#: the tests that walk the real rollback on the tiny hybrids (tests/tinyhybrid.py), one case each
+_HYBRID_SERIAL = ("tests/backends/test_hybrid_rollback.py::"
+                  "test_the_serial_verify_control_reproduces_vanilla_in_every_mode")
+_SNAPSHOT_ARM = ("tests/backends/test_snapshot_check.py::"
+                 "test_the_snapshot_check_walks_no_snapshot_and_compares_every_token[qwen35]")
+_DRAFT_ROLLBACK = ("tests/backends/test_draft_rollback.py::"
+                   "test_every_draft_rollback_leaves_the_state_a_clean_context_reaches[qwen35-checkpoint]")
 
 
 MUTATIONS: tuple[Mutation, ...] = (
@@ -167,6 +182,75 @@ MUTATIONS: tuple[Mutation, ...] = (
         "            return \"draft-simple\", name[len(t) + 1:]",
         ("tests/core/test_matrix_presets.py::test_a_drafter_names_its_spec_type_and_its_file",),
     ),
+    # -- inside the rollback itself (backends/llama_cpp/memory.py, engine.py), each killed through the real path
+    Mutation(
+        "memory: the n_rs_seq snapshot selected is one position off (the first rejected token's state kept)",
+        _MEM,
+        "            # llama.cpp picks the state kept `drop` tokens back in the last decode\n"
+        "            if not self.ll.llama_memory_seq_rm(self.mem, 0, n, -1):",
+        "            # llama.cpp picks the state kept `drop` tokens back in the last decode\n"
+        "            if not self.ll.llama_memory_seq_rm(self.mem, 0, n + 1, -1):",
+        (_SNAPSHOT_ARM,),
+    ),
+    Mutation(
+        "memory: the checkpoint is saved one pass late, so its restore holds the verify pass's first tokens",
+        _MEM,
+        "            self.checkpoint()\n        elif mode == SNAPSHOTS:",
+        "            self._late = True\n        elif mode == SNAPSHOTS:",
+        (f"{_HYBRID_SERIAL}[checkpoint-qwen35]",),
+        more=(("        self._pending = False\n        if self._keeping and len(tokens) == 1:",
+               "        self._pending = False\n"
+               "        if getattr(self, '_late', False):\n"
+               "            self._late = False\n"
+               "            self.checkpoint()\n"
+               "            self._ckpt = (self._ckpt[0] - len(tokens), self._ckpt[1])\n"
+               "        if self._keeping and len(tokens) == 1:"),),
+    ),
+    Mutation(
+        "memory: the replay after a checkpoint restore feeds the kept tokens one position on",
+        _MEM,
+        "            replay = old[c:n]",
+        "            replay = old[c + 1:n + 1]",
+        (_DRAFT_ROLLBACK,),
+    ),
+    Mutation(
+        "memory: seq_rm drops from one position late (the first rejected token's KV entry kept)",
+        _MEM,
+        "            if not self.ll.llama_memory_seq_rm(self.mem, 0, n, -1):\n"
+        "                raise EvalError(f\"llama.cpp refused to remove KV positions",
+        "            if not self.ll.llama_memory_seq_rm(self.mem, 0, n + 1, -1):\n"
+        "                raise EvalError(f\"llama.cpp refused to remove KV positions",
+        ("tests/backends/test_serial_verify.py::"
+         "test_serial_verify_on_a_tiny_model_reproduces_vanilla_through_rejections",),
+    ),
+    Mutation(
+        "memory: a restored state keeps the KV entry at the restored position",
+        _MEM,
+        "        if not ll.llama_memory_seq_rm(self.mem, 0, n, -1):",
+        "        if not ll.llama_memory_seq_rm(self.mem, 0, n + 1, -1):",
+        (f"{_HYBRID_SERIAL}[checkpoint-qwen35]",),
+    ),
+    Mutation(
+        "memory: a snapshot context copies no state after a single-token pass (its rollbacks replay from empty)",
+        _MEM,
+        "            self._keeping = True  # single-token passes keep a copy",
+        "            self._keeping = False  # single-token passes keep a copy",
+        (f"{_HYBRID_SERIAL}[snapshots-qwen35]",),
+    ),
+    Mutation(
+        "engine: a replay of a single token is skipped (the draft model's rollback loses its last kept token)",
+        "specview/backends/llama_cpp/engine.py",
+        "        for start in range(0, len(tokens), self._n_batch):",
+        "        for start in range(0, len(tokens) - 1, self._n_batch):",
+        (_DRAFT_ROLLBACK,),
+    ),
+    Mutation(
+        "draft model: no checkpoint before its drafted tokens (each rollback replays the whole context)",
+        "specview/core/arms/drafters.py",
+        "        self.engine.prepare_rollback(n_max - 1)",
+        "        self.engine.prepare_rollback(0)",
+        (_DRAFT_ROLLBACK,),
+    ),
 )
 
 
@@ -235,12 +319,15 @@ def main(argv: list[str] | None = None) -> int:
         for m in chosen:
             f = tree / m.path
             original = f.read_text(encoding="utf-8")
-            n = original.count(m.old)
-            if n != 1:
-                print(f"STALE     {m.name}: the text to replace is found {n} times in {m.path}")
+            counts = [original.count(old) for old, _ in m.patches]
+            if counts != [1] * len(counts):
+                print(f"STALE     {m.name}: the texts to replace are found {counts} times in {m.path}")
                 bad += 1
                 continue
-            f.write_text(original.replace(m.old, m.new), encoding="utf-8")
+            mutated = original
+            for old, new in m.patches:
+                mutated = mutated.replace(old, new)
+            f.write_text(mutated, encoding="utf-8")
             try:
                 rc, out, secs = run_tests(tree, m.tests, args.timeout)
             finally:
