@@ -8,7 +8,11 @@ no weights: a scan reads nothing else), then prints:
   * the baseline: walking the same tree and stat-ing every file (what any scan costs at least);
   * a cold scan (no header cache: every header read), and per model;
   * the gguf package's GGUFReader on one file, for comparison with specview's bounded reader on it;
-  * a warm scan (the header cache answers), median of --repeats (goal: under 1 s for 300 models).
+  * a warm scan (the header cache answers), median of --repeats (goal: under 1 s for 300 models);
+  * the same store made hostile (a FIFO named x.gguf, a FIFO in place of an ollama manifest, a sparse
+    GGUF whose 10 keys claim arrays of 2^24-1 empty arrays: 2 GB claimed, a few KB on disk): a cold scan
+    in this process, and ``specview models`` cold in its own process as a user runs it (goal: under 5 s),
+    both against the cold scan of the good models alone above.
 """
 
 from __future__ import annotations
@@ -71,6 +75,71 @@ def build(home: Path, n: int, n_vocab: int) -> None:
             snap.mkdir(parents=True, exist_ok=True)
             (snap / f"model{i}.Q8_0.gguf").write_bytes(data)
     template.unlink()
+
+
+def crafted(path: Path, keys: int = 10, n: int = (1 << 24) - 1) -> Path:
+    """GGUF v3 of no tensors whose ``keys`` keys are each an array of ``n`` empty arrays (12 zero bytes each,
+    left as a hole: the file is sparse)."""
+    import struct
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as fh:
+        fh.write(struct.pack("<4sIQQ", b"GGUF", 3, 0, keys))
+        for i in range(keys):
+            key = f"crafted.key{i}".encode()
+            fh.write(struct.pack("<Q", len(key)) + key + struct.pack("<IIQ", 9, 9, n))
+            fh.seek(n * 12, os.SEEK_CUR)
+        fh.write(b"\0")
+    return path
+
+
+def plant_hostile(home: Path) -> list[Path]:
+    """A FIFO named like a model, a FIFO where an ollama manifest goes, and the crafted sparse GGUF."""
+    fifos = [home / ".lmstudio" / "models" / "pub0" / "Pipe-GGUF" / "x.gguf",
+             home / ".ollama" / "models" / "manifests" / "registry.ollama.ai" / "library" / "pipe" / "latest"]
+    for f in fifos:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        os.mkfifo(f)
+    crafted(home / ".lmstudio" / "models" / "pub0" / "Crafted-GGUF" / "crafted.gguf")
+    return fifos
+
+
+def hostile(home: Path, n_models: int, baseline: float) -> None:
+    """The cold scan and ``specview models`` of the store with the hostile files planted."""
+    import subprocess
+    import sys
+
+    from specview.core import models as M
+
+    fifos = plant_hostile(home)
+    try:
+        env = {"SPECVIEW_CACHE": str(home / "cache-hostile"), "SPECVIEW_CONFIG_DIR": str(home / "config")}
+        t0 = time.perf_counter()
+        scan = M.scan(home=home, env=env, cache=True)
+        th = time.perf_counter() - t0
+        found = sum(m.source != "demo" for m in scan.models)
+        assert found == n_models and len(scan.problems) == 3, (found, scan.problems)
+        print(f"cold scan with a FIFO, a FIFO manifest and the crafted file  {th * 1000:8.1f} ms  "
+              f"({(th - baseline) * 1000:+.1f} ms against the good models alone; 3 problems, {found} models)")
+        penv = {**os.environ, "HOME": str(home), "SPECVIEW_CACHE": str(home / "cache-cli"),
+                "SPECVIEW_CONFIG_DIR": str(home / "config")}
+        for k in ("OLLAMA_MODELS", "HF_HUB_CACHE", "HF_HOME", "LLAMA_CACHE", "XDG_CACHE_HOME"):
+            penv.pop(k, None)
+        t0 = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "specview", "models"], env=penv, capture_output=True, text=True,
+                              timeout=120)
+        tcli = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "specview", "--help"], env=penv, capture_output=True, timeout=60)
+        tstart = time.perf_counter() - t0
+        ok = done.returncode == 0 and "skipped" in done.stdout
+        verdict = "under" if ok and tcli < 5.0 else "OVER"
+        print(f"specview models, cold, in its own process              {tcli * 1000:8.1f} ms  "
+              f"(of which ~{tstart * 1000:.0f} ms is starting specview; {verdict} the 5 s goal"
+              f"{'' if ok else '; it FAILED: ' + done.stderr[-200:]})")
+    finally:
+        for f in fifos:
+            f.unlink()
 
 
 def main() -> int:
@@ -136,6 +205,7 @@ def main() -> int:
         verdict = "under" if tw < 1.0 else "OVER"
         print(f"warm scan (header cache), median of {args.repeats}  {tw * 1000:8.1f} ms  "
               f"({tc / tw:.0f}x faster than cold; {verdict} the 1 s goal for {args.models} models)")
+        hostile(home, args.models, tc)
     finally:
         shutil.rmtree(home, ignore_errors=True)
     return 0
