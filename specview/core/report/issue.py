@@ -28,6 +28,8 @@ LIMIT = 65536
 BUDGET = LIMIT - 1536
 #: tokens shown before and after the fork in its table
 BEFORE, AFTER = 8, 8
+#: tokens before the fork an answer's cut token list still shows
+WINDOW = 64
 #: the request file the reproduction sends (written beside the report)
 REQUEST_FILE = "request.json"
 
@@ -298,11 +300,12 @@ def _expected(rp: Repro, full: bool) -> str:
         body = f"vanilla ({n_v} tokens):\n{_ids(rp.vanilla)}\n\nspeculative ({n_s} tokens):\n{_ids(rp.speculative)}"
         note = "Both answers' `tokens`, in full:\n"
     else:
-        k = (rp.fork if rp.fork is not None else 0) + AFTER + 1
-        body = (f"vanilla, tokens 0-{min(k, n_v) - 1} of {n_v}:\n{_ids(rp.vanilla[:k])}\n\n"
-                f"speculative, tokens 0-{min(k, n_s) - 1} of {n_s}:\n{_ids(rp.speculative[:k])}")
-        note = (f"Both answers' `tokens` through the fork and {AFTER} tokens after it (the rest is cut to keep this "
-                "issue under GitHub's 65,536 characters; the full lists are in the trace):\n")
+        f = rp.fork if rp.fork is not None else 0
+        lo, hi = max(0, f - WINDOW), f + AFTER + 1
+        body = "\n\n".join(f"{name}, tokens {lo}-{min(hi, len(toks)) - 1} of {len(toks)}:\n{_ids(toks[lo:hi])}"
+                             for name, toks in (("vanilla", rp.vanilla), ("speculative", rp.speculative)))
+        note = (f"Both answers' `tokens` from {WINDOW} tokens before the fork to {AFTER} after it (the rest is cut "
+                "to keep this issue under GitHub's 65,536 characters; the full lists are in the trace):\n")
     return "\n".join([head + "\n", note, md_fence(body, "text")])
 
 
@@ -379,7 +382,8 @@ def issue_markdown(trace: Any, *, kernel: Any = None, budget: int = BUDGET) -> t
         p.body = repro_part(trace, rp, inline_request=False, full_tokens=False)
         cut.append("request")
     while gh_length(_join(parts)) > budget:  # what is left: drop whole sections from the least needed up
-        drop = next((x for x in parts if x.key in ("prompt", "flags", "build", "widths", "op") and x.body), None)
+        drop = next((x for x in parts if x.key in ("prompt", "flags", "build", "widths", "op") and x.key not in cut),
+                    None)
         if drop is None:
             break
         drop.body = f"### {drop.key.title()}\n\n(left out: this issue would be over GitHub's 65,536 characters)\n"
