@@ -300,13 +300,13 @@ class ContextMemory:
 
     def _cut(self, n: int) -> None:
         """Bookkeeping: the context now holds ``tokens[:n]``."""
+        total = len(self.tokens)  # == sum(self.passes)
         del self.tokens[n:]
-        total = 0
-        for i, w in enumerate(self.passes):
-            if total + w >= n:
-                self.passes[i:] = [n - total] if n > total else []
-                break
-            total += w
+        passes = self.passes
+        while passes and total - passes[-1] >= n:  # the passes wholly at or past n, from the last one back
+            total -= passes.pop()
+        if passes and total > n:
+            passes[-1] -= total - n
         if self._ckpt is not None and self._ckpt[0] > n:
             self._ckpt, self._spare = None, self._ckpt[1]
         if self._kept:
