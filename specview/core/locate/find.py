@@ -172,7 +172,15 @@ class Located:
             "weight_type": None if w is None else w.type, "weight_buffer": None if w is None else w.buffer,
             "computed_in": None if d is None else d.buffer, "logits_differ": self.logits.n_diff,
             "n_vocab": self.logits.n_vocab,
+            "recurrent": [{"node": r.name, "op": r.op, "part": r.part, "status": r.status, "max_abs": r.max_abs}
+                          for r in self.recurrent()],
         })
+
+    def recurrent(self) -> list[NodeDiff]:
+        """The nodes that carry a recurrent state (a hybrid's gated delta net, short convolution, SSM scan ...)."""
+        from .text import recurrent
+
+        return recurrent(self)
 
     # -- JSON ---------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:

@@ -4,6 +4,18 @@ Backend-free: an engine that can look inside its passes (llama.cpp's
 ``cb_eval``, :mod:`specview.backends.llama_cpp.graph`) reports each node as a
 :class:`GraphNode`; :func:`compare_graphs` compares a single-token pass with
 row ``j`` of a batched pass, finding each node's token axis by shape.
+
+A hybrid or recurrent model's graph has two kinds of node no plain shape rule
+reads.  Its recurrent ops pack the pass's per-token rows with a state:
+``GATED_DELTA_NET`` (Qwen3.5, Qwen3-Next) writes ``[S_v * H, n_tokens +
+K * S_v]``, the tokens' outputs first and the new state after them; the
+short convolution's input (``CONCAT`` of the conv state and the tokens, LFM2
+and the gated delta net's own conv) holds ``d_conv`` state columns and then
+the tokens.  Those are compared on their per-token rows, the state left out.
+And its recurrent state buffers (``cache_r_l*``: the conv state, ``cache_s_l*``:
+the SSM / delta-net state) are the state each pass starts from and writes back,
+not a row of this pass: both passes start from different positions, so they are
+skipped and said to be the recurrent state (:func:`state_note`).
 """
 
 from __future__ import annotations
@@ -17,6 +29,12 @@ from typing import Any
 import numpy as np
 
 VIEW_OPS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "CONT", "CPY", "SET_ROWS"})
+#: ggml ops that carry a recurrent state from token to token (what a hybrid's rollback must restore)
+RECURRENT_OPS = frozenset({"GATED_DELTA_NET", "SSM_CONV", "SSM_SCAN", "RWKV_WKV6", "RWKV_WKV7", "GATED_LINEAR_ATTN"})
+#: ops whose output packs the pass's per-token rows with a state: where the tokens sit on the packed axis
+PACKED_OPS = {"GATED_DELTA_NET": "first", "CONCAT": "last"}
+_RECURRENT_CACHE = re.compile(r"cache_([rs])_l(\d+)")
+_KV_CACHE = re.compile(r"cache_[kv]_l\d+")
 
 
 # -- what an observing engine reports --------------------------------------------------
@@ -181,6 +199,79 @@ def token_axis(single: Sequence[int], batched: Sequence[int], width: int) -> int
     return None
 
 
+def packed_rows(op: str, single: Sequence[int], batched: Sequence[int], width: int) -> tuple[int, int, int] | None:
+    """(ggml axis, state rows, index of the first token row) of an output that packs the pass's tokens with a state.
+
+    One axis differs, by exactly the width's extra tokens (``single[d] - 1 ==
+    batched[d] - width``, the same number of state rows beside them), on an op
+    of :data:`PACKED_OPS`; None otherwise.
+    """
+    where = PACKED_OPS.get(op)
+    if where is None or width < 2:
+        return None
+    a = list(single) + [1] * (4 - len(single))
+    b = list(batched) + [1] * (4 - len(batched))
+    changed = [d for d in range(4) if a[d] != b[d]]
+    if len(changed) != 1:
+        return None
+    d = changed[0]
+    extra = a[d] - 1
+    if extra < 1 or b[d] - width != extra:
+        return None
+    return d, extra, (0 if where == "first" else extra)
+
+
+def flattened_rows(op: str, single: Sequence[int], batched: Sequence[int], width: int) -> int | None:
+    """The ggml axis of a reshape that flattened the pass's token rows into one axis (``width`` times as long
+    there, all else alike), or None.  A reshape is of contiguous data, so token ``j`` is the ``j``-th slice."""
+    if op != "RESHAPE" or width < 2:
+        return None
+    a = list(single) + [1] * (4 - len(single))
+    b = list(batched) + [1] * (4 - len(batched))
+    changed = [d for d in range(4) if a[d] != b[d]]
+    if len(changed) == 1 and a[changed[0]] * width == b[changed[0]]:
+        return changed[0]
+    return None
+
+
+def state_note(node: GraphNode) -> str:
+    """Why a node whose data is the context's memory is not compared, naming what memory it is."""
+    names = [node.name, *(s.name for s in node.sources)]
+    for n in names:
+        m = _RECURRENT_CACHE.search(n)
+        if m:
+            what = "conv state" if m.group(1) == "r" else "SSM / delta-net state"
+            return (f"recurrent state ({what} of layer {m.group(2)}, {m.group(0)}): the state a pass starts from "
+                    "and writes back, not a row of this pass; the two passes start at different positions, so it "
+                    "differs by design; the per-token rows the recurrent op computes are compared")
+    if any(_KV_CACHE.search(n) for n in names):
+        return ("KV cache view: it holds every position, and the two passes' caches differ past the prefix; the "
+                "rows written into it are compared as Kcur/Vcur")
+    if any("state" in n for n in names):
+        return ("recurrent state: the state this pass writes back into the context's memory; the two passes end "
+                "at different positions, so it differs by design")
+    return "context state: a view of the context's memory, not this pass's output"
+
+
+def recurrent_state_note(node: GraphNode, stateful: set[str] = frozenset()) -> str | None:  # type: ignore[assignment]
+    """Why a node of the same shape at both widths that holds a recurrent state is not compared (None: not one).
+
+    ``stateful``: the names of earlier nodes found to hold one (a reshape of a state is a state)."""
+    if node.name.startswith("rs_s_copy"):
+        return "recurrent state slot index: an input that says which cell holds the sequence's state"
+    for src in node.sources:
+        if src.name in stateful:
+            return f"recurrent state: {src.name} reshaped or viewed, the state the passes start or end with"
+        m = _RECURRENT_CACHE.search(src.name)
+        if m:
+            return (f"recurrent state read from {m.group(0)}: the state the pass starts from; the two passes start "
+                    "at different positions, so it differs by design")
+        if src.op in PACKED_OPS or src.op in RECURRENT_OPS:
+            return (f"recurrent state: the state {src.name} ({src.op}) leaves after the pass, beside its per-token "
+                    "rows; the two passes end at different positions, so it differs by design")
+    return None
+
+
 def compare_values(a: np.ndarray, b: np.ndarray) -> tuple[int, float, float]:
     """(elements whose bits differ, max |a - b|, that relative to max |a|) of two float32 arrays."""
     a = np.ascontiguousarray(a, dtype=np.float32)
@@ -209,6 +300,7 @@ def compare_graphs(single: Sequence[GraphNode], batched: Sequence[GraphNode], wi
         notes.append(f"the passes have {len(single)} and {len(batched)} observed nodes; compared the first "
                      f"{min(len(single), len(batched))} while their names agree")
     layer, part = None, "input"
+    stateful: set[str] = set()  # nodes holding a recurrent state, so their views are said to hold it too
     for a, b in zip(single, batched):
         if (a.name, a.op) != (b.name, b.op):
             notes.append(f"the graphs part at node {a.index} ({a.name} {a.op} against {b.name} {b.op}); "
@@ -223,17 +315,29 @@ def compare_graphs(single: Sequence[GraphNode], batched: Sequence[GraphNode], wi
                      layer=layer, part=part, status="skipped", buffer=a.buffer, sources=list(a.sources))
         out.append(d)
         if a.state or b.state:
-            d.note = ("KV cache view: it holds every position, and the two passes' caches differ past the "
-                      "prefix; the rows written into it are compared as Kcur/Vcur")
+            d.note = state_note(a)
+            if d.note.startswith("recurrent"):
+                stateful.add(a.name)
             continue
         if a.values is None or b.values is None:
             d.note = a.note or b.note or "no values"
             continue
+        packed = packed_rows(a.op, a.ne, b.ne, width)
+        if packed is not None:
+            _compare_packed(d, a, b, packed, row)
+            continue
         ax = token_axis(a.ne, b.ne, width) if width > 1 else None
+        flat = flattened_rows(a.op, a.ne, b.ne, width) if width > 1 and ax is None else None
+        if flat is not None:
+            _compare_flat(d, a, b, flat, row)
+            continue
         if width > 1 and ax is None:
-            d.note = ("no token axis: the same shape at both widths"
-                      if tuple(a.ne) == tuple(b.ne) else
+            same = tuple(a.ne) == tuple(b.ne)
+            d.note = ((recurrent_state_note(a, stateful) or "no token axis: the same shape at both widths")
+                      if same else
                       f"shapes differ beyond the token axis ({list(d.shape)} against {list(d.batched_shape)})")
+            if same and d.note.startswith("recurrent"):
+                stateful.add(a.name)
             continue
         bv = b.values.reshape(tuple(reversed(b.ne)))
         if ax is not None:
@@ -244,3 +348,30 @@ def compare_graphs(single: Sequence[GraphNode], batched: Sequence[GraphNode], wi
         d.n_elems, d.n_diff, d.max_abs, d.rel = int(av.size), n, mx, rel
         d.status = "differs" if n else "identical"
     return out, notes
+
+
+def _compare_flat(d: NodeDiff, a: GraphNode, b: GraphNode, ax: int, row: int) -> None:
+    """A reshape that flattened the token rows into axis ``ax``: the batched node's ``row``-th slice there."""
+    n_a = int(list(a.ne)[ax])
+    av = a.values.reshape(tuple(reversed(a.ne)))
+    bv = np.take(b.values.reshape(tuple(reversed(b.ne))), range(row * n_a, (row + 1) * n_a), axis=3 - ax)
+    n, mx, rel = compare_values(av, bv)
+    d.token_axis = ax
+    d.n_elems, d.n_diff, d.max_abs, d.rel = int(av.size), n, mx, rel
+    d.status = "differs" if n else "identical"
+    d.note = f"the token rows flattened into one axis: compared the token's {n_a} elements"
+
+
+def _compare_packed(d: NodeDiff, a: GraphNode, b: GraphNode, packed: tuple[int, int, int], row: int) -> None:
+    """A packed output (:func:`packed_rows`) compared on its token rows: row ``row`` of the batched pass's tokens
+    against the single-token pass's one token, the state rows beside them left out."""
+    ax, extra, first = packed
+    av = np.take(a.values.reshape(tuple(reversed(a.ne))), [first], axis=3 - ax)
+    bv = np.take(b.values.reshape(tuple(reversed(b.ne))), [first + row], axis=3 - ax)
+    n, mx, rel = compare_values(av, bv)
+    d.token_axis = ax
+    d.n_elems, d.n_diff, d.max_abs, d.rel = int(av.size), n, mx, rel
+    d.status = "differs" if n else "identical"
+    where = "after" if first else "before"
+    d.note = (f"per-token rows packed with {extra} state rows (the tokens {where} them): compared the token's row, "
+              "the state left out")

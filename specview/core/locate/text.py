@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import settings_label
+from .graphdiff import PACKED_OPS, RECURRENT_OPS
 
 # the objects are specview.core.locate.find's Located, NodeDiff and NodeSource (not imported: locate imports this)
 Located = NodeDiff = NodeSource = Any
@@ -86,6 +87,12 @@ def text(loc: "Located") -> str:
             if a["differ"]:
                 lines.append(f"    {a['part']:>8}  {_g(a['out']):>9} ({_g(a['max'])})  {a['differ']:3d}/"
                              f"{a['compared']:<3d} {a['first']}")
+    rec = recurrent(loc)
+    if rec:
+        lines.append("  recurrent ops (compared on their per-token rows): " + "; ".join(
+            f"{d.name} {d.op}" + (f" blk.{d.layer}" if d.layer is not None else "")
+            + (f" differs, max |Δ| {_g(d.max_abs)}" if d.status == "differs" else f" {d.status}")
+            + (f" ({d.note})" if d.status == "skipped" and d.note else "") for d in rec))
     lg = loc.logits
     flip = (f"argmax flips ({lg.argmax_single} -> {lg.argmax_batched})" if lg.flips
             else f"argmax the same ({lg.argmax_single})")
@@ -94,6 +101,12 @@ def text(loc: "Located") -> str:
     for note in loc.notes:
         lines.append(f"  note: {note}")
     return "\n".join(lines)
+
+
+def recurrent(loc: "Located") -> list["NodeDiff"]:
+    """The nodes that carry a recurrent state from token to token (gated delta net, SSM conv and scan, RWKV, and a
+    short convolution's input packed with its state), in graph order."""
+    return [d for d in loc.nodes if d.op in RECURRENT_OPS or (d.op in PACKED_OPS and "state rows" in (d.note or ""))]
 
 
 def _skipped(loc: "Located") -> str:

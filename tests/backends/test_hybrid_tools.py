@@ -1,0 +1,90 @@
+"""Every tool on the tiny hybrids (Qwen3.5: a gated delta net; LFM2: short convolutions), on real llama.cpp.
+
+* ``locate``: the recurrent ops are compared on their per-token rows (their outputs pack those rows with a
+  state), the recurrent state buffers are named as such, and every node it skips says why; on the fork of a
+  run whose rollback is planted with a fault it names the recurrent ops of the fork's verify pass.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import door  # noqa: E402
+from tinyhybrid import hybrid_pair  # noqa: E402
+
+from specview.core.config import EngineSettings, RunConfig  # noqa: E402
+from specview.core.locate.find import fork_of, locate  # noqa: E402
+from specview.core.session import Session  # noqa: E402
+
+pytest.importorskip("llama_cpp")
+
+ARCHS = ("qwen35", "lfm2")
+#: what the tiny writers put in each layer: the recurrent ops locate must find and compare
+RECURRENT = {"qwen35": {"GATED_DELTA_NET", "SSM_CONV", "CONCAT"}, "lfm2": {"SSM_CONV", "CONCAT"}}
+SKIP_REASONS = ("recurrent state", "KV cache view")
+ENGINE = EngineSettings(threads=1, flash_attn="off", kv_type="f32")
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hybrid-tools")
+    return {arch: hybrid_pair(arch, d) for arch in ARCHS}
+
+
+@pytest.fixture(scope="module")
+def session():
+    s = Session()
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def located(pairs, session):
+    return {arch: locate(session, str(pairs[arch][0]), width=4, row=2, prompt="the cat", chat=False,
+                         settings=ENGINE) for arch in ARCHS}
+
+
+def by_name(loc, name):
+    return next(d for d in loc.nodes if d.name == name)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_locate_compares_the_recurrent_ops_on_their_per_token_rows(located, arch):
+    loc = located[arch]
+    assert loc.observer_exact
+    rec = loc.recurrent()
+    assert {d.op for d in rec} == RECURRENT[arch]
+    for d in rec:  # every recurrent op compared, none skipped for its shape
+        assert d.status in ("identical", "differs") and d.n_elems > 0, (d.name, d.note)
+    packed = [d for d in rec if d.op in ("GATED_DELTA_NET", "CONCAT")]
+    assert packed and all("state rows" in d.note and d.shape != d.batched_shape for d in packed)
+    # the packed row is the token's own: the node that holds the same rows unpacked differs exactly as much
+    for d in packed:
+        if d.op == "GATED_DELTA_NET":  # attn_output-N views the tokens' rows of its output
+            same = by_name(loc, f"attn_output-{d.layer}")
+        else:  # a CONCAT of the conv state and the tokens' inputs: its second source is those inputs
+            same = [n for n in loc.nodes[:d.index] if n.name == d.sources[1].name][-1]
+        assert same.status != "skipped" and same.n_elems == d.n_elems
+        assert (same.n_diff, same.max_abs) == (d.n_diff, d.max_abs), (d.name, same.name)
+    text = loc.text()
+    assert "recurrent ops (compared on their per-token rows)" in text
+    assert all(d.name in text for d in rec)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_skipped_node_says_why_and_the_state_buffers_are_recurrent_state(located, arch):
+    loc = located[arch]
+    skipped = [d for d in loc.nodes if d.status == "skipped"]
+    assert skipped and all(d.note for d in skipped)
+    assert not [d.name for d in skipped if "shapes differ beyond the token axis" in d.note]
+    cache_rs = [d for d in loc.nodes if d.name.startswith(("cache_r_l", "cache_s_l"))]
+    assert cache_rs and all(d.note.startswith("recurrent state (") and "Kcur" not in d.note for d in cache_rs)
+    kv = [d for d in loc.nodes if d.name.startswith(("cache_k_l", "cache_v_l"))]
+    assert kv and all(d.note.startswith("KV cache view") for d in kv)
+    # the compared and skipped nodes add up to every observed node
+    assert loc.count("identical") + loc.count("differs") + loc.count("skipped") == len(loc.nodes)
