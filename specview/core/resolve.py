@@ -141,6 +141,8 @@ def resolve(cfg: RunConfig | Resolved, backend: Any, *, default_target: bool = F
         if not (unset(cfg.config.engine) or unset(cfg.config) or default_target):
             return cfg
         decisions, cfg = list(cfg.decisions), cfg.config
+    elif not isinstance(cfg.engine, DecidedSettings):
+        cfg = replace(cfg, engine=_asking(cfg.engine))
     if unset(cfg.engine) or unset(cfg) or default_target:
         for d in backend.decide(cfg, measure=measure, default_target=default_target, progress=progress):
             if d.setting == "target":
@@ -159,6 +161,7 @@ def resolve_engine(settings: EngineSettings, backend: Any, *, target: str | None
     a decision that reads the model, the rollback, is made for it too)."""
     if isinstance(settings, DecidedSettings):
         return settings, ()
+    settings = _asking(settings)
     if not unset(settings):
         return _settle(settings), ()
     cfg = RunConfig(backend=backend.name or RunConfig.backend, target=target or RunConfig.target, spec_type="none",
@@ -166,6 +169,18 @@ def resolve_engine(settings: EngineSettings, backend: Any, *, target: str | None
     decisions = tuple(d for d in backend.decide(cfg, measure=measure)
                       if d.setting != "target" and getattr(settings, d.setting, None) is None)
     return _settle(replace(settings, **{d.setting: d.value for d in decisions})), decisions
+
+
+def _asking(settings: EngineSettings) -> EngineSettings:
+    """``settings`` with a value that asks for the decision (``--rollback auto``: what llama-server does) unset, so
+    that the backend decides it, with its reason, as it does a setting nobody gave."""
+    if settings.rollback == AUTO_WORD:
+        return replace(settings, rollback=None)
+    return settings
+
+
+#: the word a user gives a setting for "what the machine and the model decide"
+AUTO_WORD = "auto"
 
 
 class NothingDecides:

@@ -18,8 +18,7 @@ from ...core.resolve import DecidedSettings, Decision, require_decided
 from . import demo
 from .engine import LlamaEngine, model_memory
 from .lib import LIB_PATH_VARIABLE, _lib, apply_environment, builds_backend, llama_environment
-from .memory import (ATTENTION, AUTO, SNAPSHOTS, check_mode, choose_rollback, decide_rollback, file_architecture,
-                     memory_kind)
+from .memory import AUTO, check_mode, decide_rollback, draft_rollback, file_architecture
 from .model import LlamaModel, has_mtp_heads
 from .demo_pick import cached_pick, pick_demo_target
 from .probe import repack_decision
@@ -34,12 +33,13 @@ class LlamaLoaded(WrappedModel):
 
     def draft_settings(self, settings: DecidedSettings) -> tuple[DecidedSettings, str]:
         """llama-server opens its draft context with ``n_rs_seq = 0`` (common/common.cpp): a draft model's memory
-        never keeps snapshots, so where the target's rolls back by snapshots the draft's takes what llama-server
-        gives it, checkpoint and replay for a recurrent memory, seq_rm for a KV cache."""
-        if settings.rollback != SNAPSHOTS:
-            return settings, ""
+        never keeps snapshots and rolls back as its own memory does, seq_rm for a KV cache, checkpoint and replay
+        for a recurrent state, whatever the target's takes. ``(settings, why)``: the draft context's settings, and
+        one line where its rollback differs from the target's."""
         arch, kind = model_memory(self.model)
-        mode, why = choose_rollback(arch, kind, "draft-simple", 0)
+        mode, why = draft_rollback(arch, kind)
+        if settings.rollback == mode:
+            return settings, ""
         return replace(settings, rollback=mode), (f"the draft context: {mode}, as llama-server opens it (n_rs_seq = 0, "
                                                   f"no snapshots): {why}")
 
@@ -75,10 +75,10 @@ class LlamaBackend(InProcessBackend):
         repack = repack_decision(cfg.engine, measure=measure)
         if repack is not None:
             out.append(repack)
-        if cfg.engine.rollback is None:
-            archs = self._architectures(cfg)
-            if any(memory_kind(a) != ATTENTION for a in archs if a):  # a KV cache alone: seq_rm, nothing to say
-                value, why = decide_rollback(*archs, cfg.spec_type, cfg.n_max)
+        if cfg.engine.rollback in (None, AUTO):  # auto: what llama-server does, decided here
+            target, draft = self._architectures(cfg)
+            if target is not None:  # unreadable: the load says what is wrong with the file
+                value, why = decide_rollback(target, draft, cfg.spec_type, cfg.n_max)
                 out.append(Decision("rollback", value, why))
         if default_target and is_demo_name(cfg.target):
             settings = cfg.engine if repack is None else replace(cfg.engine, no_repack=repack.value)

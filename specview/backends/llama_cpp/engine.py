@@ -7,8 +7,8 @@ says), pads ``n_ctx`` to a multiple of 256 and clamps ``n_ubatch`` to
 ``n_batch``.  Logits are requested only for the rows asked for, so memory is
 O(n_vocab x n_batch), never O(n_ctx x n_vocab).
 
-A context rolls back as its memory allows (``settings.rollback``; auto: what
-:func:`.memory.choose_rollback` says llama-server does): a KV cache by
+A context rolls back as its decided settings say (``settings.rollback``, which
+:meth:`.backend.LlamaBackend.decide` sets to what llama-server does): a KV cache by
 ``llama_memory_seq_rm``, a recurrent or hybrid memory by n_rs_seq snapshots or
 by a checkpoint and a replay (:class:`.memory.ContextMemory`).
 """
@@ -27,8 +27,8 @@ from ...core.engine import ModelEngine, Rollback
 from ...core.errors import ConfigError, EvalError, SpecviewError
 from ...core.resolve import DecidedSettings, require_decided
 from .lib import clear_log, llama_environment, recent_log, resolve_threads
-from .memory import (ATTENTION, AUTO, HYBRID, RECURRENT, SNAPSHOTS, ContextMemory, MemoryStats, check_mode,
-                     choose_rollback, snapshots_refused)
+from .memory import (ATTENTION, AUTO, HYBRID, RECURRENT, SNAPSHOTS, ContextMemory, MemoryStats, allowed_modes,
+                     check_mode, snapshots_refused)
 from .model import LlamaModel
 
 _KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20,
@@ -93,11 +93,14 @@ class LlamaEngine(ModelEngine):
         self._context_params(cp)
         self._cp = cp
         self.architecture, self.memory_kind = model_memory(model)
-        asked = getattr(settings, "rollback", None) or AUTO
-        check_mode(asked, self.architecture, self.memory_kind)
-        #: how this context rolls back: what was asked, or what llama-server does for draft-simple here
-        self.rollback = asked if asked != AUTO else choose_rollback(self.architecture, self.memory_kind,
-                                                                    "draft-simple", 0)[0]
+        if settings.rollback == AUTO:  # LlamaBackend.decide reads the architecture from the header and decides
+            raise ConfigError(f"no rollback was decided for this {self.architecture or 'model'}: its header gave "
+                              "no architecture when the run was resolved; pass --rollback "
+                              f"{' or '.join(allowed_modes(self.architecture, self.memory_kind))}",
+                              setting="rollback")
+        check_mode(settings.rollback, self.architecture, self.memory_kind)
+        #: how this context rolls back: decided for the run (LlamaBackend.decide), or the draft model's own
+        self.rollback = settings.rollback
         self._rs_depth = DEFAULT_RS_DEPTH if self.rollback == SNAPSHOTS else 0
         #: what this context's rollbacks did, across every reopen (:meth:`plan_rollbacks`)
         self.stats = MemoryStats()

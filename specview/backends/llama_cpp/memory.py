@@ -100,16 +100,23 @@ def choose_rollback(architecture: str | None, kind: str | None, spec_type: str, 
 
 
 def decide_rollback(target_arch: str | None, draft_arch: str | None, spec_type: str, n_max: int) -> tuple[str, str]:
-    """``(value, why)`` of the rollback setting for a run: the target's choice, which its draft model (when it
-    has one) takes too; ``auto`` when the two memories roll back differently, so that each context takes its own."""
+    """``(value, why)`` of the rollback setting for a run: the target's choice. The draft model's context (when there
+    is one) is opened the way llama-server opens it, whatever the target's memory takes
+    (:meth:`~specview.backends.llama_cpp.backend.LlamaLoaded.draft_settings`); the reason says so where the two
+    differ."""
     mode, why = choose_rollback(target_arch, None, spec_type, n_max)
     if draft_arch is None:
         return mode, why
-    d_mode, d_why = choose_rollback(draft_arch, None, spec_type, n_max)
+    d_mode, d_why = draft_rollback(draft_arch, None)
     if d_mode == mode:
         return mode, why if draft_arch == target_arch else f"{why}; the draft model, {draft_arch}, rolls back alike"
-    return AUTO, (f"the target and the draft model roll back differently, so each context takes its own: {why}; "
-                  f"the draft model: {d_why}")
+    return mode, f"{why}; the draft model's context: {d_mode} ({d_why})"
+
+
+def draft_rollback(architecture: str | None, kind: str | None) -> tuple[str, str]:
+    """``(mode, why)`` of a draft model's context: llama-server opens it with ``n_rs_seq = 0`` (common/common.cpp),
+    so it never keeps snapshots: seq_rm for a KV cache, checkpoint and replay for a recurrent state."""
+    return choose_rollback(architecture, kind, "draft-simple", 0)
 
 
 def file_architecture(path: str | os.PathLike[str]) -> str | None:
