@@ -17,7 +17,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import door  # noqa: E402
 from tinyhybrid import hybrid_pair  # noqa: E402
 
+from fakes import FaultyBackend  # noqa: E402
+
 from specview.core.config import EngineSettings, RunConfig  # noqa: E402
+from specview.core.registry import register_backend, unregister_backend  # noqa: E402
 from specview.core.locate.find import fork_of, locate  # noqa: E402
 from specview.core.session import Session  # noqa: E402
 
@@ -88,3 +91,38 @@ def test_every_skipped_node_says_why_and_the_state_buffers_are_recurrent_state(l
     assert kv and all(d.note.startswith("KV cache view") for d in kv)
     # the compared and skipped nodes add up to every observed node
     assert loc.count("identical") + loc.count("differs") + loc.count("skipped") == len(loc.nodes)
+
+
+@pytest.fixture
+def planted():
+    from specview.backends.llama_cpp import LlamaBackend
+
+    fb = FaultyBackend(LlamaBackend(), name="hybrid-tools-planted")
+    register_backend("hybrid-tools-planted", lambda: fb)
+    yield fb
+    unregister_backend("hybrid-tools-planted")
+
+
+def test_locate_on_a_planted_qwen35_fork_names_the_recurrent_ops_of_its_verify_pass(pairs, session, planted):
+    target, draft = pairs["qwen35"]
+    planted.faults[str(target)] = "checkpoint-late"  # the restored state already holds a token: a fork
+    trace = None
+    for prompt in ("the cat and the dog", "a model of the target", "history of the essay"):
+        run = Session()
+        try:
+            trace = run.run(RunConfig(backend="hybrid-tools-planted", target=str(target), draft=str(draft),
+                                      prompt=prompt, chat=False, max_tokens=48, ignore_eos=True,
+                                      engine=EngineSettings(threads=1, rollback="checkpoint")))
+        finally:
+            run.close()
+        if not trace.comparison.identical:
+            break
+    assert trace is not None and not trace.comparison.identical, "the planted fault never forked"
+    args = dict(fork_of(trace), backend="llama.cpp")  # the clean engine, on the fork's own verify pass
+    loc = locate(session, **args)
+    assert loc.source == "trace" and loc.width == trace.speculative.steps[loc.position].batch_size
+    if loc.width > 1:
+        assert {d.op for d in loc.recurrent()} == RECURRENT["qwen35"]
+        assert all(d.status != "skipped" for d in loc.recurrent())
+    assert all(d.note for d in loc.nodes if d.status == "skipped")
+    assert "recurrent ops" in loc.text() or loc.width == 1

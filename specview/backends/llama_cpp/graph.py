@@ -265,9 +265,10 @@ class Observer:
         t = checked_tensor(ptr)
         srcs = [_source(s) for s in t.src if s]
         ne = tuple(int(x) for x in t.ne)
-        # the KV cache lives in a buffer of no particular usage; a pass's outputs in the scheduler's compute buffers
+        # the context's memory (a KV cache; a hybrid's recurrent state, cache_r_l* / cache_s_l*) lives in a buffer of
+        # no particular usage, a pass's outputs in the scheduler's compute buffers
         state = bool(t.buffer) and lib.ggml_backend_buffer_get_usage(t.buffer) == _USAGE_ANY
-        values, note = (None, None) if state else read_values(ptr, t)  # the whole cache is never compared
+        values, note = (None, None) if state else read_values(ptr, t)  # the memory is never compared whole
         return GraphNode(index=len(self.nodes), name=t.name.decode("utf-8", "replace"),
                          op=(lib.ggml_op_desc(ptr) or b"").decode(), type=type_name(t.type), ne=ne,  # type: ignore[arg-type]
                          buffer=buffer_name(t.buffer), sources=srcs, values=values, note=note, state=state)

@@ -78,7 +78,8 @@ class GraphNode:
     sources: list[NodeSource] = field(default_factory=list)
     values: np.ndarray | None = field(default=None, repr=False)
     note: str | None = None
-    #: its data is the context's state (a view of the KV cache, which holds every position), not this pass's output
+    #: its data is the context's memory (a view of the KV cache, which holds every position, or of a recurrent
+    #: state), not this pass's output
     state: bool = False
 
 
