@@ -145,3 +145,9 @@ def test_a_flip_outside_a_band_is_what_the_band_calls_a_bug(traces):
     assert cal["flipped"] == 0 and cal["flipped_outside"] == 1
     assert "bug by this band" in ties.says(cal)
     assert math.isclose(cal["width"], m / 2, abs_tol=1e-6)
+
+
+def test_the_wilson_interval_is_the_quality_suites_own():
+    for n in range(0, 40):
+        for k in range(0, n + 1):
+            assert ties.wilson(k, n) == wilson(k, n)
