@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from specview.core import models as M
+from specview.core.errors import ModelFileError
 from specview.core.models import gguf, header
 from stores import build_stores, header_gguf, tiny_folder, tiny_gguf
 
@@ -184,6 +185,10 @@ def test_a_store_name_resolves_past_a_fifo_and_specview_models_finishes(fifo_hom
     assert "ollama:tiny:8b" in done.stdout and "skipped: specview models --problems" in done.stdout
     scan = within(30, M.scan, home=s.home, env=s.env(), fifos=list(planted.values()))
     assert M.resolve_name("ollama:tiny:8b", "gguf", scan=scan).path == str(s.expected["ollama:tiny:8b"])
+    with pytest.raises(ModelFileError, match=r"ollama:pipe: the scan skipped it: .*a FIFO"):
+        M.resolve_name("ollama:pipe", "gguf", scan=scan)
+    with pytest.raises(ModelFileError, match=r"lmstudio:fifopub/Pipe-GGUF: the scan skipped it: .*a FIFO"):
+        M.resolve_name("lmstudio:fifopub/Pipe-GGUF", "gguf", scan=scan)
 
 
 # -- a header that claims unbounded work -------------------------------------------------------------------------

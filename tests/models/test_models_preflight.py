@@ -154,3 +154,12 @@ def test_drafters_for_says_why_nothing_fits_each_spec_type(here, capsys, tmp_pat
     code, out, _ = cli(capsys, "models", "--drafters-for", str(lone), "--spec-type", "draft-simple")
     assert "have another vocabulary" in out.strip().splitlines()[-1]
     assert Path(lone).exists()
+
+
+def test_a_store_name_of_a_skipped_file_says_why_it_was_skipped(here):
+    scan = M.scan(cache=False)
+    from specview.core.errors import ModelFileError
+
+    with pytest.raises(ModelFileError, match=r"lmstudio:x/Projector: the scan skipped it: .*proj\.gguf: "
+                                             r"a multimodal projector"):
+        M.resolve_name("lmstudio:x/Projector", "gguf", scan=scan)

@@ -125,6 +125,37 @@ def candidates(name: str, scan: Scan) -> list[ModelInfo]:
     return by_file or [m for m in in_repo if _matches(m, selector)]
 
 
+def _skipped(name: str, scan: Scan) -> str | None:
+    """The problem the scan had with the file ``name`` names (a projector, a FIFO, a truncated download), when
+    one of its problems lies where that store keeps it."""
+    pre = _prefix(name)
+    if pre is None:
+        return None
+    rest = normal_name(name)[len(pre):]
+    source = _SOURCE[pre]
+    repo = rest.split(":", 1)[0] if source != "ollama" else rest
+    parts = [x for x in repo.split("/") if x]
+    if source == "ollama":
+        model, _, tag = rest.rpartition(":")
+        bits = model.split("/")
+        bits = ([OLLAMA_REGISTRY, OLLAMA_NAMESPACE] if len(bits) == 1 else [OLLAMA_REGISTRY] if len(bits) == 2
+                else []) + bits
+        places = ["/".join(["manifests", *bits, tag])]
+    elif source == "lmstudio":
+        places = ["/".join(parts[:2])]
+    else:
+        places = ["models--" + "--".join(parts[:2])]
+    for r in scan.roots:
+        if r.source != source:
+            continue
+        for place in places:
+            top = os.path.join(r.path, place)
+            hit = next((p for p in scan.problems if p.path == top or p.path.startswith(top + os.sep)), None)
+            if hit is not None:
+                return str(hit)
+    return None
+
+
 #: how long a scan made to resolve a name serves the next names (a run resolves its target and draft,
 #: then each engine resolves them again): a name it cannot resolve always scans afresh
 RESCAN_AFTER = 30.0
@@ -177,6 +208,9 @@ def resolve_name(name: str, kind: str, *, scan: Scan | None = None) -> ModelInfo
         if tags:
             raise ModelFileError(f"{name}: ollama reads a name without a tag as {name[len('ollama:'):]}:latest, "
                                  f"which is not in ollama's store; name a tag: {', '.join(tags[:10])}")
+    skipped = _skipped(name, scan)
+    if skipped is not None:
+        raise ModelFileError(f"{name}: the scan skipped it: {skipped}")
     mine = [m.name for m in scan.models if m.source == source and m.kind == kind]
     where = [r.path for r in scan.roots if r.source == source]
     if mine:
