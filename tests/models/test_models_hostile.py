@@ -340,3 +340,12 @@ def test_projectors_tensorless_files_and_vocabularies_are_not_models(tmp_path):
     assert "multimodal projector (architecture clip)" in why[str(clip)]
     assert "vocabulary-only file" in why[str(vocab)] and "truncated" not in why[str(vocab)]
     assert "no tensors" in why[str(empty)]
+
+
+def test_a_tokenizer_claiming_a_huge_token_id_is_refused_not_counted_to(tmp_path):
+    """One token with id 2,000,000,000 would have the vocabulary's digest walk two billion ids."""
+    folder = tiny_folder(tmp_path / "Huge-MLX")
+    (folder / "tokenizer.json").write_text(json.dumps({"model": {"type": "BPE", "vocab": {"a": 0, "b": 2_000_000_000}},
+                                                       "added_tokens": []}))
+    with pytest.raises(M.ModelHeaderError, match="token id 2000000000, beyond any real vocabulary"):
+        within(20, M.read_header, folder)

@@ -19,6 +19,8 @@ from .files import NotRegular, TooLarge, kind_of, open_regular, read_small
 
 MAX_JSON = 64 << 20  # a tokenizer.json of a 256k vocabulary is ~20 MB
 MAX_ST_HEADER = 100 << 20
+#: token ids a tokenizer.json may give (the largest real vocabularies are some 262,000 tokens)
+MAX_VOCAB = 1 << 22
 #: a folder is a model folder when it holds both of these kinds of file
 CONFIG = "config.json"
 WEIGHTS_SUFFIX = ".safetensors"
@@ -125,6 +127,9 @@ def _vocab(folder: Path) -> tuple[int | None, str | None, str | None, tuple[str,
             if a.get("special"):
                 special.add(a["id"])
     n = max(by_id) + 1 if by_id else 0
+    if n > MAX_VOCAB or (by_id and min(by_id) < 0):
+        raise FolderError(f"tokenizer.json gives token id {max(by_id) if n > MAX_VOCAB else min(by_id)}, "
+                          f"beyond any real vocabulary (0 to {MAX_VOCAB - 1})")
     full, texts, block, blocks = hashlib.sha256(), hashlib.sha256(), hashlib.sha256(), []
     for i in range(n):
         piece = by_id.get(i, "").encode("utf-8", "surrogatepass")
