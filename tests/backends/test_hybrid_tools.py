@@ -3,6 +3,9 @@
 * ``locate``: the recurrent ops are compared on their per-token rows (their outputs pack those rows with a
   state), the recurrent state buffers are named as such, and every node it skips says why; on the fork of a
   run whose rollback is planted with a fault it names the recurrent ops of the fork's verify pass.
+* the kernel map: a hybrid's context cannot drop positions, so each block runs on a checkpoint of the walk's
+  own state and the restore replays nothing; the width-1 control is bit-identical in every rollback mode,
+  every width is covered and the counts add up, and its walk is plain greedy decoding.
 """
 
 from __future__ import annotations
@@ -126,3 +129,64 @@ def test_locate_on_a_planted_qwen35_fork_names_the_recurrent_ops_of_its_verify_p
         assert all(d.status != "skipped" for d in loc.recurrent())
     assert all(d.note for d in loc.nodes if d.status == "skipped")
     assert "recurrent ops" in loc.text() or loc.width == 1
+
+
+# -- the kernel map ------------------------------------------------------------------------------------------
+WIDTHS = (1, 2, 4)
+POSITIONS = 16
+
+
+@pytest.fixture(scope="module")
+def maps(pairs, session):
+    """{(arch, rollback): (target map, every Rollback the map's truncates returned)}."""
+    from specview.backends.llama_cpp.engine import LlamaEngine
+    from specview.core.kernels.map import map_in_session
+    from specview.core.prompts import PromptSpec
+
+    out = {}
+    real = LlamaEngine.truncate
+    for arch in ARCHS:
+        for rollback in ("checkpoint", "snapshots"):
+            done: list = []
+
+            def truncate(self, n, _done=done):
+                rb = real(self, n)
+                _done.append(rb)
+                return rb
+
+            LlamaEngine.truncate = truncate
+            try:
+                km = map_in_session(session, [str(pairs[arch][0])], [PromptSpec(name="cat", text="the cat", chat=False)],
+                                    widths=WIDTHS, positions=POSITIONS,
+                                    settings=EngineSettings(threads=1, rollback=rollback))
+            finally:
+                LlamaEngine.truncate = real
+            out[arch, rollback] = (km.targets[0], done)
+    return out
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("rollback", ["checkpoint", "snapshots"])
+def test_the_kernel_map_measures_a_hybrid_on_the_walks_own_state(maps, pairs, arch, rollback):
+    tm, done = maps[arch, rollback]
+    assert tm.deterministic, tm.widths[1].first_difference  # the width-1 control: bit-identical after each restore
+    assert sorted(tm.widths) == list(WIDTHS)
+    for w, st in tm.widths.items():
+        assert st.rows == -(-POSITIONS // w) * w  # every row of every block
+        assert sum(st.differing_by_row) == st.rows - st.identical and len(st.differing_by_row) == w
+        assert st.flips <= st.rows - st.identical
+    # every block was restored (a checkpoint, or a kept state for a width-1 block in a snapshot context)
+    blocks = sum(-(-POSITIONS // w) for w in WIDTHS)
+    restores = [rb for rb in done if rb is not None and rb.mode != "seq-rm"]
+    assert len(restores) == blocks
+    if rollback == "checkpoint":  # a checkpoint at every block's start: nothing was decoded again
+        assert all(rb.mode == "checkpoint" and rb.replay == 0 for rb in restores)
+    # the walk is plain greedy decoding of the prompt (the in-process vanilla arm, EOS not stopping it)
+    walk = tm.prompts[0].tokens
+    run = Session()
+    try:
+        van = run.run(RunConfig(target=str(pairs[arch][0]), prompt="the cat", chat=False, max_tokens=len(walk),
+                                spec_type="ngram-simple", engine=EngineSettings(threads=1))).vanilla
+    finally:
+        run.close()
+    assert van.tokens == walk[:len(van.tokens)] and len(van.tokens) >= 8

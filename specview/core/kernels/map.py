@@ -17,18 +17,26 @@ directly, before any generation, for every width asked:
    ``T - 1`` correct draft tokens), exactly what a verify pass whose drafts are
    all right feeds.  Its row ``i`` is compared with token ``s + i``'s
    single-token row.
-3. **The prefix.**  Every verify pass sees the KV state the walk built, in the
-   single-token shape: the walk's context is rolled back (``truncate``) to the
-   block's prefix, the pass runs, and the next block rolls back again.  Blocks
-   run from the last to the first, so each rollback only removes entries
-   (nothing is recomputed): one walk serves every width.  So a row differs
-   from its single-token row only through the verify pass's own kernels, on
-   identical KV entries; rows ``1..T-1`` of a pass also read the K/V entries
-   that the same pass wrote for its earlier rows, in the batched shape, as a
-   verify pass does.
+3. **The prefix.**  Every verify pass sees the state the walk built, in the
+   single-token shape.  On a memory that drops positions (a KV cache:
+   ``rollback_mode`` ``seq-rm``) the walk's context is rolled back
+   (``truncate``) to the block's prefix, the pass runs, and the next block
+   rolls back again; blocks run from the last to the first, so each rollback
+   only removes entries (nothing is recomputed): one walk serves every width.
+   A hybrid or recurrent memory cannot drop positions: there a rollback would
+   recompute the prefix (llama.cpp's replay of the context's passes from an
+   empty state, for every block).  So on such a memory the walk's tokens are
+   fed again one per pass and, at each block's start, the state is kept
+   (``prepare_rollback``: a checkpoint), the block's pass runs, and the
+   checkpoint is restored (``truncate`` back to it replays nothing); the
+   engine's own rollback counts say what each restore did.  Either way a row
+   differs from its single-token row only through the verify pass's own
+   kernels, on an identical state; rows ``1..T-1`` of a pass also read the
+   K/V entries (and the recurrent state) that the same pass wrote for its
+   earlier rows, in the batched shape, as a verify pass does.
 4. **Width 1 is the control.**  A width-1 block is the walk's own pass run
-   again after a rollback; on a deterministic backend with an exact rollback
-   it is bit-identical.  If it is not, nothing in the map proves anything and
+   again after a rollback (on a hybrid: on a restored checkpoint); on a
+   deterministic backend with an exact rollback it is bit-identical.  If it is not, nothing in the map proves anything and
    the target is marked nondeterministic.
 
 The figures per target and width, the cost and what a "proven lossless" claim
@@ -152,52 +160,23 @@ def map_target(session: Any, target: str, prompts: Sequence[PromptSpec], widths:
         say(f"kernel map: {target} {settings_label(settings) or 'default settings'}, prompt {p.name}: "
             f"{n_tok} single-token rows, then widths {ranges(widths)}")
         # 1. the walk: the greedy sequence and every single-token row
-        pre = prefill(eng, toks, settings.n_batch, cancel)
-        if pre is None:
-            raise Cancelled("kernel map cancelled")
-        rows = np.empty((n_tok, model.vocab.n_vocab), dtype=np.float32)
-        rows[0] = pre[0]
-        seq = [int(np.argmax(rows[0]))]
-        n_prompt = len(toks)
         blocks = sorted(((s, w) for w in widths for s in block_starts(w, positions)), key=lambda b: (-b[0], b[1]))
         # a line with an estimate per width (on a slow backend the first pass of a width can take minutes)
         eta = WorkEta({"walk": n_tok - 1, **Counter(w for _, w in blocks)}, label=f"kernel map: {target}, {p.name}")
-        for j in range(1, n_tok):
-            if cancel():
-                raise Cancelled("kernel map cancelled")
-            rows[j] = eng.eval([seq[j - 1]], rows=[0])[0]
-            seq.append(int(np.argmax(rows[j])))
-            if on_pass:
-                on_pass(1)
-            if (line := eta.done("walk", what="single-token rows")):
-                say(line)
+        rows, seq = _walk(eng, toks, n_tok, model.vocab.n_vocab, settings.n_batch, cancel, on_pass, eta, say)
         tops: dict[int, np.ndarray] = {}
         margins = np.empty(n_tok)
         for j in range(n_tok):
             ids, vals = topk(rows[j], top_k)
             tops[j] = ids
             margins[j] = float(vals[0]) - float(vals[1]) if len(vals) > 1 else math.inf
-        # 2. the verify blocks, last first, each on the walk's single-token prefix
-        for s, w in blocks:
-            if cancel():
-                raise Cancelled("kernel map cancelled")
-            if w in stopped:
-                if on_pass:
-                    on_pass(1)
-                eta.done(w)  # nothing computed: it only shortens the estimate
-                continue
-            eng.truncate(n_prompt + s - 1)
-            out = eng.eval(seq[s - 1:s - 1 + w], rows=range(w))
-            for i in range(w):
-                j = s + i
-                accs[w].see(p.name, order, j, i, rows[j], out[i], tops, top_k, margins[j])
-            if stop_at_difference and accs[w].stats.identical < accs[w].stats.rows:
-                stopped.add(w)
-                accs[w].stats.stopped = True
-            if on_pass:
-                on_pass(1)
-            if (line := eta.done(w, what=f"width {w}")):
-                say(line)
+        # 2. the verify blocks, each on the walk's single-token prefix
+        blk = _Blocks(eng, p.name, order, len(toks), seq, rows, tops, margins, top_k, accs, stopped,
+                      stop_at_difference, cancel, on_pass, eta, say)
+        if eng.rollback_mode(max(widths)) == "seq-rm":
+            blk.last_first(blocks)
+        else:
+            blk.by_checkpoint(blocks, toks, settings.n_batch)
         out_prompts.append(PromptSequence(name=p.name, prompt_tokens=toks, tokens=seq, positions=positions))
         del rows
     stats = {w: acc.finish() for w, acc in accs.items()}
@@ -205,6 +184,99 @@ def map_target(session: Any, target: str, prompts: Sequence[PromptSpec], widths:
         st.flip_at.sort(key=lambda x: ([q.name for q in prompts].index(x[0]), x[1]))
     return TargetMap(target=target, settings=settings, model=model.facts(), threads_used=getattr(eng, "threads", None),
                      prompts=out_prompts, widths=stats, seconds=time.perf_counter() - t0)
+
+
+def _walk(eng: Any, toks: list[int], n_tok: int, n_vocab: int, n_batch: int, cancel: CancelFn,
+          on_pass: Callable[[int], None] | None, eta: WorkEta, say: ProgressFn) -> tuple[np.ndarray, list[int]]:
+    """The prompt prefilled, then ``n_tok - 1`` greedy single-token passes: every row, and the sequence."""
+    pre = prefill(eng, toks, n_batch, cancel)
+    if pre is None:
+        raise Cancelled("kernel map cancelled")
+    rows = np.empty((n_tok, n_vocab), dtype=np.float32)
+    rows[0] = pre[0]
+    seq = [int(np.argmax(rows[0]))]
+    for j in range(1, n_tok):
+        if cancel():
+            raise Cancelled("kernel map cancelled")
+        rows[j] = eng.eval([seq[j - 1]], rows=[0])[0]
+        seq.append(int(np.argmax(rows[j])))
+        if on_pass:
+            on_pass(1)
+        if (line := eta.done("walk", what="single-token rows")):
+            say(line)
+    return rows, seq
+
+
+class _Blocks:
+    """The verify blocks of one prompt, compared with the walk's rows as they run."""
+
+    def __init__(self, eng: Any, name: str, order: int, n_prompt: int, seq: list[int], rows: np.ndarray,
+                 tops: dict, margins: np.ndarray, top_k: int, accs: dict[int, _Acc], stopped: set[int],
+                 stop_at_difference: bool, cancel: CancelFn, on_pass: Callable[[int], None] | None, eta: WorkEta,
+                 say: ProgressFn):
+        self.eng, self.name, self.order, self.n_prompt, self.seq, self.rows = eng, name, order, n_prompt, seq, rows
+        self.tops, self.margins, self.top_k, self.accs, self.stopped = tops, margins, top_k, accs, stopped
+        self.stop_at_difference, self.cancel, self.on_pass, self.eta, self.say = (stop_at_difference, cancel,
+                                                                                   on_pass, eta, say)
+
+    def _skip(self, w: int) -> bool:
+        if self.cancel():
+            raise Cancelled("kernel map cancelled")
+        if w not in self.stopped:
+            return False
+        if self.on_pass:
+            self.on_pass(1)
+        self.eta.done(w)  # nothing computed: it only shortens the estimate
+        return True
+
+    def _run(self, s: int, w: int) -> None:
+        """The block's pass on the context, which holds the walk's prefix up to token ``s - 1``."""
+        out = self.eng.eval(self.seq[s - 1:s - 1 + w], rows=range(w))
+        acc = self.accs[w]
+        for i in range(w):
+            j = s + i
+            acc.see(self.name, self.order, j, i, self.rows[j], out[i], self.tops, self.top_k, self.margins[j])
+        if self.stop_at_difference and acc.stats.identical < acc.stats.rows:
+            self.stopped.add(w)
+            acc.stats.stopped = True
+        if self.on_pass:
+            self.on_pass(1)
+        if (line := self.eta.done(w, what=f"width {w}")):
+            self.say(line)
+
+    def last_first(self, blocks: Sequence[tuple[int, int]]) -> None:
+        """A memory that drops positions: the walk's context rolled back to each block's prefix, last block first."""
+        for s, w in blocks:
+            if self._skip(w):
+                continue
+            self.eng.truncate(self.n_prompt + s - 1)
+            self._run(s, w)
+
+    def by_checkpoint(self, blocks: Sequence[tuple[int, int]], toks: list[int], n_batch: int) -> int:
+        """A memory that cannot drop positions: the walk fed again, a checkpoint kept at each block's start, the
+        block run on it and the checkpoint restored.  A restore that decoded tokens again (a snapshot context
+        falling back to an older checkpoint, whose replay is one pass of another width) leaves a prefix the walk
+        did not compute, so the walk is fed again from the prompt; returns how often that was needed."""
+        eng, n = self.eng, self.n_prompt
+        fed, rebuilt = 0, 0  # fed: walk tokens the context holds (0: it must be prefilled first)
+        for s, w in sorted(blocks):
+            if fed == 0:
+                if prefill(eng, toks, n_batch, self.cancel) is None:
+                    raise Cancelled("kernel map cancelled")
+                fed = 1  # the context holds the prompt, and token 0 is next to feed
+            while fed < s:  # the walk's own single-token passes, up to the block's prefix
+                if self.cancel():
+                    raise Cancelled("kernel map cancelled")
+                eng.eval([self.seq[fed - 1]], rows=[0])
+                fed += 1
+            if self._skip(w):
+                continue
+            eng.prepare_rollback(w)
+            self._run(s, w)
+            done = eng.truncate(n + s - 1)
+            if done is not None and done.replay:
+                fed, rebuilt = 0, rebuilt + 1
+        return rebuilt
 
 
 def passes_needed(widths: Sequence[int], positions: int, n_prompts: int) -> int:
