@@ -39,6 +39,10 @@ from .neighbour import neighbour_in_session
 ProgressFn = Callable[[str], None]
 CancelFn = Callable[[], bool]
 
+#: the mechanism each rollback mode's own path records (a snapshot context's copies are "state-copy", not n_rs_seq)
+MECHANISM = {"seq-rm": "seq-rm", "snapshots": "n_rs_seq", "checkpoint": "checkpoint"}
+#: the n-gram the in-process n-gram drafter looks up (short, so that a looping text keeps it drafting)
+NGRAM_N = 1
 #: the snapshots a context keeps by default (llama.cpp's draft n_max), for the deep rollback
 DEPTH = 3
 
@@ -127,10 +131,10 @@ class Probe:
     # -- one scenario ---------------------------------------------------------------------------------
     def drafter(self, sc: Scenario, oracle: list[int]) -> Any:
         if sc.ngram:
-            return NgramDrafter(size_n=3, size_m=sc.n_max)
+            return NgramDrafter(size_n=NGRAM_N, size_m=sc.n_max)
         eog = frozenset(self.model.vocab.eog)
         return ScriptedDrafter(oracle, sc.script, n_max=sc.n_max, n_vocab=self.model.vocab.n_vocab, avoid=eog,
-                               deep=sc.deep)
+                               deep=sc.deep, edge=sc.edge)
 
     def size(self, sc: Scenario, n_prompt: int) -> int:
         return sc.n_ctx or _round_up(n_prompt + sc.max_tokens + max(sc.n_max, sc.deep) + 2)
@@ -165,6 +169,7 @@ class Probe:
         arm, eng, drafter = self.arm(sc, prompt, oracle, n_ctx, max_tokens, serial=False)
         d = first_difference(ref, arm.tokens)
         counts = count_rounds(arm, upto=d)
+        counts["mechanisms"] = dict((getattr(arm, "rollbacks", None) or {}).get("target") or {})
         counts["rollback_mode"] = getattr(eng, "rollback", None)
         counts["snapshot_depth"] = getattr(eng, "rollback_depth", None)
         stats = getattr(getattr(eng, "memory", None), "stats", None)
@@ -178,12 +183,28 @@ class Probe:
             row.evidence = (f"{len(ref)}/{len(ref)} tokens equal plain greedy; {what}" if reached
                             else f"the trigger did not happen: {what}")
         else:
-            self.judge(row, sc, prompt, oracle, n_ctx, max_tokens, ref, d, what)
+            self.judge(row, sc, prompt, oracle, n_ctx, max_tokens, ref, d, what, arm.tokens)
         row.seconds = time.perf_counter() - t0
         return row
 
+    def snapshot_check(self, sc: Scenario, prompt: list[int], oracle: list[int], n_ctx: int, max_tokens: int,
+                       spec: list[int]) -> dict[str, Any]:
+        """The arm again with every n_rs_seq snapshot rollback done by checkpoint and replay (the paths the
+        serial-verify control walks): the same tokens as the arm prove its snapshots (exact, no threshold)."""
+        eng = self.contexts.get("probe-snapshots", self.settings_for(sc.rollback), n_ctx, fresh=True)
+        by_ckpt = getattr(eng, "snapshots_by_checkpoint", None)
+        if by_ckpt is None or not by_ckpt():
+            return {"identical": None, "skipped": "this engine cannot roll a snapshot context back by a checkpoint"}
+        hint = sc.n_max if sc.n_max_hint is None else sc.n_max_hint
+        gen = speculative_greedy(eng, self.drafter(sc, oracle), prompt, self.opts(max_tokens), n_max_hint=hint,
+                                 cancel=self.cancel)
+        arm = _until_off(gen, spec)
+        self._check()
+        d = first_difference(spec, arm.tokens)
+        return {"identical": d is None, "first_mismatch": d, "n_tokens": len(arm.tokens)}
+
     def judge(self, row: TriggerResult, sc: Scenario, prompt: list[int], oracle: list[int], n_ctx: int,
-              max_tokens: int, ref: list[int], d: int, what: str) -> None:
+              max_tokens: int, ref: list[int], d: int, what: str, spec: list[int]) -> None:
         """A fork: the serial-verify control, then (where it forks too) plain greedy once more."""
         self.say(f"{sc.trigger} ({sc.label}): fork at token {d}; the serial-verify control")
         ctl, _, _ = self.arm(sc, prompt, oracle, n_ctx, max_tokens, serial=True, stop_at=ref)
@@ -191,17 +212,24 @@ class Probe:
         row.control = {"form": "single-token-passes", "identical": cd is None, "first_mismatch": cd,
                        "n_tokens": len(ctl.tokens), "rollbacks": count_rounds(ctl)["rollbacks"]}
         if cd is None:
-            if row.counts["rollbacks"].get("snapshots"):
+            snaps = int(row.counts.get("mechanisms", {}).get("n_rs_seq", 0)) or row.counts["rollbacks"].get("snapshots")
+            proof = self.snapshot_check(sc, prompt, oracle, n_ctx, max_tokens, spec) if snaps else None
+            if snaps:
+                row.control["snapshot_check"] = proof
+            if snaps and not (proof or {}).get("identical"):
                 row.result = UNPROVEN
+                why = ((proof or {}).get("skipped") or
+                       f"with each of its {snaps} n_rs_seq snapshot rollbacks done by checkpoint and replay the arm "
+                       f"gives other tokens from token {(proof or {}).get('first_mismatch')}")
                 row.evidence = (f"fork at token {d}; the serial-verify control equals plain greedy, but its "
-                                "single-token passes keep states as copies and never take the n_rs_seq snapshots "
-                                "that forked: the snapshot restore is unproven (the checkpoint row covers the "
-                                f"same drafts); {what}")
+                                "single-token passes never take the n_rs_seq snapshots the arm rolled back by, and "
+                                f"the snapshot check does not prove them ({why}); {what}")
             else:
                 row.result = NEAR_TIE
                 row.evidence = (f"fork at token {d}; the serial-verify control (every verify row its own "
                                 f"single-token pass) equals plain greedy over {len(ctl.tokens)} tokens: batched "
-                                f"numerics; {what}")
+                                f"numerics" + (f" (its {snaps} n_rs_seq snapshot rollbacks proven by the snapshot "
+                                               "check)" if snaps else "") + f"; {what}")
             return
         again = self.vanilla(prompt, n_ctx, cd + 1, fresh=True)
         repeats = again.tokens[:cd + 1] == ref[:cd + 1]
@@ -266,12 +294,16 @@ def reached_trigger(sc: Scenario, arm: ArmResult, drafter: Any, counts: dict[str
                 and (upto is None or r.first_step + r.emitted <= upto)]
         how = sorted({r.rollback for r in deep if r.rollback})
         kept = f"{depth} snapshots kept" if depth else "no snapshots kept"
+        mech = counts.get("mechanisms") or {}
+        paths = (f"; the context's paths: {', '.join(f'{v} {m}' for m, v in sorted(mech.items()) if v)}"
+                 if mech else "")
         return bool(deep), (f"{len(deep)} rollbacks of up to {counts['deepest_drop']} tokens ({kept}), taken by "
-                            f"{', '.join(how) or 'nothing'}")
+                            f"{', '.join(how) or 'nothing'}{paths}")
     if sc.trigger == "context-edge":
         end = n_prompt + len(arm.tokens) - 1  # the cell after the last one the run's verify passes wrote
         cut = getattr(drafter, "cut", 0)
         hit = end >= eng.n_ctx - 2 and cut > 0
+        counts["edge"] = {"end": end, "n_ctx": eng.n_ctx, "cut": cut}
         return hit, (f"the run wrote up to cell {end - 1} of a {eng.n_ctx}-cell context; {cut} drafts cut short of "
                      f"{sc.n_max} tokens by the context's edge")
     if sc.trigger == "long-run":
@@ -279,9 +311,15 @@ def reached_trigger(sc: Scenario, arm: ArmResult, drafter: Any, counts: dict[str
         return n >= sc.max_tokens, (f"{n} tokens before any fork, {counts['rounds']} rounds, rollbacks: {rb_text}, "
                                     f"{counts['zero_after_accept']} zero-draft rounds after accepted drafts")
     if sc.trigger == "ngram-loop":
-        return counts["accepted"] > 0, (f"{counts['drafted']} n-gram drafts, {counts['accepted']} accepted, "
-                                        f"rollbacks: {rb_text}")
+        return counts["drafted"] > 0, (f"{counts['drafted']} n-gram tokens drafted from the looping text, "
+                                       f"{counts['accepted']} accepted, rollbacks: {rb_text}")
     if sc.trigger == "rollback-modes":
+        mech = counts.get("mechanisms") or {}
+        if mech:  # what the context itself says each rollback used
+            name = MECHANISM.get(sc.rollback or "", sc.rollback or "")
+            k = int(mech.get(name, 0))
+            paths = ", ".join(f"{v} {m}" for m, v in sorted(mech.items()) if v) or "none"
+            return k > 0, f"{k} rollbacks by {name} (the context's paths: {paths})"
         k = rb.get(sc.rollback or "", 0)
         return k > 0, f"{k} rollbacks by {sc.rollback} (all rollbacks: {rb_text})"
     return False, "no count for this trigger"

@@ -94,7 +94,7 @@ class ScriptedDrafter(Drafter):
     spec_type = "scripted"
 
     def __init__(self, oracle: Sequence[int], script: Sequence[str], *, n_max: int, n_vocab: int,
-                 avoid: frozenset[int] = frozenset(), deep: int = 0):
+                 avoid: frozenset[int] = frozenset(), deep: int = 0, edge: bool = False):
         super().__init__()
         bad = [m for m in script if m not in MOVES]
         if bad or not script:
@@ -105,6 +105,7 @@ class ScriptedDrafter(Drafter):
         self.n_vocab = int(n_vocab)
         self.avoid = avoid  # tokens never proposed as a wrong token (end-of-generation)
         self.deep = int(deep)  # the length of a "deep" draft
+        self.edge = edge  # walk to the run's end one token a round, so that the last draft is cut by it
         self.rounds = 0
         self.moves: list[str] = []
         self.cut = 0  # rounds whose draft the run's end (the context's edge) cut short
@@ -122,6 +123,8 @@ class ScriptedDrafter(Drafter):
         pos = len(history) + 1  # the oracle index of the first token to propose
         ahead = self.oracle[pos:]
         want = self.deep if move == "deep" else self.n_max
+        if self.edge and want <= n_max <= 2 * want + 1:
+            move = "none"  # one token this round: the next draft that fits no longer does
         n = min(n_max, want)
         if move != "none" and n < want:
             self.cut += 1
@@ -160,6 +163,7 @@ class Scenario:
     n_ctx: int | None = None  # None: sized to the run
     prompt: str | None = None  # None: the probe's prompt
     ngram: bool = False  # an n-gram drafter instead of the script
+    edge: bool = False  # the script walks to the run's end so that its last draft is cut (ScriptedDrafter.edge)
     extra: dict = field(default_factory=dict, hash=False, compare=False)
 
 
@@ -181,7 +185,7 @@ def in_process_scenarios(names: Sequence[str], *, n: int, long_n: int, n_max: in
             out.append(Scenario(name, f"{depth + 2}-token drafts, {depth} kept", ("deep", "accept"), n, n_max,
                                 n_max_hint=depth, deep=depth + 2))
         elif name == "context-edge":
-            out.append(Scenario(name, "last cell", ("accept", "partial"), n, n_max, n_max_hint=0))
+            out.append(Scenario(name, "last cell", ("accept", "partial"), n, n_max, n_max_hint=0, edge=True))
         elif name == "long-run":
             out.append(Scenario(name, f"{long_n} tokens", ("accept", "partial", "none", "reject", "accept"),
                                 long_n, n_max))
