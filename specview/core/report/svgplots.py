@@ -110,9 +110,12 @@ def margin_svg(vanilla: Sequence[float | None], speculative: Sequence[float | No
     if band is not None and band > 0:
         out.append(f"<line x1='{LEFT}' x2='{WIDTH - RIGHT}' y1='{_f(y(band))}' y2='{_f(y(band))}' stroke='{BAND}' "
                    f"stroke-dasharray='6 3'><title>calibrated tie band {band:.3g} logits</title></line>")
-    for values, colour, name in ((vanilla, VANILLA, "vanilla"), (speculative, SPECULATIVE, "speculative")):
+    # vanilla (the reference) drawn over a wider speculative stroke: where the arms agree both show
+    for values, colour, name, width in ((speculative, SPECULATIVE, "speculative", 2.6),
+                                        (vanilla, VANILLA, "vanilla", 1.1)):
         for run in _segments(xs, [None if v is None else max(v, lo) for v in values], y):
-            out.append(f"<path class='line {name}' d='{_path(run)}' fill=none stroke='{colour}' stroke-width='1.4'/>")
+            out.append(f"<path class='line {name}' d='{_path(run)}' fill=none stroke='{colour}' "
+                       f"stroke-width='{width}'/>")
     if fork is not None:
         out.append(f"<line class=fork x1='{_f(xs(fork))}' x2='{_f(xs(fork))}' y1='{top}' y2='{bottom}' "
                    f"stroke='{FORK}' stroke-width='1.5' stroke-dasharray='5 3'><title>fork at token {fork}</title>"
@@ -219,7 +222,7 @@ def lengths_svg(hist: dict[str, Any]) -> str:
     """Rounds by accepted length (0 .. the most drafted)."""
     by = hist.get("by_length") or []
     w, h, top, bottom, left = 460, 200, 10, 160, 44
-    most = max(by, default=0) or 1
+    most = (max(by, default=0) or 1) * 1.12  # headroom for the count above the tallest bar
     out = [f"<svg class=plot id='plot-lengths' viewBox='0 0 {w} {h}' width='{w}' height='{h}' role=img "
            "aria-label='rounds by accepted length'>",
            f"<rect x='{left}' y='{top}' width='{w - left - 8}' height='{bottom - top}' fill='#fcfcfc' stroke='#d0d0d0'/>"]
