@@ -185,10 +185,10 @@ class LlamaEngine(ModelEngine):
             raise EvalError(f"llama_decode failed with status {rc} at position {pos0} ({n} tokens)")
         memory.decoded(tokens)
         out = np.empty((len(rows), self._n_vocab), dtype=np.float32)
-        size = self._row_bytes
+        size, base, ctx = self._row_bytes, out.ctypes.data, self.ctx
         get = ll.llama_get_logits_ith
         for j, r in enumerate(rows):
-            ctypes.memmove(out[j].ctypes.data, get(self.ctx, r), size)
+            ctypes.memmove(base + j * size, get(ctx, r), size)
         self.eval_seconds += time.perf_counter() - t0
         self.n_evals += 1
         self.n_past = pos0 + n
