@@ -160,7 +160,7 @@ class AcceptanceHistogram(_FollowsPalette):
         pi.setLabel("bottom", "position in the draft")
         pi.setLabel("left", "rounds")
         pi.setMouseEnabled(x=False, y=False)
-        self.legend = pi.addLegend(offset=(-8, 4), labelTextSize="8pt")
+        self.legend = pi.addLegend(offset=(-8, 4), labelTextSize="8pt", colCount=2)  # one row, over the headroom
         self.drafted = pg.BarGraphItem(x=[], height=[], width=0.38, name="drafted that far")
         self.accepted = pg.BarGraphItem(x=[], height=[], width=0.38, name="accepted that far")
         pi.addItem(self.drafted)
@@ -209,10 +209,11 @@ class AcceptanceHistogram(_FollowsPalette):
             self.labels.append(lab)
         by = self.hist["by_length"]
         mean = sum(a * n for a, n in enumerate(by)) / max(1, self.hist["rounds"])
-        pi.setTitle(f"{self.hist['rounds']} rounds; accepted drafts per round: "
-                    + ", ".join(f"{a}: {n}" for a, n in enumerate(by)) + f" (mean {mean:.2f})", size="9pt")
+        pi.setTitle(f"{self.hist['rounds']} rounds accepting 0–{len(by) - 1} drafts: "
+                    + " / ".join(str(n) for n in by) + f" (mean {mean:.2f})", size="9pt")
+        pi.getAxis("bottom").setTicks([[(p["position"], str(p["position"])) for p in pos]])
         pi.getViewBox().setXRange(0.4, len(pos) + 0.6, padding=0)
-        pi.getViewBox().setYRange(0, top * 1.2, padding=0)
+        pi.getViewBox().setYRange(0, top * 1.5, padding=0)  # room above the bars for the legend
         self.show_empty(False)
 
 
