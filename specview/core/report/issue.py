@@ -398,7 +398,7 @@ def issue_markdown(trace: Any, *, kernel: Any = None, budget: int = BUDGET) -> t
     return body, cut
 
 
-_CUT_WORDS = {"repro": "the full token lists (kept through the fork)", "prompt": "the prompt's text (the request "
+_CUT_WORDS = {"repro": "the full token lists (kept around the fork)", "prompt": "the prompt's text (the request "
               "holds its token ids)", "build": "long build strings", "request": "the request's inline copy (attach "
               f"{REQUEST_FILE})"}
 
