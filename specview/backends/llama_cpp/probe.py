@@ -240,7 +240,7 @@ def repack_decision(settings: EngineSettings, *, measure: bool = True) -> Decisi
 
     ``measure=False`` reads only a cached probe result.  This is the one place
     the no-repack default is decided; both llama.cpp engines ask it through
-    their backend's ``decide_engine`` (:mod:`specview.core.resolve`).
+    their backend's ``decide`` (:mod:`specview.core.resolve`).
     """
     if settings.no_repack is not None:
         return None
