@@ -7,8 +7,9 @@ Prints the median and best of --repeats for:
   * the baseline: ``python -I -S -c pass`` with its output on a pipe, waited for;
   * a sample in the sandbox with every fence this platform has (namespaces, mounts, Landlock, limits, the
     in-process guard), and the overhead over the baseline;
+  * the same without the seccomp filter (what the filter costs);
   * the same without the kernel's namespaces, mounts and Landlock (what those fences cost on their own);
-and what the platform enforces (``sandbox_report``).  HumanEval's 164 problems run one sample per arm each.
+and what the platform enforces (``sandbox_report``), with the promised fences it lacks.  HumanEval's 164 problems run one sample per arm each.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def main() -> int:
     report = sandbox_report()
     rows = [("python -I -S -c pass (baseline)", timed(bare, args.repeats)),
             ("run_sample, every fence", timed(sandboxed, args.repeats)),
+            ("run_sample, no seccomp", timed(lambda: sandboxed(fences_off=("seccomp",)), args.repeats)),
             ("run_sample, no namespaces/mounts/Landlock",
              timed(lambda: sandboxed(fences_off=("namespaces", "mounts", "landlock")), args.repeats))]
     base = statistics.median(rows[0][1])
@@ -61,6 +63,8 @@ def main() -> int:
         print("  " + line)
     for gap in report.gaps():
         print("  gap: " + gap)
+    for fence in report.missing():
+        print("  promised but missing (--execute refuses without --allow-weak-sandbox): " + fence)
     return 0
 
 

