@@ -6,6 +6,8 @@
 * the kernel map: a hybrid's context cannot drop positions, so each block runs on a checkpoint of the walk's
   own state and the restore replays nothing; the width-1 control is bit-identical in every rollback mode,
   every width is covered and the counts add up, and its walk is plain greedy decoding.
+* the backend check (``specview check``): one thread against two on each hybrid is sane, every position and
+  width is compared, and a planted broken build on the same hybrid is flagged.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
+import json
+
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -190,3 +193,63 @@ def test_the_kernel_map_measures_a_hybrid_on_the_walks_own_state(maps, pairs, ar
     finally:
         run.close()
     assert van.tokens == walk[:len(van.tokens)] and len(van.tokens) >= 8
+
+
+# -- the backend check ---------------------------------------------------------------------------------------
+CHECK_PROMPT = "the cat"
+#: the pair checked: flash attention off (the reference) against on, both at one thread (a two-thread context
+#: crawls on a loaded machine, and which pair is checked does not matter to what is tested here)
+REF, TEST = dict(threads=1, flash_attn="off"), dict(threads=1, flash_attn="on")
+
+
+def check(session, backend, target):
+    """The backend check of ``target`` on the pair above, in this process."""
+    from specview.core.diagnose.reference import Pair, run_check
+
+    pair = Pair("threads", door.settings(target=target, **REF), door.settings(target=target, **TEST), "fa off",
+                "fa on")
+    ids = door.model(target, vocab_only=True).tokenize(CHECK_PROMPT, chat=False)
+    return len(ids), run_check(session, backend=backend, target=str(target), settings=EngineSettings(threads=1),
+                               prompts=[("cat", ids)], continuation=6, widths=(1, 2, 4), pair=pair)
+
+
+@pytest.fixture
+def broken_backend():
+    """The real llama.cpp backend, except that contexts with flash attention on compute shifted logits."""
+    from test_check_llama import ShiftedEngine
+
+    from specview.backends.llama_cpp.backend import LlamaBackend, LlamaLoaded
+    from specview.backends.llama_cpp.engine import LlamaEngine
+
+    class Loaded(LlamaLoaded):
+        def new_engine(self, settings, n_ctx):
+            cls = ShiftedEngine if settings.flash_attn == "on" else LlamaEngine
+            return cls(self.model, settings, n_ctx=n_ctx)
+
+    class Broken(LlamaBackend):
+        name = "llama.cpp-broken-fa"
+
+        def load(self, name, settings):
+            return Loaded(super().load(name, settings).model)
+
+    register_backend(Broken.name, Broken)
+    yield Broken.name
+    unregister_backend(Broken.name)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_backend_check_on_a_hybrid_is_sane_at_every_width_and_flags_a_broken_build(pairs, session, arch,
+                                                                                      broken_backend):
+    target = pairs[arch][0]
+    n_prompt, r = check(session, "llama.cpp", target)
+    assert (r["ok"], r["problems"]) == (True, []), r
+    assert r["totals"]["positions"] == n_prompt + 6 - 1 and r["totals"]["non_finite"] == 0
+    assert r["totals"]["same_top1"] == 1.0  # F32 weights: the two attention paths differ in the last bits only
+    assert [w["width"] for w in r["widths"]] == [1, 2, 4]
+    for w in r["widths"]:  # the continuation's 5 positions at every width; width 1 is its own drift: none
+        assert w["pair"]["positions"] == w["drift"]["positions"] == 5
+    assert r["widths"][0]["drift"]["max_logit_delta"] == 0.0
+    with Session() as other:
+        _, bad = check(other, broken_backend, target)
+    assert bad["ok"] is False and any("top-1 token agrees" in p for p in bad["problems"])
+    assert bad["totals"]["ppl_reference"] == pytest.approx(r["totals"]["ppl_reference"], rel=1e-6)
