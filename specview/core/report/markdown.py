@@ -145,7 +145,7 @@ class MarkdownWriter:
         return ["\n".join([head, sep, *rows]) + "\n"]
 
     def rerun(self, s: Section) -> list[str]:
-        return self.heading(s) + ["```sh\n" + s.body + "\n```\n"]
+        return self.heading(s) + [md_fence(s.body, "sh")]  # a model name holding ``` cannot close it
 
     def forks(self, s: Section) -> list[str]:
         return (self.heading(s)
