@@ -146,3 +146,25 @@ def test_the_cpu_against_itself_and_against_two_threads_on_a_tiny_gguf(tiny_targ
                              pair=Pair("same", s1, s1, "1 thread", "1 thread"))
     for w in same["widths"]:
         assert (w["pair"]["kl_max"], w["pair"]["max_logit_delta"], w["pair"]["same_top1"]) == (0.0, 0.0, 1.0)
+
+
+def test_a_diagnosis_checks_the_widths_its_run_verified(toy):
+    from specview.core import diagnose as dmod
+    from specview.core.session import RunConfig
+
+    cfg = RunConfig(backend="toy-widths", target=f"dispatch:{WIDE}:{EPS}", draft="dispatch:99:0",
+                    prompt="the cat sat on the mat", chat=False, max_tokens=24, ignore_eos=True, n_max=3,
+                    engine=EngineSettings(threads=2))
+    with Session() as s:
+        trace = s.run(cfg)
+        d = dmod.diagnose(s, s.resolve(cfg).config, trace, reference=True, serial_verify=False)
+    widest = max(r.batch_size for r in trace.speculative.rounds if r.index > 0)
+    r = d["reference"]
+    assert [w["width"] for w in r["widths"]] == list(range(1, widest + 1))
+    assert all(w["pair"]["positions"] == len(trace.vanilla.tokens) - 1 for w in r["widths"])
+    t = ties.tie_density(trace)
+    if trace.comparison.identical:  # no replay envelope: the band comes from the width drift
+        assert "width drift" in t["envelope"]["source"]
+        assert t["envelope"]["max"] == pytest.approx(ties.width_drift(r))
+    else:
+        assert "replay envelope" in t["envelope"]["source"]

@@ -395,7 +395,14 @@ def reference_for_trace(session: Any, cfg: Any, trace: Any, *, progress: Progres
             pair = replace(pair, test=replace(pair.test, threads=used), test_label=f"{used} threads")
     return run_check(session, backend=cfg.backend, target=cfg.target, settings=cfg.engine,
                      prompts=[("run", seq)], continuation=0, progress=progress, cancel=cancel, pair=pair,
-                     widths=widths_upto(cfg.draft_width), verify_from={"run": len(prompt)})
+                     widths=widths_upto(_widest_draft(cfg, trace)), verify_from={"run": len(prompt)})
+
+
+def _widest_draft(cfg: Any, trace: Any) -> int:
+    """The most drafts one of the run's verify passes carried (its rounds'), else what the settings allow: an
+    n-gram drafter may allow 48 and draft 5, and on a GPU each new width can cost a shader compile."""
+    drafted = [r.batch_size - 1 for r in trace.speculative.rounds if r.index > 0]
+    return max(drafted) if drafted else cfg.draft_width
 
 
 def format_check(result: dict[str, Any]) -> str:
