@@ -155,3 +155,34 @@ def test_compare_refuses_what_it_cannot_read(tmp_path, capsys):
     assert cli.main(["compare", str(tmp_path)]) == 0  # one run: exact; the broken card is skipped, and said so
     out = capsys.readouterr().out
     assert "skipped " + str(broken) in out and "not a readable fork card" in out
+
+
+def test_a_real_runs_trace_is_sealed_and_sits_in_one_table_with_another_machines(tmp_path, capsys, tiny_target,
+                                                                                  tiny_draft):
+    """One real run (a tiny llama.cpp model, in specview's worker) saved by `specview run --json`: sealed, its model
+    hashes the files' own; beside it the same run as another machine with repacking on would record it."""
+    import hashlib
+
+    folder = tmp_path / "real"
+    folder.mkdir()
+    code = cli.main(["run", "-m", str(tiny_target), "-md", str(tiny_draft), "-p", "the cat sat on the", "--no-chat",
+                     "--ignore-eos", "-n", "12", "-t", "1", "--no-diagnose", "--json", str(folder / "here.json"), "-q"])
+    assert code in (0, 1)
+    capsys.readouterr()
+    t = Trace.load(folder / "here.json")
+    s = t.extra["summary"]
+    assert check(s, t) == ("verified", None)
+    target_sha = hashlib.sha256(tiny_target.read_bytes()).hexdigest()
+    assert s["models"]["target"]["sha256"] == target_sha
+    assert s["models"]["draft"]["sha256"] == hashlib.sha256(tiny_draft.read_bytes()).hexdigest()
+    assert s["settings"]["threads"] == 1 and s["tokens"]["vanilla"] == 12
+    other = Trace.load(folder / "here.json")
+    other.environment["cpu"] = "AMD EPYC 9004"
+    other.config["engine"]["no_repack"] = not t.config["engine"].get("no_repack")
+    other.extra["summary"] = sealed_summary(other)
+    other.save(folder / "there.json")
+    assert cli.main(["compare", str(folder)]) == 0  # the same tokens on both
+    out = capsys.readouterr().out
+    common, _, per_machine = out.partition("by machine (what differs):")
+    assert target_sha in common and "settings.no_repack" in per_machine and "AMD EPYC 9004" in per_machine
+    assert out.count("checksum ok") == 2
