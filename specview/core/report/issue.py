@@ -217,9 +217,14 @@ def build_rows(trace: Any, *, long: int = 2000) -> list[tuple[str, str]]:
         s = ", ".join(text(x) for x in v) if isinstance(v, list) else text(v)
         rows.append((label, s if len(s) <= long else s[:long] + f"… (cut: {len(s)} characters)"))
     server = obj(obj(trace.extra).get("server"))
-    ver = env.get("server_version") or obj(env.get("llama_server")).get("version") or server.get("version")
+    ls = obj(env.get("llama_server"))
+    ver = ls.get("version") or server.get("version")
     if ver:
         rows.insert(1, ("llama-server --version", text(ver)))
+    if ls.get("binary"):
+        rows.insert(2, ("llama-server binary", text(ls["binary"])))
+    if ls.get("devices"):
+        rows.insert(3, ("llama-server --list-devices", ", ".join(text(d) for d in ls["devices"])))
     for d in env.get("ggml_devices") or []:
         d = obj(d)
         desc = d.get("vulkan_line") or d.get("description") or d.get("type")

@@ -100,9 +100,11 @@ def _control_words(trace: Any) -> str:
     sv = obj(obj(trace.diagnosis).get("serial_verify"))
     same = sv.get("identical_to_vanilla")
     if same is True:
-        return ("the two -ub 1 answers are equal: with every verify row computed as its own one-token pass the fork "
-                "is gone, so it comes from the batched verify pass's numerics, not from the speculative loop's state "
-                "(the run's own serial-verify control showed the same)")
+        also = (", and equal to vanilla.json: -ub 1 does not change plain decoding here"
+                if sv.get("vanilla_matches_run") is True else "")
+        return ("the two -ub 1 answers are equal" + also + ": with every verify row computed as its own one-token "
+                "pass the fork is gone, so it comes from the batched verify pass's numerics, not from the speculative "
+                "loop's state (the run's own serial-verify control showed the same)")
     if same is False:
         at = sv.get("first_mismatch")
         return ("the two -ub 1 answers still differ" + (f" (the run's control: from token {at})" if at is not None
