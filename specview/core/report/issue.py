@@ -346,7 +346,8 @@ def prompt_part(trace: Any, limit: int | None = None) -> str:
 
 # -- the body ---------------------------------------------------------------------------------------------
 def issue_parts(trace: Any, rp: Repro | None, why_not: str | None, kernel: Any = None) -> list[Part]:
-    title = f"Greedy speculative decoding is not lossless: {trace_title(trace)}"
+    title = (f"Greedy speculative decoding matched plain greedy: {trace_title(trace)}" if trace.comparison.identical
+             else f"Greedy speculative decoding is not lossless: {trace_title(trace)}")
     parts = [Part("title", f"## {md_text(title)}\n"), Part("verdict", verdict_part(trace)),
              Part("op", op_part(trace)), Part("widths", widths_part(trace, kernel)), Part("fork", fork_part(trace)),
              Part("build", build_part(trace), lambda: build_part(trace, long=200)),
