@@ -6,8 +6,11 @@
 * the kernel map: a hybrid's context cannot drop positions, so each block runs on a checkpoint of the walk's
   own state and the restore replays nothing; the width-1 control is bit-identical in every rollback mode,
   every width is covered and the counts add up, and its walk is plain greedy decoding.
-* the backend check (``specview check``): one thread against two on each hybrid is sane, every position and
-  width is compared, and a planted broken build on the same hybrid is flagged.
+* the backend check: a pair of setups on each hybrid is sane, every position and width is compared, and a
+  planted broken build on the same hybrid is flagged.
+* the matrix and its suite rates over both hybrids, their drafters, n_max and both rollback modes: every cell
+  runs in the mode it asks for and rolls back by it, the rates' counts add up to the cells, every cell has a
+  verdict, and the rollback modes are compared text for text.
 """
 
 from __future__ import annotations
@@ -253,3 +256,50 @@ def test_the_backend_check_on_a_hybrid_is_sane_at_every_width_and_flags_a_broken
         _, bad = check(other, broken_backend, target)
     assert bad["ok"] is False and any("top-1 token agrees" in p for p in bad["problems"])
     assert bad["totals"]["ppl_reference"] == pytest.approx(r["totals"]["ppl_reference"], rel=1e-6)
+
+
+# -- the matrix and its rates -------------------------------------------------------------------------------
+def test_a_matrix_over_both_hybrids_and_both_rollbacks_and_its_rates(pairs, session, tmp_path):
+    from specview.core.matrix import MatrixSpec, rates, run_matrix
+    from specview.core.matrix.summary import summarize
+    from specview.core.prompts import PromptSpec
+    from specview.core.trace import Trace
+    from specview.core.verdicts import VERDICTS
+
+    targets = [str(pairs[a][0]) for a in ARCHS]
+    drafts = {str(pairs[a][0]): str(pairs[a][1]) for a in ARCHS}
+    prompts = [PromptSpec("cat", text="the cat and the dog", chat=False, category="animals"),
+               PromptSpec("essay", text="history of the essay", chat=False, category="essay")]
+    cells = []
+    for target in targets:  # each target with its own Q4_0 copy as the drafter
+        spec = MatrixSpec(targets=[target], drafters=[drafts[target], "ngram-simple"], n_max=[1, 3], p_min=[0.0],
+                          rollback=["checkpoint", "snapshots"], prompts=prompts, max_tokens=24, ignore_eos=True,
+                          engine=EngineSettings(threads=1), diagnose=True)
+        run = run_matrix(spec, session, out=tmp_path / f"{Path(target).stem}.json",
+                         traces_dir=tmp_path / Path(target).stem)
+        doc = run.to_json()
+        # the draft model at both n_max, n-gram drafting (n_max is not its knob), each in both rollbacks, per prompt
+        assert doc["status"] == "complete" and len(doc["cells"]) == doc["n_cells"] == (2 + 1) * 2 * len(prompts)
+        for c in doc["cells"]:
+            assert c["status"] == "ok", c.get("error")
+            trace = Trace.load(tmp_path / c["trace"])  # a path relative to the matrix file's folder
+            assert trace.config["context_used"]["rollback"] == c["params"]["rollback"]
+            s = trace.speculative
+            assert len(s.tokens) == 24 and (c["identical"] == (s.tokens == trace.vanilla.tokens))
+            rolled = {r.rollback for r in s.rounds[1:] if r.rollback}
+            assert bool(rolled) == (s.n_accepted < s.n_drafted)  # a rejected draft, and only that, rolls back
+            assert rolled <= ({"checkpoint"} if c["params"]["rollback"] == "checkpoint" else
+                              {"snapshots", "state-copy", "checkpoint"})  # snapshots fall back past their depth
+            if c["params"]["drafter"] == drafts[target]:  # the Q4_0 copy is accepted in part: rollbacks happened
+                assert rolled
+            assert c["verdict"] in VERDICTS and (c["verdict"] == "identical") == c["identical"]
+        g = rates(doc)["settings"]
+        assert len(g) == 6 and sum(x["n"] for x in g) == len(doc["cells"])  # one group per setting, a cell each prompt
+        assert all(x["n"] == len(prompts) and x["errors"] == 0 for x in g)
+        assert sum(x["forks"] for x in g) == sum(1 for c in doc["cells"] if not c["identical"])
+        for x in g:
+            assert sum(cat["n"] for cat in x["categories"]) == x["n"]
+        lines = summarize(doc, kernel_map=False)
+        assert any(line.startswith(("The rollbacks compared", "The rollback changes the text")) for line in lines)
+        cells += doc["cells"]
+    assert len(cells) == 24
