@@ -161,8 +161,10 @@ class Probe:
         n_ctx = self.size(sc, len(prompt))
         max_tokens = sc.max_tokens
         if sc.trigger == "context-edge":
-            probe_ctx = self.contexts.get("probe-speculative", self.settings_for(sc.rollback), n_ctx, fresh=True)
-            max_tokens = probe_ctx.n_ctx - len(prompt) - 1  # the run ends in the context's last cell
+            # a prompt long enough that the run's tokens fill the context exactly (the engine may pad n_ctx)
+            real = self.contexts.get("probe-speculative", self.settings_for(sc.rollback), n_ctx, fresh=True).n_ctx
+            prompt = long_prompt(prompt, real - sc.max_tokens - 1)
+            max_tokens = real - len(prompt) - 1
         vanilla = self.vanilla(prompt, n_ctx, max_tokens)
         ref = vanilla.tokens[:max_tokens]
         oracle = prompt + ref
@@ -243,6 +245,14 @@ class Probe:
             row.evidence = f"fork at token {d}; plain greedy does not repeat itself here (nondeterministic); {what}"
 
 
+def long_prompt(prompt: Sequence[int], n: int) -> list[int]:
+    """``prompt`` repeated to ``n`` tokens (at least the prompt itself)."""
+    out = list(prompt)
+    while len(out) < n:
+        out.extend(prompt[1:] if len(prompt) > 1 else prompt)  # the BOS once
+    return out[:max(n, len(prompt))]
+
+
 def _until_off(gen: Any, ref: Sequence[int]) -> ArmResult:
     """Drain an arm generator up to its first token that differs from ``ref`` (or past ``ref``'s end)."""
     tokens: list[int] = []
@@ -262,8 +272,8 @@ def _until_off(gen: Any, ref: Sequence[int]) -> ArmResult:
 
 
 def count_rounds(arm: ArmResult, *, upto: int | None = None) -> dict[str, Any]:
-    """The rounds of ``arm`` whose tokens are all before ``upto`` (the fork), counted by kind."""
-    rounds = [r for r in arm.rounds[1:] if upto is None or r.first_step + r.emitted <= upto]
+    """The rounds of ``arm`` up to the one that emitted token ``upto`` (the fork), counted by kind."""
+    rounds = [r for r in arm.rounds[1:] if upto is None or r.first_step <= upto]
     rollbacks: dict[str, int] = {}
     for r in rounds:
         if r.rollback:
@@ -291,7 +301,7 @@ def reached_trigger(sc: Scenario, arm: ArmResult, drafter: Any, counts: dict[str
     if sc.trigger == "deep-rollback":
         depth = counts.get("snapshot_depth") or 0
         deep = [r for r in arm.rounds[1:] if r.drafted - r.accepted > max(depth, 0) and r.drafted > 0
-                and (upto is None or r.first_step + r.emitted <= upto)]
+                and (upto is None or r.first_step <= upto)]
         how = sorted({r.rollback for r in deep if r.rollback})
         kept = f"{depth} snapshots kept" if depth else "no snapshots kept"
         mech = counts.get("mechanisms") or {}

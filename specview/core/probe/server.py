@@ -26,7 +26,7 @@ from ..config import EngineSettings, RunConfig
 from ..errors import SpecviewError
 from ..trace import Trace
 from .result import IDENTICAL, NEAR_TIE, SERVER, STATE, UNPROVEN, ProbeReport, TriggerResult
-from .runner import count_rounds
+from .runner import count_rounds, long_prompt
 from .scenarios import LOOP_PROMPT, check_triggers
 
 ProgressFn = Callable[[str], None]
@@ -137,8 +137,10 @@ class ServerProbe:
                         self.cfg(draft=self.reject_draft, n_max=DEEP_N_MAX), deep)
 
     def context_edge(self) -> TriggerResult:
-        n_prompt = len(self.runner.plan(self.cfg()).tokens)
-        n_ctx = ((n_prompt + self.n + self.n_max + 2 + 255) // 256) * 256
+        base = self.runner.plan(self.cfg()).tokens
+        n_ctx = ((len(base) + self.n + self.n_max + 2 + 255) // 256) * 256
+        tokens = long_prompt(base, n_ctx - self.n - 1)  # a long prompt: the run's tokens fill the rest
+        n_prompt = len(tokens)
         n = n_ctx - n_prompt - 1
         eng = replace(self.settings, n_ctx=n_ctx)
 
@@ -149,7 +151,8 @@ class ServerProbe:
             return (end >= n_ctx - 1 and bool(t.speculative.n_drafted)), (
                 f"the run filled {end} of {n_ctx} cells; the last {len(last)} rounds drafted "
                 f"{[r.drafted for r in last]} (n_max {self.n_max}), {len(cut)} of them cut short")
-        return self.row("context-edge", f"-c {n_ctx}", self.cfg(max_tokens=n, engine=eng), edge)
+        return self.row("context-edge", f"-c {n_ctx}", self.cfg(max_tokens=n, engine=eng, prompt=None,
+                                                                prompt_tokens=tuple(tokens)), edge)
 
     def long_run(self) -> TriggerResult:
         def long(t: Trace, c: dict[str, Any]) -> tuple[bool, str]:
