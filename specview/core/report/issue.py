@@ -232,7 +232,8 @@ def build_rows(trace: Any, *, long: int = 2000) -> list[tuple[str, str]]:
         rows.append((f"device {text(d.get('name'))}", f"{text(desc)}{mem}"))
     setup = obj(env.get("setup"))
     for k in sorted(setup):
-        if k.startswith(("machine.", "vulkan.", "gpu.")) and setup[k] not in (None, "", []):
+        if k.startswith(("machine.", "vulkan.", "gpu.")) and k not in ("machine.cpu", "machine.os") \
+                and setup[k] not in (None, "", []):
             rows.append((k, text(setup[k])[:long]))
     for k, v in sorted(obj(env.get("ggml_env")).items()):
         rows.append((f"environment {k}", text(v)))
