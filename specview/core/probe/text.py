@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 from .result import ProbeReport, TriggerResult
 from .scenarios import BY_NAME
 
@@ -18,7 +20,7 @@ def table(report: ProbeReport, *, evidence: bool = True, width: int = 110) -> st
         fork = "-" if r.first_mismatch is None else str(r.first_mismatch)
         lines.append(f"{r.trigger:<18} {_cell(r.label, 28):<28} {r.engine:<12} {r.result:<16} {r.n_tokens:>6}  {fork}")
         if evidence and r.evidence:
-            lines.append("    " + _cell(r.evidence, width - 4))
+            lines.extend(textwrap.wrap(r.evidence, width, initial_indent="    ", subsequent_indent="    "))
     for note in report.notes:
         lines.append(f"note: {note}")
     if report.seconds:
