@@ -1,7 +1,8 @@
-"""The child side of the sandbox: run as ``python -I -S -c <text>``, never imported.
+"""The child side of the sandbox: run by ``python -I -S -c``, never imported.
 
 :mod:`specview.core.quality.execute` runs this file's text after
-:mod:`.sandbox_seccomp`'s, in a new session with a reduced environment,
+:mod:`.sandbox_seccomp`'s and :mod:`.sandbox_guard`'s, compiled once and read
+from an inherited descriptor, in a new session with a reduced environment,
 stdin closed and stdout/stderr on one pipe, and reads the lines the
 launcher and init write on the control descriptor (Python literals).
 Three processes, each with a reason:
@@ -511,7 +512,7 @@ def init(cfg, folder, nonce):
 
 def main():
     global _CTL
-    cfg = eval(sys.argv[1], {"__builtins__": {}})  # noqa: S307 - the parent's own literal of str, int, bool
+    cfg = eval(sys.argv[-1], {"__builtins__": {}})  # noqa: S307 - the parent's own literal of str, int, bool
     _CTL = cfg["ctl"]
     nonce = os.read(cfg["nonce"], 256).decode()
     os.close(cfg["nonce"])
