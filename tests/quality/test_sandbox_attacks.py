@@ -240,3 +240,19 @@ def test_as_root_the_sample_keeps_no_capability() -> None:
                     "in: the report says the sample keeps CAP_DAC_READ_SEARCH")
     assert int(status["CapEff"], 16) == int(status["CapPrm"], 16) == int(status["CapBnd"], 16) == 0, status
     assert fences.capabilities_dropped
+
+
+@pytest.mark.parametrize("off", [("landlock",), BARE], ids=["no-landlock", "bare"])
+def test_a_sample_cannot_reopen_its_launchers_descriptors_through_proc(off: tuple[str, ...]) -> None:
+    """init and the launcher hold the control pipe: even without Landlock (and without namespaces) the sample
+    opens none of their descriptors and reads neither their memory nor their environment."""
+    program = ("import os\ndef parent(pid):\n    return int(open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[1])\n"
+               "init = parent(os.getpid())\nlauncher = parent(init)\nopened, tried = 0, 0\n"
+               "for pid in (init, launcher):\n    for path in ([f'/proc/{pid}/mem', f'/proc/{pid}/environ'] +\n"
+               "                 [f'/proc/{pid}/fd/{n}' for n in range(3, 64)]):\n        tried += 1\n"
+               "        try:\n            fd = os.open(path, os.O_WRONLY if '/fd/' in path else os.O_RDONLY)\n"
+               "        except OSError:\n            continue\n        opened += 1\n"
+               "        os.close(fd)\nprint(opened, tried > 0, init != launcher)\n")
+    res = run(program, guard=False, fences_off=off)
+    assert res.passed, res
+    assert res.output == "0 True True\n", res.output
