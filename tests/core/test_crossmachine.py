@@ -186,3 +186,14 @@ def test_a_real_runs_trace_is_sealed_and_sits_in_one_table_with_another_machines
     common, _, per_machine = out.partition("by machine (what differs):")
     assert target_sha in common and "settings.no_repack" in per_machine and "AMD EPYC 9004" in per_machine
     assert out.count("checksum ok") == 2
+
+
+def test_report_card_writes_the_runs_sealed_summary_into_the_card(tmp_path):
+    from specview.core.report.write import write_report
+
+    t = machine(20, no_repack=True, cpu="Xeon", speed=100.0)
+    written = write_report(t, tmp_path / "out", card=lambda trace: tiny_png())
+    card = written["card"].read_bytes()
+    assert png_summary(card) == sealed_summary(t) and check(png_summary(card)) == ("verified", None)
+    cards, _ = gather(tmp_path / "out")
+    assert [(c.kind, c.status) for c in cards] == [("card", "verified")]
