@@ -16,8 +16,17 @@ from test_report_issue import make_trace
 
 from specview import cli
 from specview.core.report.crossmachine import cross_table, gather
-from specview.core.report.summary import (PNG_KEY, SCHEMA, check, png_chunks, png_summary, png_with_summary,
-                                          sealed_summary, summary_of, tokens_fingerprint)
+from specview.core.report.summary import (
+    PNG_KEY,
+    SCHEMA,
+    check,
+    png_chunks,
+    png_summary,
+    png_with_summary,
+    sealed_summary,
+    summary_of,
+    tokens_fingerprint,
+)
 from specview.core.trace import Trace
 
 

@@ -114,7 +114,7 @@ def servers(body: str) -> dict[int, list[str]]:
 
 def inline_request(body: str) -> dict | None:
     for block in fences(body, "sh"):
-        m = re.search(r"cat > request\.json <<'EOF'\n(.*)\nEOF", block, re.S)
+        m = re.search(r"cat > request\.json <<'EOF'\n(.*)\nEOF", block, re.DOTALL)
         if m:
             return json.loads(m.group(1))
     return None
@@ -125,7 +125,7 @@ def expected_tokens(body: str) -> dict[str, tuple[int, list[int]]]:
     N:" for a cut list)."""
     for block in fences(body, "text"):
         got = re.findall(r"^(vanilla|speculative)(?:, tokens (\d+)-\d+ of \d+| \(\d+ tokens\)):\n([\d ]+)$", block,
-                         re.M)
+                         re.MULTILINE)
         if got:
             return {k: (int(lo or 0), [int(x) for x in v.split()]) for k, lo, v in got}
     raise AssertionError("no expected tokens in the report")
@@ -208,7 +208,7 @@ def test_the_body_is_commonmark_that_pastes_as_it_is():
     tokens = md().parse(body)
     # no token text became markup: the only HTML is the report's own folding and footer
     html = [t.content.strip() for t in tokens if t.type in ("html_block", "html_inline")]
-    assert all(re.fullmatch(r"</?(details|summary|sub)>.*", h, re.S) for h in html), html
+    assert all(re.fullmatch(r"</?(details|summary|sub)>.*", h, re.DOTALL) for h in html), html
     rendered = md().render(body)
     assert "<script>" not in rendered and "&lt;script&gt;alert(1)&lt;/script&gt;" in rendered
     assert rendered.count("<table>") == body.count("\n|---|") and rendered.count("<table>") >= 6

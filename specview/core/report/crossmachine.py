@@ -13,9 +13,10 @@ from __future__ import annotations
 import html
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from ..errors import SpecviewError
 from .summary import SCHEMA, TRACE_KEY, check, png_summary, summary_of

@@ -13,13 +13,22 @@ the fork (the commands, the request file, the tokens through the fork) is kept.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ... import __version__
 from ..errors import SpecviewError
 from .escape import md_code, md_fence, md_text, text, visible
-from .facts import acceptance_facts, config_facts, headline, obj, prompt_block, trace_title, verdict_facts
+from .facts import (
+    acceptance_facts,
+    config_facts,
+    headline,
+    obj,
+    prompt_block,
+    trace_title,
+    verdict_facts,
+)
 from .repro import OUT_FILES, Repro, compare_function, reproduction
 
 #: GitHub's limit on an issue body, in characters
@@ -190,8 +199,8 @@ def fork_part(trace: Any) -> str:
         return "### The fork\n\nNone: both arms produced the same tokens.\n"
     return "\n".join([
         f"### The fork, token {fm.index}\n",
-        "Both arms' token ids and text around it (the text of each token shown literally; ⏎ is a newline); the margin "
-        "is vanilla's top-1 minus top-2 logit; the last column says which pass chose the speculative token.\n",
+        ("Both arms' token ids and text around it (the text of each token shown literally; ⏎ is a newline); the "
+         "margin is vanilla's top-1 minus top-2 logit; the last column says which pass chose the speculative token.\n"),
         _table(("token", "vanilla id", "vanilla text", "speculative id", "speculative text", "vanilla margin",
                 "speculative from"), fork_rows(trace), code=(2, 4)),
     ])
@@ -323,8 +332,8 @@ def _control(rp: Repro) -> str:
     lines += [f"curl -s http://127.0.0.1:{s.port}/completion -H 'Content-Type: application/json' "
               f"-d @{REQUEST_FILE} > {OUT_FILES[s.name]}" for s in ub]
     lines.append("same vanilla-ub1.json speculative-ub1.json")
-    return "\n".join(["**The `-ub 1` control.** The same two servers with `-ub 1`: every pass computes one token, so "
-                      "each verify row is computed as plain decoding computes it:\n",
+    return "\n".join([("**The `-ub 1` control.** The same two servers with `-ub 1`: every pass computes one token, "
+                       "so each verify row is computed as plain decoding computes it:\n"),
                       md_fence("\n".join(lines), "sh"), f"What it shows: {md_text(rp.control)}.\n"])
 
 
@@ -410,5 +419,14 @@ _CUT_WORDS = {"repro": "the full token lists (kept around the fork)", "prompt": 
               f"{REQUEST_FILE})"}
 
 
-__all__ = ["BUDGET", "LIMIT", "REQUEST_FILE", "gh_length", "issue_markdown", "width_rows", "fork_rows",
-           "model_rows", "build_rows"]
+__all__ = [
+    "BUDGET",
+    "LIMIT",
+    "REQUEST_FILE",
+    "build_rows",
+    "fork_rows",
+    "gh_length",
+    "issue_markdown",
+    "model_rows",
+    "width_rows",
+]

@@ -19,7 +19,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import SpecviewError
-from ..llama_flags import UB1_REFUSED, _line, engine_environment, server_argv, uses_draft_file
+from ..llama_flags import (
+    UB1_REFUSED,
+    _line,
+    engine_environment,
+    server_argv,
+    uses_draft_file,
+)
 from .facts import obj
 
 #: the ports the commands listen on, by server
