@@ -114,6 +114,8 @@ def op_part(trace: Any) -> str:
 
     dep = obj(trace.diagnosis).get("departure")
     line = departure_line(dep) if dep else None
+    if trace.comparison.identical:
+        return "### The op\n\nNo fork, so nothing to locate.\n"
     if not line:
         return ("### The op\n\nNot located: the trace has no locate of the fork (`specview locate TRACE` walks the "
                 "verify pass node by node against the single-token pass).\n")
