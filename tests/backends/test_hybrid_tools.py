@@ -11,14 +11,16 @@
 * the matrix and its suite rates over both hybrids, their drafters, n_max and both rollback modes: every cell
   runs in the mode it asks for and rolls back by it, the rates' counts add up to the cells, every cell has a
   verdict, and the rollback modes are compared text for text.
+* the prescription on quantized copies of both hybrids: every rollback mode is measured at the largest n_max
+  the map proves, proven exactly when every speculative row equals vanilla's bit for bit through its
+  rollbacks, and the fastest proven one is prescribed; a fault planted in the snapshot path is never
+  prescribed.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-
-import json
 
 import pytest
 
@@ -303,3 +305,58 @@ def test_a_matrix_over_both_hybrids_and_both_rollbacks_and_its_rates(pairs, sess
         assert any(line.startswith(("The rollbacks compared", "The rollback changes the text")) for line in lines)
         cells += doc["cells"]
     assert len(cells) == 24
+
+
+# -- the prescription weighs the rollback modes ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def quantized(pairs):
+    """{arch: (a Q8_0 copy of the target, its Q4_0 drafter)}: quantized weights, whose widths a map may prove."""
+    from specview.backends.llama_cpp.quantize import quantize
+
+    return {arch: (quantize(t, Path(t).with_suffix(".Q8_0.gguf"), "Q8_0", threads=1), d)
+            for arch, (t, d) in pairs.items()}
+
+
+def prescription(session, target, draft):
+    from specview.core.kernels.map import map_in_session
+    from specview.core.matrix.prescribe import prescribe
+    from specview.core.prompts import PromptSpec
+
+    km = map_in_session(session, [str(target)], [PromptSpec(name="cat", text="the cat and the dog", chat=False)],
+                        widths=(1, 2, 3, 4), positions=24, settings=EngineSettings(threads=1))
+    return km.targets[0], prescribe(session, km, draft=str(draft), candidates=(1, 3), max_tokens=40, ub1=False)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_prescription_weighs_both_rollback_modes_of_a_hybrid(quantized, session, arch):
+    from specview.core.matrix.prescribe import WEIGHED_ROLLBACKS
+
+    tm, pres = prescription(session, *quantized[arch])
+    (w,) = pres.rollbacks
+    safe = tm.safe_n_max()
+    assert w.own == "checkpoint"  # what llama-server does for draft-simple on a hybrid
+    assert w.n_max == (safe if safe else w.n_max) and [o.mode for o in w.options] == list(WEIGHED_ROLLBACKS)
+    for o in w.options:
+        m = o.measurement
+        assert m is not None and m.rollback == o.mode and m.n_max == w.n_max and m.speedup
+        kinds = set(m.restores)
+        assert kinds <= ({"checkpoint"} if o.mode == "checkpoint" else {"snapshots", "state-copy", "checkpoint"})
+        # proven exactly when the map proves the widths and every row matched through at least one rollback
+        assert o.proven == bool(safe and w.n_max <= safe and m.rows_exact and sum(m.restores.values())), o.why
+    proven = sorted((o for o in w.options if o.proven), key=lambda o: -o.measurement.speedup)
+    assert w.prescribed == (proven[0].mode if proven else None)
+    assert ("prescribed: --rollback" in pres.text()) == bool(proven)
+    assert pres.to_json()["rollbacks"][0]["prescribed"] == w.prescribed
+
+
+def test_a_fault_in_the_snapshot_path_is_never_prescribed(quantized, monkeypatch):
+    from plants_rollback import plant_in_memory
+
+    fired = plant_in_memory(monkeypatch, "snapshot-one-back")
+    with Session() as s:
+        tm, pres = prescription(s, *quantized["qwen35"])
+    (w,) = pres.rollbacks
+    snap = next(o for o in w.options if o.mode == "snapshots")
+    assert w.prescribed != "snapshots" and not snap.proven
+    if tm.safe_n_max():  # the widths are proven here: the planted snapshot is what the rows caught
+        assert fired and not snap.measurement.rows_exact and "rollback left another state" in snap.why

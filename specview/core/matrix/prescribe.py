@@ -20,6 +20,19 @@ over that ``n_max``'s widths, and measured: the price of forcing that speed
 to be lossless.  The fastest lossy setting is shown for comparison, with its
 divergence rate from a suite result file (``specview matrix --suite``) when
 one is given, else from the short runs.
+
+**Rollback modes** (a hybrid or recurrent target, whose memory cannot drop
+positions): at the largest ``n_max`` the map proves for the row (else the
+fastest one measured), both arms are run once more in every
+rollback mode llama.cpp has for it (``checkpoint``: restore and replay, what
+llama-server does for draft-simple; ``snapshots``: n_rs_seq) and the mode is
+measured for speed and for exactness.  A mode is *proven lossless* there when
+the map proves the widths ``1..n_max+1`` and, on every prompt, every row the
+speculative arm recorded equals the vanilla arm's bit for bit through at least
+one rollback the mode did: with bit-identical widths any difference can only
+come from the state a rollback left, so this checks the rollback itself,
+exactly (no threshold).  The fastest proven mode is prescribed where it is
+faster than the row's own; no mode is prescribed where none is proven.
 """
 
 from __future__ import annotations
@@ -27,16 +40,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
+from collections import Counter
+
 from ..config import RunConfig
-from ..errors import Cancelled
+from ..errors import Cancelled, ConfigError
 from ..eta import WorkEta
 from ..kernels.map import KernelMap, TargetMap, kernel_map
 from .rates import wilson  # the one 95% Wilson interval the matrix's rates use too
+from .suite_results import match, rate_text, suite_rates
 from ..prompts import PromptSpec
-from ..trace import read_json
 
 DEFAULT_CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 15)
 DEFAULT_TOKENS = 64
+#: the rollback modes weighed for a target whose memory cannot drop positions (core/engine.py's names)
+WEIGHED_ROLLBACKS = ("checkpoint", "snapshots")
 
 ProgressFn = Callable[[str], None]
 CancelFn = Callable[[], bool]
@@ -68,6 +85,9 @@ class Measurement:
     runs: int
     diverged: list[tuple[str, int]] = field(default_factory=list)  # (prompt, first mismatch)
     acceptance: float | None = None
+    rollback: str | None = None  # how the target's context rolled back (the trace's context_used)
+    restores: dict[str, int] = field(default_factory=dict)  # rounds per rollback kind, over every prompt
+    rows_exact: bool = True  # every speculative row equals the vanilla row at its index, bit for bit
 
     @property
     def speedup(self) -> float | None:
@@ -81,7 +101,8 @@ class Measurement:
         return {"target": self.target, "settings": self.settings.to_dict(), "n_max": self.n_max,
                 "flags": self.flags, "vanilla_tokens_per_s": self.vanilla_tps,
                 "speculative_tokens_per_s": self.speculative_tps, "speedup": self.speedup, "runs": self.runs,
-                "diverged": [list(x) for x in self.diverged], "acceptance": self.acceptance}
+                "diverged": [list(x) for x in self.diverged], "acceptance": self.acceptance,
+                "rollback": self.rollback, "restores": dict(self.restores), "rows_exact": self.rows_exact}
 
 
 @dataclass
@@ -108,6 +129,48 @@ class Claim:
 
 
 @dataclass
+class RollbackOption:
+    """One rollback mode of a hybrid target, at one n_max: its speed runs, or why it could not run."""
+
+    mode: str
+    measurement: Measurement | None
+    proven: bool
+    why: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"mode": self.mode, "proven": self.proven, "why": self.why,
+                "measurement": self.measurement.to_json() if self.measurement else None}
+
+
+@dataclass
+class RollbackWeighing:
+    """The rollback modes of one map row, weighed at one n_max, and the one prescribed (None: none)."""
+
+    target: str
+    n_max: int
+    own: str | None  # the mode the row's runs used (what the run would decide)
+    options: list[RollbackOption]
+    prescribed: str | None
+    why: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"target": self.target, "n_max": self.n_max, "own": self.own, "prescribed": self.prescribed,
+                "why": self.why, "options": [o.to_json() for o in self.options]}
+
+    def lines(self) -> list[str]:
+        out = [f"Rollback modes of {self.target} at --spec-draft-n-max {self.n_max} (its memory cannot drop "
+               f"positions; the runs above used {self.own}):"]
+        for o in self.options:
+            m = o.measurement
+            speed = f"{m.speedup:.2f}x vanilla" if m and m.speedup else "not measured"
+            out.append(f"  --rollback {o.mode:<10}  {speed:<14}  {'proven lossless' if o.proven else 'NOT proven'}: "
+                       f"{o.why}")
+        out.append(f"  prescribed: --rollback {self.prescribed} ({self.why})" if self.prescribed else
+                   f"  no rollback mode prescribed: {self.why}")
+        return out
+
+
+@dataclass
 class Prescription:
     lossless: list[Claim]
     fastest_lossy: Measurement | None
@@ -119,13 +182,16 @@ class Prescription:
     environment: dict[str, Any] = field(default_factory=dict)
     #: per map row, the widths grouped by the op they first differ at and the settings that remove each cause
     causes: list[str] = field(default_factory=list)
+    #: per hybrid map row, the rollback modes weighed (:class:`RollbackWeighing`)
+    rollbacks: list["RollbackWeighing"] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": "specview.prescription/1", "lossless": [c.to_json() for c in self.lossless],
                 "fastest_lossy": self.fastest_lossy.to_json() if self.fastest_lossy else None,
                 "fastest_lossy_divergence": self.lossy_rate, "nothing_lossless": list(self.nothing),
                 "prompts": [p.to_json() for p in self.prompts], "max_tokens": self.max_tokens, "draft": self.draft,
-                "environment": self.environment, "causes": list(self.causes)}
+                "environment": self.environment, "causes": list(self.causes),
+                "rollbacks": [r.to_json() for r in self.rollbacks]}
 
     def text(self) -> str:
         env = self.environment
@@ -156,6 +222,9 @@ class Prescription:
         if measured and max(measured) < 1.0:
             lines.append("  Plain decoding is faster than every speculative setting measured here: the draft "
                          "costs more than the verify passes save (a smaller or faster draft model changes that).")
+        for r in self.rollbacks:
+            lines.append("")
+            lines += r.lines()
         if self.causes:
             lines.append("")
             lines.append("Why the other widths differ (a locate at each one's first differing row):")
@@ -175,6 +244,9 @@ def measure(session: Any, target: str, draft: str, settings: Any, n_max: int, pr
     v_tok = v_ms = s_tok = s_ms = 0.0
     drafted = accepted = 0
     diverged = []
+    rollback: str | None = None
+    restores: Counter[str] = Counter()
+    exact = True
     for p in prompts:
         cfg = RunConfig(target=target, draft=draft, spec_type="draft-simple", n_max=n_max, max_tokens=max_tokens,
                         ignore_eos=True, backend=backend, engine=settings, chat=p.chat if p.tokens is None else False,
@@ -191,115 +263,23 @@ def measure(session: Any, target: str, draft: str, settings: Any, n_max: int, pr
         accepted += trace.speculative.n_accepted
         if not trace.comparison.identical:
             diverged.append((p.name, trace.comparison.first_mismatch.index))
+        rollback = (trace.config.get("context_used") or {}).get("rollback", rollback)
+        restores.update(r.rollback for r in trace.speculative.rounds[1:] if r.rollback)
+        exact = exact and rows_equal(trace.vanilla, trace.speculative)
     return Measurement(target=target, settings=settings, n_max=n_max,
                        vanilla_tps=v_tok / (v_ms / 1000) if v_ms else 0.0,
                        speculative_tps=s_tok / (s_ms / 1000) if s_ms else 0.0,
-                       runs=len(prompts), diverged=diverged, acceptance=accepted / drafted if drafted else None)
+                       runs=len(prompts), diverged=diverged, acceptance=accepted / drafted if drafted else None,
+                       rollback=rollback, restores=dict(restores), rows_exact=exact)
 
 
-# -- suite results -----------------------------------------------------------------------
-_RATE_KEYS = ("divergence_rate", "diverged_rate", "rate", "diverged_share", "share")
-_K_KEYS = ("diverged", "n_diverged", "k", "forks")
-_N_KEYS = ("n", "runs", "total", "cells", "n_cells", "prompts")
-
-
-def _first(d: dict, keys: Sequence[str]) -> Any:
-    for k in keys:
-        if k in d and d[k] is not None:
-            return d[k]
-    return None
-
-
-def _setting_of(d: dict) -> dict[str, Any]:
-    """target / n_max / flash_attn / draft from an entry, wherever the file put them."""
-    out: dict[str, Any] = {}
-    for src in (d, d.get("setting") or {}, d.get("params") or {}, d.get("key") if isinstance(d.get("key"), dict)
-                else {}, d.get("config") or {}):
-        if not isinstance(src, dict):
-            continue
-        for k, names in (("target", ("target",)), ("n_max", ("n_max",)), ("flash_attn", ("flash_attn",)),
-                         ("draft", ("draft", "drafter"))):
-            if k not in out:
-                v = _first(src, names)
-                if v is not None:
-                    out[k] = v
-        eng = src.get("engine")
-        if isinstance(eng, dict) and "flash_attn" not in out and eng.get("flash_attn") is not None:
-            out["flash_attn"] = eng["flash_attn"]
-    return out
-
-
-def suite_rates(path: str) -> list[dict[str, Any]]:
-    """Per-setting divergence rates from a suite result file, read tolerantly.
-
-    Entries under ``rates`` (a list, or a mapping of entries) with a rate
-    field are used as they are; failing that, the ``cells`` are grouped by
-    setting and counted.  Each result: target, n_max, flash_attn, draft (where
-    known), rate, k, n, interval.
-    """
-    d = read_json(path)
-    out: list[dict[str, Any]] = []
-    rates = d.get("rates") if isinstance(d, dict) else None
-    entries: list[Any] = []
-    if isinstance(rates, list):
-        entries = rates
-    elif isinstance(rates, dict):
-        for v in rates.values():
-            entries.extend(v if isinstance(v, list) else [v])
-    for e in entries:
-        if not isinstance(e, dict):
-            continue
-        rate, k, n = _first(e, _RATE_KEYS), _first(e, _K_KEYS), _first(e, _N_KEYS)
-        if isinstance(rate, dict):  # {"value": .., "low": .., "high": ..}
-            e = {**e, **rate}
-            rate = _first(rate, ("value", "rate", "p"))
-        if not isinstance(rate, (int, float)) and isinstance(k, int) and isinstance(n, int) and n > 0:
-            rate = k / n
-        if not isinstance(rate, (int, float)):
-            continue
-        ci = _first(e, ("interval", "ci", "wilson", "ci95"))
-        if not (isinstance(ci, (list, tuple)) and len(ci) == 2):
-            lo, hi = _first(e, ("low", "lo", "lower")), _first(e, ("high", "hi", "upper"))
-            ci = (lo, hi) if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) else (
-                wilson(k, n) if isinstance(k, int) and isinstance(n, int) else None)
-        out.append({**_setting_of(e), "rate": float(rate), "k": k, "n": n, "interval": ci})
-    if out or not isinstance(d, dict) or not isinstance(d.get("cells"), list):
-        return out
-    groups: dict[tuple, list[bool]] = {}
-    for c in d["cells"]:
-        if not isinstance(c, dict) or c.get("identical") is None:
-            continue
-        s = _setting_of(c)
-        key = tuple(sorted((k, str(v)) for k, v in s.items()))
-        groups.setdefault(key, []).append(not c["identical"])
-    for key, div in groups.items():
-        k, n = sum(div), len(div)
-        out.append({**dict(key), "rate": k / n, "k": k, "n": n, "interval": wilson(k, n)})
-    return out
-
-
-def _match(rates: list[dict[str, Any]], m: Measurement, draft: str) -> dict[str, Any] | None:
-    for r in rates:
-        if str(r.get("target")) != m.target:
-            continue
-        if "n_max" in r and str(r["n_max"]) != str(m.n_max):
-            continue
-        if "flash_attn" in r and str(r["flash_attn"]) != str(m.settings.flash_attn):
-            continue
-        if "draft" in r and str(r["draft"]) != draft:
-            continue
-        return r
-    return None
-
-
-def _rate_text(r: dict[str, Any], source: str) -> str:
-    s = f"divergence rate {100 * r['rate']:.0f}%"
-    if r.get("k") is not None and r.get("n") is not None:
-        s += f" ({r['k']} of {r['n']} prompts)"
-    ci = r.get("interval")
-    if ci and all(isinstance(x, (int, float)) for x in ci):
-        s += f", 95% interval {100 * ci[0]:.0f}-{100 * ci[1]:.0f}%"
-    return s + f" in {source}"
+def rows_equal(vanilla: Any, speculative: Any) -> bool:
+    """Whether the speculative arm recorded, at every index, the very row vanilla did (top-k ids and logits, bit
+    for bit) and the same tokens."""
+    if vanilla.tokens != speculative.tokens or len(vanilla.steps) != len(speculative.steps):
+        return False
+    return all(a.top_ids == b.top_ids and a.top_logits == b.top_logits
+               for a, b in zip(vanilla.steps, speculative.steps))
 
 
 # -- the prescription --------------------------------------------------------------------
@@ -318,6 +298,7 @@ class _Prescribing:
     lossless: list[Claim] = field(default_factory=list)
     nothing: list[str] = field(default_factory=list)
     lossy: list[Measurement] = field(default_factory=list)
+    rollbacks: list[RollbackWeighing] = field(default_factory=list)
 
     def speed(self, t: TargetMap, n: int, settings: Any = None) -> Measurement:
         """Both arms of ``t``'s target at ``n_max`` ``n`` (under ``settings``, the row's own by default)."""
@@ -394,11 +375,74 @@ def _say_nothing(pr: _Prescribing, t: TargetMap, safe: int | None, ub_claim: Cla
                               f"{w2.rows - w2.identical} of {w2.rows} rows); forcing it takes -ub 1 (above)")
 
 
+def _x(m: Measurement | None) -> str:
+    return f"{m.speedup:.2f}x" if m is not None and m.speedup else "speed not measured"
+
+
+def _rollback_proof(safe: int | None, n: int, m: Measurement, mode: str) -> tuple[bool, str]:
+    """Whether ``m`` (the speed runs in rollback ``mode`` at ``n_max`` ``n``) proves the mode exact, and why."""
+    if not safe or n > safe:
+        return False, (f"the map does not prove widths 1-{n + 1} bit-identical, so a speculative row may differ "
+                       "through the batched numerics and no run here can tell that from a rollback's state")
+    done = sum(m.restores.values())
+    if not done:
+        return False, "no draft was rejected in the speed runs, so the mode never rolled back"
+    kinds = ", ".join(f"{c} {k}" for k, c in sorted(m.restores.items()))
+    if not m.rows_exact:
+        return False, (f"every width 1-{n + 1} is bit-identical, yet a speculative row differed from vanilla's "
+                       f"after its rollbacks ({kinds}): the rollback left another state; run `specview run "
+                       f"--rollback {mode}` on this target and read the diagnosis")
+    return True, (f"the map proves widths 1-{n + 1}, and every speculative row equals vanilla's bit for bit "
+                  f"through its rollbacks ({kinds})")
+
+
+def _weigh_rollbacks(pr: _Prescribing, t: TargetMap, safe: int | None, cache: dict[int, Measurement]) -> None:
+    """A hybrid row: every rollback mode at the row's n_max (the largest proven one, else the fastest measured),
+    for speed and exactness; the fastest proven one prescribed."""
+    own = next((m.rollback for m in cache.values() if m.rollback), None)
+    if own in (None, "seq-rm") or not cache:
+        return  # a KV cache drops positions: there is nothing to weigh
+    # the largest n_max the map proves (its rollbacks drop up to n_max tokens: the deepest the claims allow),
+    # else the fastest one measured
+    n = safe if safe and safe in cache else max(cache, key=lambda k: cache[k].speedup or 0.0)
+    options = []
+    for mode in WEIGHED_ROLLBACKS:
+        if mode == own:
+            m = cache[n]
+        elif mode == "snapshots" and t.settings.n_ubatch <= n:
+            options.append(RollbackOption(mode, None, False, f"a snapshot is kept only inside one micro-batch, which "
+                                          f"must hold more than n_max = {n} tokens (-ub {t.settings.n_ubatch})"))
+            continue
+        else:
+            try:
+                m = pr.speed(t, n, replace(t.settings, rollback=mode))
+            except ConfigError as exc:  # a mode this architecture does not have
+                options.append(RollbackOption(mode, None, False, str(exc)))
+                continue
+        proven, why = _rollback_proof(safe, n, m, mode)
+        options.append(RollbackOption(mode, m, proven, why))
+    ok = sorted((o for o in options if o.proven), key=lambda o: -(o.measurement.speedup or 0.0))
+    mine = next((o for o in options if o.mode == own), None)
+    if not ok:
+        pick, why = None, "none is proven lossless here"
+    elif ok[0].mode == own:
+        pick, why = own, "the run's own mode is the fastest proven one"
+    else:
+        best, pick = ok[0], ok[0].mode
+        if mine is not None and mine.proven:  # both proven: the sort put the faster first
+            why = (f"proven, and faster than --rollback {own} ({_x(best.measurement)} against "
+                   f"{_x(mine.measurement)})")
+        else:
+            why = f"proven, where --rollback {own} is not"
+    pr.rollbacks.append(RollbackWeighing(t.label, n, own, options, pick, why))
+
+
 def _prescribe_row(pr: _Prescribing, t: TargetMap, cands: list[int], ub1: bool) -> None:
     """One map row: every candidate n_max measured, its claims, and -ub 1 where no n_max is safe enough."""
     safe = t.safe_n_max()
     todo = sorted(set(cands) | ({safe} if safe else set()))
     cache = _measure_all(pr, t, todo)
+    _weigh_rollbacks(pr, t, safe, cache)
     if safe:
         _claim_safe(pr, t, safe, cache)
     lossy_here = [m for n, m in cache.items() if not safe or n > safe]
@@ -409,9 +453,9 @@ def _prescribe_row(pr: _Prescribing, t: TargetMap, cands: list[int], ub1: bool) 
 
 def _lossy_rate(fastest_lossy: Measurement, suite_results: str | None, draft: str, max_tokens: int) -> str:
     """The fastest lossy setting's divergence rate: the suite results' entry for it, else the speed runs'."""
-    r = _match(suite_rates(suite_results), fastest_lossy, draft) if suite_results else None
+    r = match(suite_rates(suite_results), fastest_lossy, draft) if suite_results else None
     if r is not None:
-        return _rate_text(r, suite_results)
+        return rate_text(r, suite_results)
     k, n = len(fastest_lossy.diverged), fastest_lossy.runs
     lo, hi = wilson(k, n)
     rate = (f"diverged on {k} of {n} prompt(s) in these {max_tokens}-token runs (95% interval "
@@ -450,8 +494,8 @@ def prescribe(
     causes = [line for t in kmap.targets for line in prescription_lines(t)]
     return Prescription(lossless=lossless, fastest_lossy=fastest_lossy, lossy_rate=rate, nothing=pr.nothing,
                         prompts=prompts, max_tokens=max_tokens, draft=draft, environment=dict(kmap.environment),
-                        causes=causes)
+                        causes=causes, rollbacks=pr.rollbacks)
 
 
-__all__ = ["DEFAULT_CANDIDATES", "Claim", "Measurement", "Prescription", "measure", "prescribe", "setting_flags",
-           "suite_rates", "wilson"]
+__all__ = ["DEFAULT_CANDIDATES", "WEIGHED_ROLLBACKS", "Claim", "Measurement", "Prescription", "RollbackOption",
+           "RollbackWeighing", "measure", "prescribe", "rows_equal", "setting_flags", "suite_rates", "wilson"]
