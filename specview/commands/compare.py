@@ -14,7 +14,7 @@ from typing import Any
 from ..core.arms.compare import first_difference
 from ..core.engine import SpecviewError
 from ..core.report.escape import num, text
-from ..core.trace import ArmResult, Trace
+from ..core.trace import ArmResult, Trace, short
 
 EXIT_SAME, EXIT_DIFFERENT = 0, 1
 CONTEXT = 8
@@ -119,8 +119,8 @@ def compare_traces(a: Trace, b: Trace, *, names: tuple[str, str] = ("A", "B")) -
     fa = _obj(a.models.get("target")).get("vocab_fingerprint")
     fb = _obj(b.models.get("target")).get("vocab_fingerprint")
     if fa and fb and fa != fb:
-        raise SpecviewError(f"the targets have different vocabularies (fingerprints {text(fa)} and {text(fb)}): "
-                            "token ids cannot be compared")
+        raise SpecviewError(f"{names[0]} and {names[1]}: the targets have different vocabularies (fingerprints "
+                            f"{short(fa)} and {short(fb)}): token ids cannot be compared")
     ca = {k: v for k, v in _flatten(a.config).items() if k not in SKIP_CONFIG}
     cb = {k: v for k, v in _flatten(b.config).items() if k not in SKIP_CONFIG}
     ea = {k: v for k, v in _flatten(a.environment).items() if k not in SKIP_ENV}
