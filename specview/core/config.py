@@ -252,7 +252,8 @@ class RunConfig:
     chat: bool = setting(True, flags=("--chat",), group="prompt", label="Chat template",
                          help="wrap the prompt in the model's chat template (a model without one gets the plain text)")
     ignore_eos: bool = setting(False, flags=("--ignore-eos",), group="prompt", label="Ignore EOS",
-                               help="keep generating past end-of-generation tokens")
+                               help="ban every end-of-generation token and keep generating, as llama.cpp's "
+                               "--ignore-eos does (a -inf logit bias: none is ever emitted)")
     stop_after_fork: int | None = setting(None, min=0, group="prompt", label="Stop after fork", gui=False,
                                           help="stop the speculative arm this many tokens after its first "
                                           "difference from vanilla (a rate needs only the fork); none: run "
