@@ -25,8 +25,9 @@ same-top-1 share is below :data:`TOP1_LIMIT`, or a logit is not finite.
 width can hide a kernel that is wrong only at some widths (a GPU's batched
 path at M >= 2, a dispatch that changes at 4 or 8).  So after the prompt's
 prefill, the continuation's positions are fed in passes of exactly W tokens,
-the shape of a verify pass of W rows, on both setups, and per width the same
-figures are given for three comparisons:
+the shape of a verify pass of W rows, on both setups (positions past the last
+whole pass are left out: a narrower pass would compute them), and per width
+the same figures are given for three comparisons:
 
 * ``pair``: the test against the reference at the same width (is the backend
   sane at this width);
@@ -213,16 +214,22 @@ def teacher_force(ref: Engine, test: Engine, tokens: Sequence[int], *, n_prompt:
     return out
 
 
+def full_passes(n: int, width: int) -> int:
+    """How many of ``n`` positions passes of exactly ``width`` tokens cover (the rest would be a narrower pass)."""
+    return (n // width) * width
+
+
 def _forced_rows(eng: Engine, tokens: Sequence[int], *, start: int, width: int, cancel: CancelFn) -> np.ndarray:
-    """The rows of positions ``start``.. of ``tokens`` computed in passes of ``width`` tokens, after a prefill of
-    the tokens before ``start`` in chunks (the shape of a verify pass of ``width`` rows after a prompt)."""
+    """The rows of positions ``start``.. of ``tokens`` computed in passes of exactly ``width`` tokens, after a
+    prefill of the tokens before ``start`` in chunks (the shape of a verify pass of ``width`` rows after a
+    prompt); positions past the last whole pass are left out, as a narrower pass would compute them."""
     eng.reset()
     chunk = max(1, min(CHUNK, eng.n_batch))
     for a in range(0, start, chunk):
         part = list(tokens[a:min(start, a + chunk)])
         eng.eval(part, rows=[len(part) - 1])
     out = []
-    for a in range(start, len(tokens), width):
+    for a in range(start, start + full_passes(len(tokens) - start, width), width):
         if cancel():
             raise BackendCheckCancelled("backend check cancelled")
         part = list(tokens[a:a + width])
@@ -241,10 +248,13 @@ def width_rows(ref: Engine, test: Engine, tokens: Sequence[int], *, start: int, 
     t1 = _forced_rows(test, tokens, start=start, width=1, cancel=cancel)
     out = {}
     for w in widths:
+        n = full_passes(len(tokens) - start, w)
+        if n == 0:  # fewer positions than one pass of this width
+            continue
         rw = r1 if w == 1 else _forced_rows(ref, tokens, start=start, width=w, cancel=cancel)
         tw = t1 if w == 1 else _forced_rows(test, tokens, start=start, width=w, cancel=cancel)
         out[w] = {}
-        for key, (a, b) in (("pair", (rw, tw)), ("drift", (t1, tw)), ("reference_drift", (r1, rw))):
+        for key, (a, b) in (("pair", (rw, tw)), ("drift", (t1[:n], tw)), ("reference_drift", (r1[:n], rw))):
             c = compare_rows(a, b)
             out[w][key] = (c["kl"].tolist(), c["same_top1"].tolist(), c["max_delta"].tolist(), c["finite"].tolist())
     return out
@@ -430,8 +440,9 @@ def format_check(result: dict[str, Any]) -> str:
                      f"{num(r['ppl_test'], '.3f'):>9}")
     if result.get("widths"):
         lines.append("")
-        lines.append("per verify width: the continuation fed in passes of W tokens on both sides; pair = the test "
-                     "against the reference at W, drift = the test at W against the test at width 1")
+        lines.append("per verify width: the continuation fed in whole passes of W tokens on both sides (positions past "
+                     "the last whole pass left out); pair = the test against the reference at W, drift = the test at "
+                     "W against the test at width 1")
         head, rows = width_table(result)
         lines.append("  ".join(f"{h:>{len(h) if i else 5}}" for i, h in enumerate(head)))
         for r in rows:
