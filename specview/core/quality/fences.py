@@ -105,6 +105,9 @@ class Fences:
             gaps.append("reads not confined: the sample keeps a capability that reads every file on this machine")
         elif not self.capabilities_dropped:
             gaps.append("capabilities not dropped on this platform")
+        if not self.pid_namespace and self.landlock_abi < 6:
+            gaps.append(f"signals not fenced: with no PID namespace and no Landlock scoping (ABI 6) a sample may "
+                        f"signal any process of {who}")
         if not self.kill_complete:
             gaps.append("no PID namespace and no seccomp: a sample that leaves its process group outlives the kill")
         if not self.folder_quota:
