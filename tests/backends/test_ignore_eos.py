@@ -201,3 +201,20 @@ def test_llama_server_bans_as_the_in_process_arms_do_token_for_token(pairs, loca
     # the same loop: the same drafts and acceptances, the drafted EOS rejected by both
     v, s = st.speculative, lt.speculative
     assert (v.n_drafted, v.n_accepted) == (s.n_drafted, s.n_accepted)
+
+
+def test_locate_walks_the_continuation_as_an_ignore_eos_run_does(pairs):
+    from specview.core.locate.find import locate
+
+    target, _, ids, _, banned, tops, _ = pairs["qwen35"]
+    position = tops[0] + 2  # past the first place EOS comes top
+    session = Session()
+    try:
+        kw = dict(target=str(target), width=2, row=1, position=position, prompt_tokens=ids,
+                  settings=EngineSettings(threads=1))
+        loc = locate(session, ignore_eos=True, **kw)
+        plain = locate(session, **kw)
+    finally:
+        session.close()
+    assert loc.single_tokens == [banned[position - 1]] and loc.batch_tokens == banned[position - 2:position]
+    assert EOS in plain.batch_tokens + plain.single_tokens  # unbanned, the walk emits EOS there and goes on

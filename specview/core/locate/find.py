@@ -42,7 +42,7 @@ import numpy as np
 from ..config import EngineSettings
 from ..config import fill_plain
 from ..errors import BackendUnavailable, Cancelled, ConfigError, SpecviewError
-from ..arms.generate import prefill
+from ..arms.generate import ban_rows, banned, prefill
 from .graphdiff import (  # noqa: F401  (re-exported: what an observing engine reports, and the diff)
     VIEW_OPS,
     GraphEngine,
@@ -251,15 +251,17 @@ def _checked_position(width: int, row: int, position: int | None) -> int:
 
 
 def _walk(plain: Any, ids: list[int], n_batch: int, teacher: Sequence[int] | None, steps: int, position: int,
-          cancel: CancelFn) -> tuple[list[int], list[str]]:
+          cancel: CancelFn, ignore_eos: bool = False) -> tuple[list[int], list[str]]:
     """The continuation fed ``steps`` tokens one per pass, as plain decoding walks it: the teacher's tokens, then
-    the target's greedy ones; (the continuation, a note where the walk's greedy token is not the teacher's)."""
+    the target's greedy ones (with ``ignore_eos``, as the arms pick them: every end-of-generation token banned);
+    (the continuation, a note where the walk's greedy token is not the teacher's)."""
     pre = prefill(plain, ids, n_batch, cancel)
     if pre is None:
         raise Cancelled("locate cancelled")
     seq = [int(t) for t in (teacher or [])]
     notes: list[str] = []
-    row_logits = pre[0]
+    ban = banned(plain, ignore_eos)
+    row_logits = ban_rows(pre[0], ban)
     replay_ok = True
     for k in range(steps):  # feed c[k]; the row gives c[k+1]
         if k >= len(seq):
@@ -272,7 +274,7 @@ def _walk(plain: Any, ids: list[int], n_batch: int, teacher: Sequence[int] | Non
             break
         if cancel():
             raise Cancelled("locate cancelled")
-        row_logits = plain.eval([seq[k]], rows=[0])[0]
+        row_logits = ban_rows(plain.eval([seq[k]], rows=[0])[0], ban)
     return seq, notes
 
 
@@ -354,14 +356,16 @@ def _logits_diff(res: dict[str, Any], row: int, source: str, notes: list[str]) -
 def locate(session: Any, target: str, *, width: int, row: int = 0, position: int | None = None,
            prompt_tokens: Sequence[int] | None = None, prompt: str | None = None, chat: bool = True,
            settings: EngineSettings | None = None, backend: str = "llama.cpp", teacher: Sequence[int] | None = None,
-           source: str = "position", progress: ProgressFn | None = None, cancel: CancelFn | None = None) -> Located:
+           source: str = "position", ignore_eos: bool = False, progress: ProgressFn | None = None,
+           cancel: CancelFn | None = None) -> Located:
     """Locate where row ``row`` of a width-``width`` pass computing token ``position`` first departs.
 
     A job for a runner: it gets its model and contexts from ``session`` and
     returns a picklable :class:`Located`.  ``teacher`` gives the continuation to
     feed (a trace's tokens); without it the target's own greedy continuation
-    is walked.  ``position`` defaults to ``row + 1``, the first token a
-    width-``width`` pass can compute at row ``row``.
+    is walked (``ignore_eos``: as a run with ``--ignore-eos`` walks it, every
+    end-of-generation token banned).  ``position`` defaults to ``row + 1``, the
+    first token a width-``width`` pass can compute at row ``row``.
     """
     say = progress or (lambda msg: None)
     cancel = cancel or (lambda: False)
@@ -383,7 +387,7 @@ def locate(session: Any, target: str, *, width: int, row: int = 0, position: int
         raise ConfigError(f"width {width} is wider than the batch size {plain.n_batch}; raise --n-batch",
                           setting="n_batch")
     say(f"locate: walking {target} to token {max(need, position)} ({n} prompt tokens)")
-    seq, notes = _walk(plain, ids, settings.n_batch, teacher, max(need, position), position, cancel)
+    seq, notes = _walk(plain, ids, settings.n_batch, teacher, max(need, position), position, cancel, ignore_eos)
     ps = _Passes(n_prompt=n, start=start, position=position, width=width, row=row, seq=seq,
                  batch=seq[start - 1:start - 1 + width], single=[seq[position - 1]])
     t_walk = time.perf_counter()
@@ -481,7 +485,7 @@ def fork_of(trace: Any) -> dict[str, Any]:
         teacher = teacher[:k - row] + [int(t) for t in rnd.draft_tokens]
     return {"target": cfg.target, "settings": cfg.engine, "backend": cfg.backend,
             "prompt_tokens": [int(t) for t in trace.prompt["tokens"]], "position": k, "width": width, "row": row,
-            "teacher": teacher, "source": "trace"}
+            "teacher": teacher, "source": "trace", "ignore_eos": bool(cfg.ignore_eos)}
 
 
 __all__ = ["SCHEMA", "SELECTIONS", "departure", "GraphEngine", "GraphNode", "Located", "LocateError", "LogitsDiff", "MicroBatch",
