@@ -194,3 +194,37 @@ def as_num(v: Any, where: str, *, none: bool = False) -> Any:
         return float(v)
     except OverflowError:
         raise Malformed(where, f"is {short(v)}, too large for a number") from None
+
+
+def check_spec(v: Any, spec: Any, where: str) -> None:
+    """Raise :class:`Malformed` naming the first field of ``v`` whose type is not the one ``spec`` gives.
+
+    A spec is a leaf type (``"int"``, ``"num"``, ``"str"``, ``"bool"``), a dict of known keys (a key ending in
+    ``!`` is required; keys it does not name pass unchecked) or a one-element list (a list of that).  null is
+    accepted everywhere: readers treat a missing and a null value alike.  A whole number must be one a float
+    holds, since a reader may format it as one.
+    """
+    if v is None:
+        return
+    if isinstance(spec, str):
+        if spec == "int":
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise Malformed(where, f"must be a whole number or null, not {type_name(v)}")
+            as_num(v, where)  # a reader may format it as a number: past a float's range it is none
+        elif spec == "num":
+            as_num(v, where, none=True)
+        elif spec == "str":
+            as_str(v, where, none=True)
+        else:
+            as_bool(v, where, none=True)
+    elif isinstance(spec, dict):
+        d = as_dict(v, where, none=True)
+        for key, sub in spec.items():
+            name = key.rstrip("!")
+            if name in d:
+                check_spec(d[name], sub, f"{where}.{name}")
+            elif key.endswith("!"):
+                raise Malformed(where, f"needs {name!r}")
+    else:
+        for i, x in enumerate(as_list(v, where)):
+            check_spec(x, spec[0], f"{where}[{i}]")

@@ -26,6 +26,7 @@ from .jsonfile import (  # noqa: F401  (read_json, json_safe, write_atomic are i
     json_depth,
     json_safe,
     read_json,
+    check_spec,
     short,
     write_atomic,
 )
@@ -441,7 +442,13 @@ def validate(d: Any, *, source: str = "<trace>") -> None:
         for key in ("chat", "raw_tokens"):
             if key in prompt:
                 as_bool(prompt[key], f"prompt.{key}")
-        as_dict(d.get("diagnosis"), "diagnosis", none=True)
+        check_spec(d.get("diagnosis"), DIAGNOSIS_SPEC, "diagnosis")
+        check_spec(d.get("crash"), CRASH_SPEC, "crash")
+        check_spec(d["config"], CONFIG_SPEC, "config")
+        _check_settings(d["config"])
+        decided = as_dict(d["config"].get("decided"), "config.decided", none=True) or {}
+        for key, dec in decided.items():
+            check_spec(dec, {"why": "str"}, f"config.decided.{key}")
     except Malformed as exc:
         raise TraceError(f"{source}: malformed specview trace: {exc}") from None
 
@@ -515,3 +522,68 @@ def _round(d: Any, n_tokens: int, where: str) -> Round:
     if rnd.first_step > n_tokens:
         raise Malformed(f"{where}.first_step", f"is {rnd.first_step}, past the arm's {n_tokens} tokens")
     return rnd
+
+
+# -- the free-form blocks' known keys: checked at load, so every reader (reports, compare, the app) gets the
+# types it formats -----------------------------------------------------------------------------------------
+# (the spec language: :func:`specview.core.jsonfile.check_spec`; keys not named pass unchecked, so newer keys are
+# read by newer readers)
+_REPLAY = {"token": "int", "logit_a": "num", "logit_b": "num", "gap": "num", "rank_a": "int", "rank_b": "int",
+           "shape": "str", "reproduced": "bool", "reproduces_token": "bool", "first_deviation": "int",
+           "max_recorded_delta": "num", "rerun_consistent": "bool"}
+_KL = {"positions": "int", "non_finite": "int", "kl_mean": "num", "kl_p99": "num", "kl_max": "num",
+       "same_top1": "num", "max_logit_delta": "num", "ppl_reference": "num", "ppl_test": "num"}
+_GRAPH = {"index": ["int"], "name": ["str"], "op": ["str"], "type": ["str"], "buffer": ["str"], "weight": ["str"],
+          "part": ["str"], "max_abs": ["num"], "status": "str", "n_nodes": "int"}
+_REPEAT = {"identical": "bool", "first_mismatch": "int", "n_tokens": "int", "seconds": "num"}
+DIAGNOSIS_SPEC: dict[str, Any] = {
+    "version": "int", "verdict": "str", "rule": "str", "fork": "int", "vanilla_token": "int",
+    "speculative_token": "int", "vanilla_piece": "str", "speculative_piece": "str", "gap": "num",
+    "explanation": "str", "seconds": "num", "at_risk": ["int"],
+    "serial_verify": {"form": "str", "identical_to_vanilla": "bool", "first_mismatch": "int", "n_tokens": "int",
+                      "seconds": "num", "description": "str", "passes": "int", "reused_run": "bool",
+                      "vanilla_repeat": _REPEAT, "n_drafted": "int", "n_accepted": "int",
+                      "vanilla_matches_run": "bool", "speculative_rounds": "int", "vanilla_shape": "str",
+                      "skipped": "str", "unproven": "int"},
+    "reference": {"kind": "str", "reference_label": "str", "test_label": "str", "target": "str", "ok": "bool",
+                  "problems": ["str"], "skipped": "str", "seconds": "num", "continuation": "int", "totals": _KL,
+                  "prompts": [{"name": "str", **_KL}], "limits": {"kl_mean": "num", "same_top1": "num"}},
+    "envelope": {"max": "num", "p95": "num", "median": "num", "at_fork": "num", "positions": "int", "top_k": "int",
+                 "series": ["num"]},
+    "thresholds": {"logit_tol": "num", "far_factor": "num", "far_floor": "num", "near_tie": "num", "far": "num",
+                   "at_risk": "num"},
+    "replays": {"positions": "int", "passes": "int", "seconds": "num", "single": _REPLAY, "speculative": _REPLAY},
+    "controls": [{"name": "str", "description": "str", "identical": "bool", "first_mismatch": "int",
+                  "n_tokens": "int", "n_drafted": "int", "seconds": "num", "skipped": "str"}],
+    "departure": {"skipped": "str", "where": "str", "width": "int", "row": "int", "position": "int",
+                  "identical": "bool", "observer_exact": "bool", "selection": "str", "granularity": "str",
+                  "node": "str", "op": "str", "part": "str", "max_abs": "num", "weight_type": "str",
+                  "weight_buffer": "str", "computed_in": "str", "logits_differ": "int", "n_vocab": "int",
+                  "graph": _GRAPH},
+}
+#: the engine's death (``crash``, :func:`specview.core.worker.death.message` reads it)
+CRASH_SPEC: dict[str, Any] = {
+    "during": "str", "activity": "str", "hung": "bool", "hung_seconds": "num", "signal": "str", "exitcode": "int",
+    "native_function": "str", "assert": "str", "log": "str", "known_cause": {"cause!": "str", "advice!": "str"}}
+#: the config's own blocks (``quality``: the suite item the prompt came from); its settings are checked as
+#: ``RunConfig.from_dict`` reads them, where a reader asks for that
+CONFIG_SPEC: dict[str, Any] = {
+    "quality": {"suite": "str", "item": "str", "expected": "str", "vanilla_pass": "bool",
+                "speculative_pass": "bool", "vanilla_got": "str", "speculative_got": "str"},
+}
+
+
+def _check_settings(config: dict[str, Any]) -> None:
+    """A declared setting's number must be one a float holds: ``RunConfig.from_dict`` (the app's re-run, the
+    report's commands) reads it as a number, and 10**400 is none."""
+    from dataclasses import fields
+
+    from .config import EngineSettings, RunConfig
+
+    for block, cls, where in ((config, RunConfig, "config"), (config.get("engine"), EngineSettings, "config.engine")):
+        if not isinstance(block, dict):
+            continue
+        for f in fields(cls):
+            v = block.get(f.name)
+            if isinstance(v, int) and not isinstance(v, bool):
+                as_num(v, f"{where}.{f.name}")
