@@ -1,11 +1,17 @@
 """Single-field mutations of a real trace through ``specview report`` and ``specview compare``.
 
-``data/real-trace.json`` is a trace ``specview run --diagnose`` wrote on the demo (a near-tie fork, its
-replays, envelope, serial-verify control, and the departure with its graph record).  Every mutation
-changes one field: a value of another type (a string where a number goes, a number where text goes, null,
-a list, an object), a number past any range, a deleted key, or HTML/Markdown where text goes.  Each must
-end in one clean error line naming the file (exit status 2) or a report that shows the value inert, never
-a traceback or an internal error (exit status 70), and never a half-written report.
+``data/real-trace.json`` is what ``specview run -m demo:Q4_K_M --diagnose`` wrote on the demo (64 tokens of
+the built-in essay prompt: real config, environment, models, steps and rounds).  That run came out
+identical, so a fork was planted where a natural one would be: the speculative arm's token 3 is vanilla's
+top-2 there (' crucial' for ' vital', a margin of 0.057 logits), and the diagnosis is the near-tie a
+diagnosis of such a fork writes, every block filled (replays, envelope, thresholds, serial-verify control,
+and the departure with its graph record).
+
+Every mutation changes one field: a value of another type (a string where a number goes, a number where
+text goes, null, a list, an object), a number past any range, a deleted key, or HTML, Markdown or a
+backtick fence where text goes.  Each must end in one clean error line naming the file (exit status 2) or
+a report that shows the value inert, never a traceback or an internal error (exit status 70), and never a
+half-written report.
 """
 
 from __future__ import annotations
