@@ -217,6 +217,11 @@ BUILD_KEYS = (
 )
 
 
+#: what the run's setup facts say of GPUs (``specview doctor``'s facts, as the trace's ``environment.setup`` keeps them)
+GPU_SETUP_KEYS = ("llama.cpp.gpu", "llama.cpp.software_device", "llama.cpp.offload", "llama.cpp.ggml_env",
+                  "llama-server.devices")
+
+
 def build_rows(trace: Any, *, long: int = 2000) -> list[tuple[str, str]]:
     """The build and machine, as the run recorded them; strings longer than ``long`` are cut, saying so."""
     env = obj(trace.environment)
@@ -243,8 +248,8 @@ def build_rows(trace: Any, *, long: int = 2000) -> list[tuple[str, str]]:
         rows.append((f"device {text(d.get('name'))}", f"{text(desc)}{mem}"))
     setup = obj(env.get("setup"))
     for k in sorted(setup):
-        if k.startswith(("machine.", "vulkan.", "gpu.")) and k not in ("machine.cpu", "machine.os") \
-                and setup[k] not in (None, "", []):
+        wanted = k.startswith(("machine.", "vulkan.", "gpu.")) or k in GPU_SETUP_KEYS
+        if wanted and k not in ("machine.cpu", "machine.os") and setup[k] not in (None, "", []):
             rows.append((k, text(setup[k])[:long]))
     for k, v in sorted(obj(env.get("ggml_env")).items()):
         rows.append((f"environment {k}", text(v)))
