@@ -9,10 +9,7 @@ the CLI, the app's confirmation and the docs read its :meth:`Fences.lines`,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .execute import Limits
+from typing import Any
 
 #: the environment a sample gets: nothing else of the parent's (then HOME and TMPDIR, its folder)
 SAMPLE_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
@@ -114,8 +111,9 @@ class Fences:
             gaps.append("no mount namespace: the folder is on disk with no total cap, and /tmp is the machine's")
         return gaps
 
-    def lines(self, limits: "Limits") -> list[str]:
-        """What holds around each sample, one fact a line, for ``specview quality`` and the docs."""
+    def lines(self, limits: Any) -> list[str]:
+        """What holds around each sample under ``limits`` (an ``execute.Limits``), one fact a line, for
+        ``specview quality`` and the docs."""
         net = [w for w, on in (("a network namespace of its own, no interface up", self.network),
                                ("seccomp refuses every socket()", self.seccomp),
                                ("Landlock refuses TCP", self.landlock_abi >= 4)) if on]
