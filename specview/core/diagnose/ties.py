@@ -141,7 +141,8 @@ def envelope_of(trace: Any, diagnosis: dict[str, Any] | None = None) -> tuple[fl
     drift = width_drift(ref)
     if drift is not None:
         return drift, "the backend check's width drift (the setup under test at each width against width 1)"
-    return None, "no envelope measured on this run (a diagnosis of a fork, or `specview check`, measures it)"
+    return None, ("no envelope measured on this run (a diagnosis measures one at a fork; `specview check "
+                  "--widths` measures this machine's width drift)")
 
 
 def width_drift(check: dict[str, Any]) -> float | None:
