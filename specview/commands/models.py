@@ -120,6 +120,11 @@ def _target(name: str, scan: M.Scan) -> M.ModelInfo:
     return hit or M.read_header(name)
 
 
+def _none_fit(fits: list[M.DrafterFit], spec_type: str | None) -> bool:
+    """Nothing serves ``spec_type`` (or, with none given, no drafter model fits: the n-gram types always do)."""
+    return not fits if spec_type is not None else not any(f.model for f in fits)
+
+
 def drafters(target: M.ModelInfo, fits: list[M.DrafterFit], models: list[M.ModelInfo] | None = None,
              spec_type: str | None = None) -> str:
     """The ``--drafters-for`` table, and when no model fits, why (for ``spec_type``, or each kind of drafter)."""
@@ -130,7 +135,7 @@ def drafters(target: M.ModelInfo, fits: list[M.DrafterFit], models: list[M.Model
         rows.append([f.model.name if f.model else "(none needed)", ", ".join(f.spec_types),
                      f"{f.ratio:.3f}x" if f.ratio is not None else "-", f.why])
     out += _table(rows)
-    if not any(f.model for f in fits):
+    if _none_fit(fits, spec_type):
         out.append("  " + M.no_fit_reason(target, models or [], spec_type))
     return "\n".join(out)
 
@@ -190,8 +195,8 @@ def main(args: argparse.Namespace) -> int:
             print(json.dumps({"target": target.to_dict(), "drafters": [
                 {"model": f.model.to_dict() if f.model else None, "spec_types": list(f.spec_types),
                  "ratio": f.ratio, "why": f.why} for f in fits],
-                "none_because": M.no_fit_reason(target, scan.models, args.spec_type) if not any(
-                    f.model for f in fits) else None}, indent=1))
+                "none_because": M.no_fit_reason(target, scan.models, args.spec_type)
+                if _none_fit(fits, args.spec_type) else None}, indent=1))
         else:
             print(drafters(target, fits, scan.models, args.spec_type))
         return 0

@@ -163,3 +163,12 @@ def test_a_store_name_of_a_skipped_file_says_why_it_was_skipped(here):
     with pytest.raises(ModelFileError, match=r"lmstudio:x/Projector: the scan skipped it: .*proj\.gguf: "
                                              r"a multimodal projector"):
         M.resolve_name("lmstudio:x/Projector", "gguf", scan=scan)
+
+
+def test_drafters_for_gives_no_reason_when_the_spec_type_is_served(here, capsys, tmp_path):
+    mtp = header_gguf(tmp_path / "mtp.gguf", "llama", meta={"llama.nextn_predict_layers": 1},
+                      tensors={"a.weight": (8, 8)})
+    code, out, _ = cli(capsys, "models", "--drafters-for", str(mtp), "--spec-type", "draft-mtp")
+    assert code == 0 and "(none needed)" in out and "no compatible drafter" not in out
+    code, out, _ = cli(capsys, "models", "--drafters-for", str(mtp), "--spec-type", "ngram-mod")
+    assert code == 0 and "no compatible drafter" not in out
