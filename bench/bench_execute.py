@@ -9,7 +9,8 @@ Prints the median and best of --repeats for:
     in-process guard), and the overhead over the baseline;
   * the same without the seccomp filter (what the filter costs);
   * the same without the kernel's namespaces, mounts and Landlock (what those fences cost on their own);
-and what the platform enforces (``sandbox_report``), with the promised fences it lacks.  HumanEval's 164 problems run one sample per arm each.
+and what the platform enforces (``sandbox_report``), with the promised fences it lacks.  HumanEval's 164
+problems run one sample per arm each.
 """
 
 from __future__ import annotations

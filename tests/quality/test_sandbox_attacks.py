@@ -100,8 +100,8 @@ def test_no_unix_socket_outside_is_reachable_by_its_path(where: str, off: tuple[
     try:
         res = run(_connect_program(path), guard=False, fences_off=off)
         # through ctypes too: no Python-level check stands between the sample and the kernel here
-        raw = run(f"import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nprint(libc.socket(1, 1, 0), "
-                  f"ctypes.get_errno())\n", guard=False, fences_off=off)
+        raw = run("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nprint(libc.socket(1, 1, 0), "
+                  "ctypes.get_errno())\n", guard=False, fences_off=off)
     finally:
         got = listener.close()
         Path(path).unlink(missing_ok=True)
@@ -246,7 +246,8 @@ def test_as_root_the_sample_keeps_no_capability() -> None:
 def test_a_sample_cannot_reopen_its_launchers_descriptors_through_proc(off: tuple[str, ...]) -> None:
     """init and the launcher hold the control pipe: even without Landlock (and without namespaces) the sample
     opens none of their descriptors and reads neither their memory nor their environment."""
-    program = ("import os\ndef parent(pid):\n    return int(open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[1])\n"
+    program = ("import os\ndef parent(pid):\n"
+               "    return int(open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[1])\n"
                "init = parent(os.getpid())\nlauncher = parent(init)\nopened, tried = 0, 0\n"
                "for pid in (init, launcher):\n    for path in ([f'/proc/{pid}/mem', f'/proc/{pid}/environ'] +\n"
                "                 [f'/proc/{pid}/fd/{n}' for n in range(3, 64)]):\n        tried += 1\n"

@@ -390,7 +390,8 @@ def fence_sample(cfg, folder):
             facts.update(drop_capabilities())
         _prctl(PR_SET_DUMPABLE, 0)  # no core dump of a crash, and /proc/self is not readable by others
         facts["landlock"], facts["landlock_why"] = landlock(folder) if "landlock" not in off else (0, "off")
-        facts["seccomp"], facts["seccomp_why"] = install_seccomp(_libc) if "seccomp" not in off else (False, "off")
+        seccomp = install_seccomp(_libc) if "seccomp" not in off else (False, "off")  # noqa: F821 - sandbox_seccomp's
+        facts["seccomp"], facts["seccomp_why"] = seccomp
     else:  # no capabilities to drop: root's file access is its uid's
         facts["capabilities_dropped"], facts["read_capability"] = os.geteuid() != 0, os.geteuid() == 0
     facts["limits"] = set_limits(cfg["limits"])
@@ -406,7 +407,7 @@ def run_program(cfg, folder, nonce):
     sys.argv = ["sample.py"]
     path = os.path.join(folder, "sample.py")
     if cfg["guard"]:
-        install_guard(os.path.realpath(folder), cfg["limits"]["processes"])
+        install_guard(os.path.realpath(folder), cfg["limits"]["processes"])  # noqa: F821 - sandbox_guard's
     g = {"__name__": "__main__", "__file__": path, "__builtins__": builtins}
     outcome = {"outcome": "passed"}
     try:
