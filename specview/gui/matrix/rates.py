@@ -44,7 +44,7 @@ from PySide6.QtWidgets import (
 from ...core import verdicts
 from ...core.matrix.evidence import group_prediction_text
 from ...core.matrix.quality import answers_text
-from ...core.matrix.rates import pct, positions_text, rate_text, severity_text
+from ...core.matrix.rates import pct, positions_text, rate_text, severity_text, ties_lines, ties_summary
 from ...core.matrix.spec import engine_axes
 from ...core.matrix.summary import ALL_AXES, axis_part
 from .rate_plots import SEVERITY_VERDICT, PositionPlot, RatePlot, SeverityPlot
@@ -323,6 +323,7 @@ class RatesPanel(QWidget):
         tip = [f"{full or name}: {rate_text(g)}"]
         if g["forks"]:
             tip += [positions_text(g), "gaps: " + severity_text(g)]
+        tip += [ln.strip() for ln in ties_lines(g.get("ties"))]
         if kernel_cell(g):
             tip.append("kernel map: " + kernel_cell(g))
         if a:
@@ -347,7 +348,7 @@ class RatesPanel(QWidget):
             key, cat = self._selected
             setting = self.group(key)
             name = setting["label"] + (f" · {cat}" if cat else "")
-            self.selection.setText(f"{name}: {rate_text(g)}")
+            self.selection.setText(f"{name}: {rate_text(g)}{ties_summary(g.get('ties'))}")
             self.rate_plot.mark(self.rates["settings"].index(setting))
         self.severity_plot.set_group(g, self.rates.get("gap_bins") or [])
         self.position_plot.set_group(g)
