@@ -83,3 +83,38 @@ def test_screenshot_of_the_new_views(view, synth, tmp_path):
     img = view.grab().toImage()
     assert img.width() > 500 and img.height() > 300
     assert img.save(str(tmp_path / "side.png"))
+
+
+def test_the_rates_panel_names_each_settings_near_ties(qtbot, tmp_path):
+    """A matrix on the fake backend (its batched rows carry a planted error): the selected setting's line and
+    its tool tip give the near-tie density the rates summed from the cells."""
+    from fakes import FakeBackend
+    from specview.core.matrix import MatrixSpec, PromptSpec, load_matrix, run_matrix
+    from specview.core.registry import register_backend, unregister_backend
+    from specview.core.session import Session
+    from specview.gui.matrix.rates import RatesPanel
+
+    class Toy(FakeBackend):
+        name = "toy-ties-gui"
+        model_kind = "name"
+
+    register_backend("toy-ties-gui", Toy)
+    try:
+        spec = MatrixSpec(targets=["0:0:0.5"], drafters=["0"], n_max=[4], max_tokens=40, ignore_eos=True,
+                          prompts=[PromptSpec(f"p{i}", text=t, chat=False) for i, t in
+                                   enumerate(["hello world", "the cat sat", "quick brown fox"])],
+                          backend="toy-ties-gui", diagnose=True)
+        with Session() as s:
+            run_matrix(spec, s, out=tmp_path / "m.json")
+    finally:
+        unregister_backend("toy-ties-gui")
+    doc = load_matrix(tmp_path / "m.json")
+    g = doc["rates"]["settings"][0]
+    panel = RatesPanel()
+    qtbot.addWidget(panel)
+    panel.set_rates(doc["rates"], prompts=3)
+    panel.select_setting(0)
+    b = next((b for b in g["ties"]["bands"] if b.get("calibrated")), g["ties"]["bands"][0])
+    assert f"near-ties: {b['in_band']} of {g['ties']['positions']} compared positions" in panel.selection.text()
+    tip = panel.tree.topLevelItem(0).toolTip(0)
+    assert "near-ties" in tip and "2.0 logits" in tip and "0.125 nats" in tip

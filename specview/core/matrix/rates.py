@@ -222,3 +222,12 @@ def ties_lines(t: dict[str, Any] | None) -> list[str]:
     for b in t["bands"]:
         out.append(f"    {band_label(b):<30} {tie_rate_text(b)}; {says(b)}")
     return out
+
+
+def ties_summary(t: dict[str, Any] | None) -> str:
+    """One clause for a setting's line: its calibrated band's count (else the first band's), or "" without one."""
+    if not t or not t.get("bands"):
+        return ""
+    b = next((b for b in t["bands"] if b.get("calibrated")), t["bands"][0])
+    return (f"; near-ties: {b['in_band']} of {t['positions']} compared positions in the {band_label(b)} band, "
+            f"{b['flipped']} flipped" + (f", {b['flipped_outside']} outside it" if b["flipped_outside"] else ""))
