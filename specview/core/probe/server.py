@@ -144,7 +144,13 @@ class ServerProbe:
         n = n_ctx - n_prompt - 1
         eng = replace(self.settings, n_ctx=n_ctx)
 
+        pool = getattr(self.runner, "pool", None)
+        if pool is not None:  # a server kept from another run may have a larger context, and so no edge here
+            pool.stop_all()
+
         def edge(t: Trace, c: dict[str, Any]) -> tuple[bool, str]:
+            if int(t.config.get("n_ctx_used") or 0) != n_ctx:
+                return False, f"the server's context was {t.config.get('n_ctx_used')} cells, not {n_ctx}"
             end = n_prompt + len(t.speculative.tokens)
             last = [r for r in t.speculative.rounds[1:] if r.first_step + self.n_max + 1 >= len(t.speculative.tokens)]
             cut = [r for r in last if r.drafted < self.n_max]
