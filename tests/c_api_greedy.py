@@ -15,8 +15,11 @@ import door
 import numpy as np
 
 
-def c_api_greedy(path: str | Path, prompt: list[int], n: int, *, n_ctx: int, chunk: int, threads: int) -> list[int]:
-    """``n`` greedy tokens after ``prompt`` on ``path``, at ``threads`` threads (the thread count can move logits)."""
+def c_api_greedy(path: str | Path, prompt: list[int], n: int, *, n_ctx: int, chunk: int, threads: int,
+                 ignore_eos: bool = False) -> list[int]:
+    """``n`` greedy tokens after ``prompt`` on ``path``, at ``threads`` threads (the thread count can move logits).
+
+    ``ignore_eos``: as llama.cpp's ``--ignore-eos``, every token ``llama_vocab_is_eog`` names is banned."""
     import llama_cpp as ll
 
     model = door.c_load(ll, path)
@@ -24,7 +27,9 @@ def c_api_greedy(path: str | Path, prompt: list[int], n: int, *, n_ctx: int, chu
     cp.n_ctx, cp.n_batch, cp.n_ubatch = n_ctx, chunk, chunk
     cp.n_threads = cp.n_threads_batch = threads
     ctx = door.c_context(ll, model, cp)
-    n_vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(model))
+    vocab = ll.llama_model_get_vocab(model)
+    n_vocab = ll.llama_vocab_n_tokens(vocab)
+    eog = [i for i in range(n_vocab) if ll.llama_vocab_is_eog(vocab, i)] if ignore_eos else []
     batch = ll.llama_batch_init(chunk, 0, 1)
     pos = 0
 
@@ -44,6 +49,7 @@ def c_api_greedy(path: str | Path, prompt: list[int], n: int, *, n_ctx: int, chu
         row = decode(prompt[i:i + chunk])
     out = []
     for _ in range(n):
+        row[eog] = -np.inf
         t = int(np.argmax(row))
         out.append(t)
         row = decode([t])
