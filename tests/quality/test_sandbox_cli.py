@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,30 @@ def test_the_docs_name_every_gap_the_report_can_give() -> None:
     for gap in weak.gaps():
         head = gap.split(" (")[0].split(":")[0]
         assert head in text, gap
+
+
+def test_a_completion_that_reaches_a_unix_socket_fails_through_the_cli(tmp_path: Path) -> None:
+    """The issue's case end to end: a model's completion connecting to a listener outside is a fail, and the
+    listener gets nothing."""
+    from test_sandbox_attacks import Listener
+
+    if not sandbox_report().fences.unix_denied:
+        pytest.skip("Unix sockets are not denied on this platform (sandbox_report says so: a gap, not a pass)")
+    folder = Path.home() / f".specview-cli-attack-{tmp_path.name[-8:]}"
+    folder.mkdir(mode=0o700)
+    path = str(folder / "bus")
+    listener = Listener(path, 0o666)
+    try:
+        p = tmp_path / "code.jsonl"
+        p.write_text(json.dumps({"prompt": "def f():\n", "test": "assert f() == 1"}) + "\n")
+        reply = (f"    import socket\n    s = socket.socket(socket.AF_UNIX)\n    s.connect({path!r})\n"
+                 "    s.sendall(b'reached')\n    return 1\n")
+        oracle.register(load_suite(str(p)), name="oracle-sandbox-unix", reply=lambda it: reply)
+        assert cli("oracle-sandbox-unix", p, tmp_path / "out", *weak_flag()) == 0  # both arms fail alike
+    finally:
+        got = listener.close()
+        shutil.rmtree(folder, ignore_errors=True)
+    assert got == []
+    doc = json.loads((tmp_path / "out" / RESULT_FILE).read_text())
+    item = doc["items"][0]
+    assert item["outcome"] == "both-fail" and "network" in item["vanilla"]["why"], item
