@@ -164,8 +164,8 @@ def maps(pairs, session):
 
             LlamaEngine.truncate = truncate
             try:
-                km = map_in_session(session, [str(pairs[arch][0])], [PromptSpec(name="cat", text="the cat", chat=False)],
-                                    widths=WIDTHS, positions=POSITIONS,
+                km = map_in_session(session, [str(pairs[arch][0])],
+                                    [PromptSpec(name="cat", text="the cat", chat=False)], widths=WIDTHS, positions=POSITIONS,
                                     settings=EngineSettings(threads=1, rollback=rollback))
             finally:
                 LlamaEngine.truncate = real

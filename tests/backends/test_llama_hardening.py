@@ -84,7 +84,8 @@ def test_a_small_context_clamps_n_batch_and_the_prefill_chunks_at_it(model, tiny
     arm = run_to_end(vanilla_greedy(e, prompt, GenOptions(max_tokens=12, ignore_eos=True, n_batch=512)))
     last = len(prompt) % e.n_batch or e.n_batch
     assert (arm.steps[0].batch_size, arm.steps[0].batch_index) == (last, last - 1)
-    assert arm.tokens == c_api_greedy(tiny_target, prompt, 12, n_ctx=16, chunk=e.n_batch, threads=1, ignore_eos=True)
+    assert arm.tokens == c_api_greedy(tiny_target, prompt, 12, n_ctx=16, chunk=e.n_batch, threads=1,
+                                      ignore_eos=True)
     e.close()
 
 

@@ -36,8 +36,9 @@ directly, before any generation, for every width asked:
    earlier rows, in the batched shape, as a verify pass does.
 4. **Width 1 is the control.**  A width-1 block is the walk's own pass run
    again after a rollback (on a hybrid: on a restored checkpoint); on a
-   deterministic backend with an exact rollback it is bit-identical.  If it is not, nothing in the map proves anything and
-   the target is marked nondeterministic.
+   deterministic backend with an exact rollback it is bit-identical.  If it
+   is not, nothing in the map proves anything and the target is marked
+   nondeterministic.
 
 The figures per target and width, the cost and what a "proven lossless" claim
 rests on are described in ``docs/kernels.md``.
