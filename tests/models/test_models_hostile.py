@@ -349,3 +349,23 @@ def test_a_tokenizer_claiming_a_huge_token_id_is_refused_not_counted_to(tmp_path
                                                        "added_tokens": []}))
     with pytest.raises(M.ModelHeaderError, match="token id 2000000000, beyond any real vocabulary"):
         within(20, M.read_header, folder)
+
+
+def test_a_long_vocabulary_is_hashed_in_bounded_memory(tmp_path):
+    """262,144 two-byte tokens (the largest real vocabularies' size): the reader holds one block of 256 at a time,
+    not every string."""
+    import tracemalloc
+
+    n = 1 << 18
+    key = b"tokenizer.ggml.tokens"
+    p = tmp_path / "long.gguf"
+    body = struct.pack("<4sIQQ", b"GGUF", 3, 0, 1) + struct.pack("<Q", len(key)) + key + struct.pack("<IIQ", 9, 8, n)
+    p.write_bytes(body + (struct.pack("<Q", 2) + b"ab") * n)
+    tracemalloc.start()
+    try:
+        hd = within(60, gguf.read, p)
+        _cur, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert hd.n_tokens == n and len(hd.vocab_blocks) == n // gguf.BLOCK
+    assert peak < 3 << 20, f"{peak / 1e6:.1f} MB held while reading"

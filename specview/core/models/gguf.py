@@ -211,18 +211,22 @@ def _strings(r: _Reader, wide: bool, n: int, what: str, on_block: Any = None) ->
     buf, size, pos = r.buf, r.end, r.pos
     unpack = struct.Struct("<Q" if wide else "<I").unpack_from
     width = 8 if wide else 4
-    pieces: list[bytes] = []
-    keep = pieces.append
     try:
         if on_block is None:
             for _ in range(n):
                 pos += width + unpack(buf, pos)[0]
         else:
-            for _ in range(n):
-                ln = unpack(buf, pos)[0]
-                pos += width
-                keep(buf[pos:pos + ln])
-                pos += ln
+            for k in range(0, n, BLOCK):  # one block at a time: memory for 256 strings, whatever n is
+                pieces: list[bytes] = []
+                keep = pieces.append
+                for _ in range(min(BLOCK, n - k)):
+                    ln = unpack(buf, pos)[0]
+                    pos += width
+                    keep(buf[pos:pos + ln])
+                    pos += ln
+                if pos > size:
+                    break
+                on_block(b"\0".join(pieces) + b"\0", len(pieces) == BLOCK)
     except (struct.error, OverflowError):  # a length read from the bytes took the position past any buffer
         pos = size + 1
     if pos > size:
@@ -231,10 +235,6 @@ def _strings(r: _Reader, wide: bool, n: int, what: str, on_block: Any = None) ->
         raise GGUFError(f"truncated or corrupt: the {n} strings of {what} from byte {r.pos} run past the "
                         f"file's end ({size})")
     r.pos = pos
-    if on_block is not None:
-        for k in range(0, n, BLOCK):
-            chunk = pieces[k:k + BLOCK]
-            on_block(b"\0".join(chunk) + b"\0", len(chunk) == BLOCK)
 
 
 def _tokens(r: _Reader, wide: bool, hashers: tuple[Any, ...]) -> tuple[int, tuple[str, ...]]:
