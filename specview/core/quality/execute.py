@@ -232,9 +232,10 @@ def _exited(pid: int) -> bool:
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     """SIGKILL the process group of the launcher, our own child, not yet reaped (so the group's id is still the
-    one it made), and wait (up to :data:`KILL_MARGIN`) until nothing of that group runs: the sample and its
-    processes cannot leave the group (seccomp) or die with their PID namespace.  Nothing a sample writes names
-    a process to signal."""
+    one it made), and wait (up to :data:`KILL_MARGIN` in all) until nothing of that group runs: the sample and
+    its processes cannot leave the group (seccomp) or die with their PID namespace.  Nothing a sample writes
+    names a process to signal."""
+    deadline = time.monotonic() + KILL_MARGIN
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -243,7 +244,6 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=KILL_MARGIN)
     except subprocess.TimeoutExpired:
         return
-    deadline = time.monotonic() + KILL_MARGIN
     while time.monotonic() < deadline and _group_runs(proc.pid):
         time.sleep(0.01)
 
