@@ -45,7 +45,7 @@ import sys
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
-MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 4096, 1 << 14, 1 << 18
+MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE, MNT_DETACH = 2, 4, 4096, 1 << 14, 1 << 18, 2
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_KEEPCAPS, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 4, 8, 24, 38
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH = 1, 2
@@ -151,6 +151,7 @@ def expose_interpreter():
             os.makedirs(tree, mode=0o755, exist_ok=True)
             if _libc.mount(f"/proc/self/fd/{fd}".encode(), tree.encode(), None,
                            ctypes.c_ulong(MS_BIND | MS_REC), None) != 0:
+                _libc.umount2(top.encode(), MNT_DETACH)  # the folder as it was: the capability then stays
                 return False
             exposed.append(tree)
         finally:
