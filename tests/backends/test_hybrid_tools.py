@@ -360,3 +360,26 @@ def test_a_fault_in_the_snapshot_path_is_never_prescribed(quantized, monkeypatch
     assert w.prescribed != "snapshots" and not snap.proven
     if tm.safe_n_max():  # the widths are proven here: the planted snapshot is what the rows caught
         assert fired and not snap.measurement.rows_exact and "rollback left another state" in snap.why
+
+
+def test_a_matrix_cell_with_a_planted_rollback_fault_reads_state_and_counts_in_the_rates(pairs, planted, tmp_path):
+    from specview.core.matrix import MatrixSpec, rates, run_matrix
+    from specview.core.matrix.rates import SEVERITIES
+    from specview.core.prompts import PromptSpec
+
+    target, draft = pairs["qwen35"]
+    planted.faults[str(target)] = "checkpoint-late"
+    spec = MatrixSpec(targets=[str(target)], drafters=[str(draft)], n_max=[3], p_min=[0.0], rollback=["checkpoint"],
+                      prompts=[PromptSpec(p, text=p, chat=False) for p in ("the cat and the dog", "a model of the target",
+                                                                           "history of the essay")],
+                      max_tokens=48, ignore_eos=True, engine=EngineSettings(threads=1), diagnose=True,
+                      backend="hybrid-tools-planted")
+    with Session() as s:
+        doc = run_matrix(spec, s, out=tmp_path / "m.json", traces_dir=tmp_path / "t").to_json()
+    forks = [c for c in doc["cells"] if not c["identical"]]
+    assert forks, "the planted fault forked no cell"
+    assert all(c["verdict"] == "state" for c in forks), [c["verdict"] for c in forks]
+    assert all(c["verdict"] == "identical" for c in doc["cells"] if c["identical"])
+    (g,) = rates(doc)["settings"]
+    assert (g["n"], g["forks"]) == (3, len(forks)) and sum(g["severity"][k] for k in SEVERITIES) == len(forks)
+    assert g["positions"]["values"] == sorted(c["first_mismatch"] for c in forks)
