@@ -36,7 +36,8 @@ MAX_STRINGS = 1 << 22
 MAX_NESTED = 1 << 16
 #: tokens per block of the vocabulary's block digests
 BLOCK = 256
-#: arrays kept as values (others are skipped, or hashed for the vocabulary)
+#: arrays of numbers kept as values (longer ones are skipped, or hashed for the vocabulary; arrays of strings
+#: are always skipped: their length is the value)
 KEEP_ARRAY = 4096
 
 # GGUF value types
@@ -175,12 +176,10 @@ def _value(r: _Reader, vtype: int, wide: bool, key: str, hashers: tuple[Any, ...
         raise GGUFError(f"{key}: unknown value type {vtype} at byte {r.pos}")
     etype = r.scalar("<I", f"element type of {key}")
     n = r.count(wide, MAX_ARRAY, f"length of {key}")
-    if etype == _STRING:
+    if etype == _STRING:  # merges, tags, languages: nothing discovery reads, walked at the fast loop's speed
         r.spend(n, "strings_left", f"{key}'s {n} strings")
-        if n > KEEP_ARRAY:
-            _strings(r, wide, n, f"an element of {key}")
-            return n
-        return [r.string(wide, f"an element of {key}") for _ in range(n)]
+        _strings(r, wide, n, f"an element of {key}")
+        return n
     if etype in _SCALARS:
         size = struct.calcsize(_SCALARS[etype])
         p = r.need(n * size, f"elements of {key}")

@@ -24,7 +24,7 @@ from .files import NotRegular, read_text
 from .info import ModelHeaderError, ModelInfo, NotAModel, VocabPrint
 
 #: bumped whenever what a header read records changes, so a cached read is never stale
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 _SHARD = re.compile(r"^(?P<stem>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$", re.IGNORECASE)
 #: words in a model's name that say how it was made, not what it is (dropped for its family)
 _NOT_FAMILY = re.compile(r"(?i)[-_. ](instruct|chat|it|base|gguf|mlx|hf|\d+(\.\d+)?[bmk]|a\d+(\.\d+)?b|"
