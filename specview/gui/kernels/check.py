@@ -37,8 +37,11 @@ class BackendCheckPanel(QWidget):
         self.host, self.config = host, config
         self.request: JobRequest | None = None
         self.result: dict[str, Any] | None = None
-        lay = QVBoxLayout(self)
+        # the button and the verdict on the left, the table (a row per width) across the rest of the tab's width
+        lay = QHBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
+        left = QVBoxLayout()
+        lay.addLayout(left)
         row = QHBoxLayout()
         self.button = QPushButton("Check the backend at every verify width")
         self.button.setObjectName("backend_check_button")
@@ -47,18 +50,22 @@ class BackendCheckPanel(QWidget):
                                "W tokens for W = 1 to n_max + 1: KL, the same top-1 and the max |Δ| per width")
         row.addWidget(self.button)
         row.addStretch(1)
-        lay.addLayout(row)
+        left.addLayout(row)
         self.verdict = QLabel("The backend, width by width, against the reference: not checked yet.")
         self.verdict.setObjectName("backend_check_verdict")
         self.verdict.setWordWrap(True)
-        lay.addWidget(self.verdict)
+        self.verdict.setFixedWidth(340)
+        left.addWidget(self.verdict)
+        left.addStretch(1)
         self.table = QTableWidget(0, len(WIDTH_HEADERS))
         self.table.setObjectName("backend_check_table")
         self.table.setHorizontalHeaderLabels(list(WIDTH_HEADERS))
         self.table.verticalHeader().setVisible(False)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.table.setMaximumHeight(170)
         lay.addWidget(self.table, 1)
+        self.setMaximumHeight(180)
         self.button.clicked.connect(lambda _c=False: self.start())
         host.worker.sigJobFinished.connect(self._on_finished)  # bound slots: queued into this thread
         host.worker.sigFailed.connect(self._on_failed)

@@ -142,12 +142,11 @@ class KernelTab(QWidget):
         self.view = KernelMapView()
         self.panel = PrescriptionPanel()
         self.view.bottom.addWidget(self.panel)
-        self.check_panel = BackendCheckPanel(host, config)  # the backend against the reference, width by width
-        self.view.bottom.addWidget(self.check_panel)
         self.view.bottom.setStretchFactor(0, 0)  # the figures take what they need, the prescription the rest
         self.view.bottom.setStretchFactor(1, 1)
-        self.view.bottom.setStretchFactor(2, 1)
         lay.addWidget(self.view, 1)
+        self.check_panel = BackendCheckPanel(host, config)  # the backend against the reference, width by width
+        lay.addWidget(self.check_panel)
 
         f = self.form
         f.run_button.clicked.connect(lambda _c=False: self.start())
