@@ -251,8 +251,8 @@ def test_the_backend_check_on_a_hybrid_is_sane_at_every_width_and_flags_a_broken
     assert r["totals"]["positions"] == n_prompt + 6 - 1 and r["totals"]["non_finite"] == 0
     assert r["totals"]["same_top1"] == 1.0  # F32 weights: the two attention paths differ in the last bits only
     assert [w["width"] for w in r["widths"]] == [1, 2, 4]
-    for w in r["widths"]:  # the continuation's 5 positions at every width; width 1 is its own drift: none
-        assert w["pair"]["positions"] == w["drift"]["positions"] == 5
+    for w in r["widths"]:  # the continuation's 5 positions, in whole passes of each width; width 1: no drift
+        assert w["pair"]["positions"] == w["drift"]["positions"] == 5 // w["width"] * w["width"]
     assert r["widths"][0]["drift"]["max_logit_delta"] == 0.0
     with Session() as other:
         _, bad = check(other, broken_backend, target)

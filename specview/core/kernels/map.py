@@ -49,6 +49,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
+from dataclasses import fields, replace
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -61,6 +62,7 @@ from ..errors import BackendUnavailable, Cancelled, ConfigError, SpecviewError
 from ..eta import WorkEta
 from ..prompts import PromptSpec
 from ..registry import Runner
+from ..resolve import DecidedSettings
 from .text import parse_widths, ranges, settings_label
 from .records import (DEFAULT_POSITIONS, DEFAULT_TOP_K, DEFAULT_WIDTHS, SCHEMA, CancelFn, KernelMap,
                       KernelMapError, ProgressFn, PromptSequence, TargetMap, WidthStats, as_prompts)
@@ -355,8 +357,6 @@ def map_in_session(
         settings_list = [settings]
     else:
         settings_list = list(settings)
-    # decided (Runner.job resolved them; a direct call with none gets the same door), as the map records them
-    settings_list = [Runner.resolve_settings(st, backend=backend)[0] for st in settings_list]
     for st in settings_list:
         check_value(EngineSettings, "n_batch", st.n_batch)
     kprompts = as_prompts(prompts)
@@ -372,12 +372,25 @@ def map_in_session(
     rows = []
     for target in targets:
         for st in settings_list:
+            st = for_target(st, target, backend)
             rows.append(map_target(session, target, kprompts, widths, positions, st, backend=backend,
                                    top_k=top_k, progress=progress, cancel=cancel, on_pass=tick,
                                    stop_at_difference=stop_at_difference))
     env = _environment(backend)
     return KernelMap(backend=backend, widths=widths, positions=positions, top_k=top_k, prompts=kprompts,
                      targets=rows, environment=env, seconds=time.perf_counter() - t0)
+
+
+def for_target(settings: EngineSettings, target: str, backend: str) -> EngineSettings:
+    """``settings`` decided for ``target``, as the map records them.  A job's settings are decided before the map
+    knows its targets, so a ``seq-rm`` rollback there may be what a model with a KV cache would take; it is
+    decided again for this target (a hybrid's memory cannot drop positions).  Any other given value stays."""
+    if isinstance(settings, DecidedSettings):
+        if settings.rollback != "seq-rm":
+            return settings
+        settings = EngineSettings(**{f.name: getattr(settings, f.name) for f in fields(EngineSettings)})
+        settings = replace(settings, rollback=None)
+    return Runner.resolve_settings(settings, backend=backend, target=target)[0]
 
 
 def _environment(backend: str) -> dict[str, Any]:
