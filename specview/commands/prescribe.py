@@ -33,7 +33,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "measure both arms for each candidate n_max in short runs, and print the settings the map proves "
         "lossless (a draft of n_max tokens uses widths 1..n_max+1, all of which must be bit-identical to "
         "single-token passes), each with its measured speedup over plain decoding; -ub 1 where it is needed, "
-        "mapped and measured too; and the fastest lossy setting for comparison, with its divergence rate.",
+        "mapped and measured too; for a hybrid or recurrent target, every rollback mode (checkpoint, snapshots) "
+        "measured at the largest proven n_max, proven only where every speculative row equals vanilla's bit for "
+        "bit through its rollbacks, and the fastest proven one prescribed; and the fastest lossy setting for "
+        "comparison, with its divergence rate.",
         epilog="Example: specview prescribe --targets demo:Q8_0,demo:Q4_K_M --suite-results suite.json. "
         "Exit status: 0 done, 2 error, 130 interrupted.",
     )
