@@ -430,8 +430,8 @@ def _weigh_rollbacks(pr: _Prescribing, t: TargetMap, safe: int | None, cache: di
     else:
         best, pick = ok[0], ok[0].mode
         if mine is not None and mine.proven:  # both proven: the sort put the faster first
-            why = (f"proven, and faster than --rollback {own} ({_x(best.measurement)} against "
-                   f"{_x(mine.measurement)})")
+            why = (f"proven, and faster than --rollback {own}: {_x(best.measurement)} against "
+                   f"{_x(mine.measurement)}")
         else:
             why = f"proven, where --rollback {own} is not"
     pr.rollbacks.append(RollbackWeighing(t.label, n, own, options, pick, why))
