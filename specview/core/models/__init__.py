@@ -13,13 +13,16 @@ on it, nothing else):
 * :func:`scan` -> :class:`Scan` (``models``, ``problems``); :func:`default_roots`;
   :func:`user_folders` / :func:`add_folder` / :func:`remove_folder`;
 * :func:`read_header` -> :class:`ModelInfo` (or :class:`ModelHeaderError`);
-* :func:`resolve_name` / :func:`is_store_name`: ``ollama:qwen3:8b``,
-  ``hf:org/repo[:QUANT|:FILE]``, ``lmstudio:pub/repo[...]``, ``llama.cpp:...``;
+* :func:`resolve_name` / :func:`is_store_name`: ``ollama:qwen3:8b`` (``ollama:qwen3`` is
+  ``:latest``), ``hf:org/repo[:QUANT|:TAG|:FILE]`` (llama.cpp's ``-hf`` tag form),
+  ``lmstudio:pub/repo[/FILE.gguf]``, ``llama.cpp:...``;
 * :func:`drafters_for` -> [:class:`DrafterFit`]; :func:`check_drafter`; :func:`no_fit_reason`;
 * :func:`specview.core.models.preflight.refusal`: the drafter checks a run's headers answer, before any load.
 
-No Qt, no backend, no network, no ``gguf`` package: this runs wherever
-specview's core runs.
+Only regular files are opened (:mod:`.files`: a FIFO, socket or device is a
+skipped entry, never waited on), and a header read is bounded in work and
+memory whatever the file claims (:mod:`.gguf`).  No Qt, no backend, no
+network, no ``gguf`` package: this runs wherever specview's core runs.
 """
 
 from __future__ import annotations
