@@ -71,21 +71,28 @@ def pair_tracks(trace: Any) -> dict[str, list[float | None]]:
             "kl": [top_kl(v[i], s[i]) for i in range(n)]}
 
 
+#: the most draft positions the histogram shows (no engine drafts more a round)
+MAX_POSITIONS = 1024
+
+
 def acceptance_histogram(arm: Any) -> dict[str, Any]:
     """The verify rounds' accepted lengths: ``by_length[a]`` rounds accepted ``a`` drafts; per draft position
     ``k`` (1-based, ``positions[k - 1]``), the rounds that drafted at least ``k`` and those that accepted at
     least ``k``."""
     rounds = [r for r in arm.rounds if r.index > 0]
-    most = max((r.drafted for r in rounds), default=0)
-    by_length = [0] * (most + 1)
+    # a file may claim any count: past MAX_POSITIONS drafts a round is counted at the last position shown
+    most = min(max((r.drafted for r in rounds), default=0), MAX_POSITIONS)
+    by_length, drafted_at = [0] * (most + 1), [0] * (most + 1)
     for r in rounds:
-        by_length[r.accepted] += 1
+        by_length[min(r.accepted, most)] += 1
+        drafted_at[min(r.drafted, most)] += 1
     positions = []
-    for k in range(1, most + 1):
-        drafted = sum(1 for r in rounds if r.drafted >= k)
-        accepted = sum(1 for r in rounds if r.accepted >= k)
+    drafted = accepted = 0
+    for k in range(most, 0, -1):  # rounds that drafted (accepted) at least k: sums from the top down
+        drafted, accepted = drafted + drafted_at[k], accepted + by_length[k]
         positions.append({"position": k, "drafted": drafted, "accepted": accepted,
                           "rate": accepted / drafted if drafted else None})
+    positions.reverse()
     return {"rounds": len(rounds), "by_length": by_length, "positions": positions}
 
 
