@@ -260,6 +260,16 @@ def width_rows(ref: Engine, test: Engine, tokens: Sequence[int], *, start: int, 
     return out
 
 
+def _gather(by_width: dict[int, dict[str, list]], rows: dict[int, dict[str, tuple[list, ...]]]) -> None:
+    """Append one prompt's per-width raw figures to those of the prompts before it."""
+    for w, raw in rows.items():
+        acc = by_width.setdefault(w, {})
+        for key, cols in raw.items():
+            into = acc.setdefault(key, [[], [], [], []])
+            for i in range(4):
+                into[i].extend(cols[i])
+
+
 def widths_upto(n_max: int) -> list[int]:
     """The verify widths a run with ``n_max`` drafts per round can take: 1 to n_max + 1."""
     return list(range(1, max(0, int(n_max)) + 2))
@@ -352,29 +362,10 @@ def run_check(
     for name, toks in prompts:
         if cancel():
             raise BackendCheckCancelled("backend check cancelled")
-        seq = list(toks)
-        if continuation:
-            say(f"backend check: {name}: {continuation} greedy tokens on the reference ({chosen.reference_label})")
-            arm = run_to_end(vanilla_greedy(e_ref, seq, GenOptions(max_tokens=continuation,
-                                                                   n_batch=e_ref.n_batch), cancel=cancel))
-            if arm.stop_reason == "cancelled":
-                raise BackendCheckCancelled("backend check cancelled")
-            seq = seq + arm.tokens[:-1]  # the last token's own row would predict beyond the text
-        say(f"backend check: {name}: {len(seq)} positions teacher-forced on {chosen.reference_label} and "
-            f"{chosen.test_label}")
-        fig = teacher_force(e_ref, e_test, seq, n_prompt=len(toks), cancel=cancel)
+        fig = _check_prompt(e_ref, e_test, chosen, name, toks, continuation=continuation, say=say, cancel=cancel,
+                            start=(verify_from or {}).get(name, len(toks)), widths=widths, by_width=by_width)
         raws.append(fig["_raw"])
         base["prompts"].append({"name": name, **_round(fig)})
-        start = (verify_from or {}).get(name, len(toks))
-        if widths and start < len(seq):
-            say(f"backend check: {name}: {len(seq) - start} positions at verify widths "
-                f"{', '.join(map(str, widths))}")
-            for w, raw in width_rows(e_ref, e_test, seq, start=start, widths=widths, cancel=cancel).items():
-                acc = by_width.setdefault(w, {})
-                for key, cols in raw.items():
-                    acc.setdefault(key, [[], [], [], []])
-                    for i in range(4):
-                        acc[key][i].extend(cols[i])
         if len(prompts) > 1 and (line := eta.done(name, len(toks) + continuation, what=f"{name} done")):
             say(line)
     joined = [sum((list(r[i]) for r in raws), []) for i in range(6)]
@@ -384,12 +375,33 @@ def run_check(
     if widths:
         base["widths"] = [{"width": w, **{k: _round(summarize(*cols)) for k, cols in by_width[w].items()}}
                           for w in widths if w in by_width]
-        for row in base["widths"]:
-            base["problems"] += [f"at width {row['width']}: {p}" for p in
-                                 problems_of(row["pair"], kl_limit=kl_limit, top1_limit=top1_limit)]
+        base["problems"] += [f"at width {row['width']}: {p}" for row in base["widths"]
+                             for p in problems_of(row["pair"], kl_limit=kl_limit, top1_limit=top1_limit)]
     base["ok"] = not base["problems"]
     base["seconds"] = round(time.perf_counter() - t0, 3)
     return base
+
+
+def _check_prompt(e_ref: Engine, e_test: Engine, chosen: Pair, name: str, toks: list[int], *, continuation: int,
+                  say: ProgressFn, cancel: CancelFn, start: int, widths: Sequence[int],
+                  by_width: dict[int, dict[str, list]]) -> dict[str, Any]:
+    """One prompt of the check: its greedy continuation on the reference, the teacher-forced figures, and its
+    rows at every width from ``start`` gathered into ``by_width``."""
+    seq = list(toks)
+    if continuation:
+        say(f"backend check: {name}: {continuation} greedy tokens on the reference ({chosen.reference_label})")
+        arm = run_to_end(vanilla_greedy(e_ref, seq, GenOptions(max_tokens=continuation, n_batch=e_ref.n_batch),
+                                        cancel=cancel))
+        if arm.stop_reason == "cancelled":
+            raise BackendCheckCancelled("backend check cancelled")
+        seq = seq + arm.tokens[:-1]  # the last token's own row would predict beyond the text
+    say(f"backend check: {name}: {len(seq)} positions teacher-forced on {chosen.reference_label} and "
+        f"{chosen.test_label}")
+    fig = teacher_force(e_ref, e_test, seq, n_prompt=len(toks), cancel=cancel)
+    if widths and start < len(seq):
+        say(f"backend check: {name}: {len(seq) - start} positions at verify widths {', '.join(map(str, widths))}")
+        _gather(by_width, width_rows(e_ref, e_test, seq, start=start, widths=widths, cancel=cancel))
+    return fig
 
 
 def reference_for_trace(session: Any, cfg: Any, trace: Any, *, progress: ProgressFn | None = None,
