@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 
 from ... import __version__
 from ..matrix.quality import answers_text, cell_mark
-from ..matrix.rates import bar, pct, positions_text, rate_text
+from ..matrix.rates import bar, pct, positions_text, rate_text, ties_block
 from ..verdicts import cell_text
 from .escape import md_code, md_fence, md_text, text, visible
 from .facts import headline, obj, trace_title, verdict_of
@@ -255,6 +255,8 @@ def rates_md(r: dict[str, Any]) -> str:
         out.append("#### By prompt category\n")
         out.append("\n".join([head.format("setting · category"),
                               *(_rate_row(f"{label} · {c['category']}", c, scored) for label, c in cats)]) + "\n")
+    if ties_block(settings):  # positions in each tie band and the flips among them, per setting
+        out += ["#### Near-tie density\n", md_fence(ties_block(settings), "text")]
     if forked:
         out.append("#### Where the forks fall, and how large the gaps are\n")
         lines: list[str] = []
