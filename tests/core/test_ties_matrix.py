@@ -91,3 +91,14 @@ def test_the_rates_sum_the_cells_band_by_band(matrix):
     assert "near-ties" in text and "0.125 nats" in text and "2.0 logits" in text
     html = matrix_html(doc)
     assert "Near-tie density" in html and "2.0 logits" in html
+
+
+def test_the_markdown_report_has_each_settings_near_ties(matrix):
+    from specview.core.report import matrix_markdown
+
+    _, doc = matrix
+    md = matrix_markdown(doc)
+    g = doc["rates"]["settings"][0]
+    assert "#### Near-tie density" in md
+    for b in g["ties"]["bands"]:
+        assert f"{b['flipped']} of {b['in_band']} flipped" in md or b["in_band"] == 0

@@ -231,3 +231,13 @@ def ties_summary(t: dict[str, Any] | None) -> str:
     b = next((b for b in t["bands"] if b.get("calibrated")), t["bands"][0])
     return (f"; near-ties: {b['in_band']} of {t['positions']} compared positions in the {band_label(b)} band, "
             f"{b['flipped']} flipped" + (f", {b['flipped_outside']} outside it" if b["flipped_outside"] else ""))
+
+
+def ties_block(settings: list[dict[str, Any]]) -> str:
+    """Every setting's near-tie density as plain text, for a fenced block ("" when no setting has one)."""
+    lines: list[str] = []
+    for g in settings:
+        t = g.get("ties")
+        if t:
+            lines += [g["label"], *ties_lines(t), ""]
+    return "\n".join(lines).rstrip("\n")
