@@ -3,7 +3,8 @@
 * :func:`read_json` refuses nesting deeper than any specview file has, before
   anything walks the document recursively (a file nested 100,000 levels deep is
   an error naming the file, never a ``RecursionError``).
-* :func:`write_atomic` leaves the old file or the new, never half of one.
+* :func:`write_atomic` leaves the old file or the new, never half of one (and writes a lone surrogate,
+  which UTF-8 cannot hold, as its ``\\uXXXX`` escape).
 * :func:`json_safe` writes NaN and infinity as null: JSON has neither.
 * The ``field`` checkers raise :class:`Malformed` naming the field's path, so a
   loader can say exactly what is wrong and its callers can trust the types.
@@ -105,7 +106,9 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
         umask = os.umask(0)
         os.umask(umask)
         os.fchmod(fd, 0o666 & ~umask)  # mkstemp's 0600 would surprise whoever shares the file
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        # a lone surrogate (a file's \ud800 escape, read back) has no UTF-8: it is written as that escape, which
+        # JSON reads back as the same character and a page shows as text
+        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())

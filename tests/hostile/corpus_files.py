@@ -1,0 +1,218 @@
+"""The properties of the hostile-input corpus, one per kind of file specview reads, run by ``test_corpus.py`` in
+a bounded child (``bounded.py``): each input's read, and whatever is made of what was read (a report, a
+comparison, the words of a result), must end normally or in specview's own error naming the file, within
+its deadline and the child's memory.
+
+Every property is deterministic (``derandomize``) and small: a few dozen inputs of a few kilobytes each, so
+the corpus costs seconds and says the same on every run.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable
+
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from bounded import deadline
+from strategies import corrupt_bytes, corrupt_field, json_values, matrix_docs
+from strategies_trace import trace_docs, wrong_type
+
+from specview.core.errors import SpecviewError
+
+#: no shrinking: a failing input is reported as drawn (shrinking one that nears its deadline takes minutes)
+CORPUS = settings(derandomize=True, max_examples=30, deadline=None, database=None,
+                  suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate])
+REAL_TRACE = Path(__file__).parent / "data" / "real-trace.json"
+
+
+def _tmp() -> Path:
+    return Path(tempfile.mkdtemp(prefix="specview-hostile-"))
+
+
+SEEN: Counter[str] = Counter()
+
+
+def refused_or_read(read: Callable[[], Any], path: Path, *, what: str) -> Any:
+    """``read()`` within its deadline: its value, or None when it raised specview's own error, one line that
+    names ``path``.  Anything else (a traceback, a hang, a MemoryError) fails the property."""
+    try:
+        with deadline(what=what):
+            got = read()
+    except SpecviewError as exc:
+        msg = str(exc)
+        assert str(path) in msg or path.name in msg, f"the error does not name the file: {msg}"
+        assert len(msg) < 4000, f"the error is {len(msg)} characters long"
+        SEEN[f"{what} refused"] += 1
+        return None
+    SEEN[f"{what} read"] += 1
+    return got
+
+
+def both_seen(what: str) -> None:
+    """The inputs were neither all refused nor all read: the property met valid and invalid files alike."""
+    assert SEEN[f"{what} read"] and SEEN[f"{what} refused"], dict(SEEN)
+
+
+def _write(data: Any) -> Path:
+    p = _tmp() / "input.json"
+    if isinstance(data, bytes):
+        p.write_bytes(data)
+    else:
+        p.write_text(json.dumps(data, allow_nan=True), encoding="utf-8")  # ASCII: a lone surrogate as an escape
+    return p
+
+
+def _report(obj: Any, path: Path) -> None:
+    """A report of what was read, without plots (the app's widgets draw those, from the same checked values)."""
+    from specview.core.report.write import write_report
+
+    refused_or_read(lambda: write_report(obj, path.parent / "report"), path, what="the report")
+
+
+# -- traces --------------------------------------------------------------------------------------------------
+def _real_diagnosis() -> dict[str, Any]:
+    return json.loads(REAL_TRACE.read_text(encoding="utf-8"))["diagnosis"]
+
+
+@st.composite
+def hostile_trace_files(draw) -> bytes | dict[str, Any]:
+    """A trace document whose diagnosis has the real one's shape, then one field of another type anywhere, or a
+    few bytes flipped, dropped or inserted."""
+    doc = draw(trace_docs())
+    doc["diagnosis"] = draw(st.one_of(st.just(_real_diagnosis()), corrupt_field(_real_diagnosis())))
+    how = draw(st.sampled_from(["field", "bytes", "as is"]))
+    if how == "field":
+        return draw(wrong_type(doc))[0]
+    if how == "bytes":
+        return draw(corrupt_bytes(json.dumps(doc, ensure_ascii=True).encode()))
+    return doc
+
+
+def traces() -> None:
+    from specview.commands.compare import compare_traces, format_comparison
+    from specview.core.trace import Trace
+
+    good = Trace.load(REAL_TRACE)
+
+    @CORPUS
+    @given(hostile_trace_files())
+    def prop(data):
+        p = _write(data)
+        t = refused_or_read(lambda: Trace.load(p), p, what="Trace.load")
+        if t is None:
+            return
+        _report(t, p)
+
+        def both():
+            res = compare_traces(good, t, names=("good", str(p)))
+            return format_comparison(res, good, t, ("good", str(p)))
+
+        refused_or_read(both, p, what="compare")
+
+    prop()
+    both_seen("Trace.load")
+
+
+# -- suites ----------------------------------------------------------------------------------------------------
+#: a suite item as a user writes one: a prompt, and an answer (text or a number, maybe a match) or a test
+good_items = st.fixed_dictionaries({"prompt": st.text(min_size=1, max_size=8).filter(str.strip)}, optional={
+    "id": st.text(max_size=5), "match": st.sampled_from(["exact", "number", "regex"])}).flatmap(
+    lambda d: st.one_of(st.fixed_dictionaries({**{k: st.just(v) for k, v in d.items()},
+                                               "answer": st.one_of(st.integers(0, 999), st.text(max_size=6))}),
+                        st.fixed_dictionaries({"prompt": st.just(d["prompt"]), "test": st.text(max_size=8),
+                                               "entry_point": st.sampled_from(["f", "g"])})))
+#: a line that is anything at all, or one of the lines that used to end in a traceback
+bad_lines = st.one_of(
+    json_values.map(lambda v: json.dumps(v, allow_nan=True)),
+    st.fixed_dictionaries({"prompt": st.text(max_size=8)}, optional={
+        "answer": json_values, "match": json_values, "id": json_values, "test": json_values,
+        "entry_point": json_values}).map(lambda d: json.dumps(d, allow_nan=True)),
+    st.sampled_from(["[" * 50_000 + "]" * 50_000, '{"prompt": "x", "answer": ' + "9" * 6000 + "}",
+                     '{"prompt": "x", "answer": "(" , "match": "regex"}', "", "\x00", '{"prompt": NaN}']))
+
+
+@st.composite
+def suite_lines(draw) -> list[str]:
+    lines = [json.dumps(d) for d in draw(st.lists(good_items, min_size=1, max_size=4))]
+    if draw(st.booleans()):
+        lines.insert(draw(st.integers(0, len(lines))), draw(bad_lines))
+    return lines
+
+
+def suites() -> None:
+    from specview.core.quality import load_suite
+
+    @CORPUS
+    @given(suite_lines(), st.sampled_from(["plain", "bytes", "gzip"]), st.data())
+    def prop(lines, how, data):
+        raw = "\n".join(lines).encode("utf-8", "surrogatepass")
+        if how == "bytes":
+            raw = data.draw(corrupt_bytes(raw))
+        p = _tmp() / ("suite.jsonl.gz" if how == "gzip" else "suite.jsonl")
+        p.write_bytes(gzip.compress(raw) if how == "gzip" else raw)
+        suite = refused_or_read(lambda: load_suite(str(p)), p, what="load_suite")
+        if suite is not None:
+            assert suite.items and all(isinstance(it.prompt, str) for it in suite.items)
+
+    prop()
+    both_seen("load_suite")
+
+
+# -- quality results --------------------------------------------------------------------------------------------
+def _quality_doc() -> dict[str, Any]:
+    from specview.core.quality import ItemOutcome, QualityResult, Score, load_suite
+
+    suite = load_suite("mixed", 4)
+    p, f = Score(True, "1", "ok"), Score(False, "<b>2</b>", "no | **x**")
+    items = [ItemOutcome(suite.items[0].id, p, p, identical=True),
+             ItemOutcome(suite.items[1].id, p, f, identical=False, fork_index=3, fork_context="a[['<x>' | '`']]",
+                         verdict="near-tie", gap=0.02, trace_path="traces/002.json"),
+             ItemOutcome(suite.items[2].id, f, f, identical=False, fork_index=0, diagnosis_error="boom"),
+             ItemOutcome(suite.items[3].id, f, f, identical=False, error="not run: <script>")]
+    res = QualityResult(suite=suite, config={"target": "t", "n_max": 3}, items=items, status="complete").refresh()
+    return json.loads(json.dumps(res.to_dict()))
+
+
+def quality_results() -> None:
+    from specview.core.quality import QualityResult
+    from specview.core.quality.text import format_result
+
+    base = _quality_doc()
+
+    @CORPUS
+    @given(st.one_of(corrupt_field(base), st.just(base)), st.booleans(), st.data())
+    def prop(doc, as_bytes, data):
+        p = _write(data.draw(corrupt_bytes(json.dumps(doc).encode())) if as_bytes else doc)
+        res = refused_or_read(lambda: QualityResult.load(p), p, what="QualityResult.load")
+        if res is None:
+            return
+        with deadline(what="format_result"):
+            format_result(res)
+        _report(p, p)
+
+    prop()
+    both_seen("QualityResult.load")
+
+
+# -- matrices ----------------------------------------------------------------------------------------------------
+def matrices() -> None:
+    from specview.core.report.write import read_input
+
+    @CORPUS
+    @given(matrix_docs(), st.sampled_from(["field", "bytes", "as is"]), st.data())
+    def prop(doc, how, data):
+        if how == "field":
+            doc = data.draw(corrupt_field(doc))
+        p = _write(data.draw(corrupt_bytes(json.dumps(doc, allow_nan=True).encode())) if how == "bytes" else doc)
+        got = refused_or_read(lambda: read_input(p), p, what="read_input")
+        if got is not None:
+            _report(p, p)
+
+    prop()
+    both_seen("read_input")
