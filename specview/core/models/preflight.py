@@ -67,7 +67,8 @@ def _header(name: str, role: str, kind: str, scan: Scan | None) -> ModelInfo | N
     try:
         return model_info(name, kind, scan=scan)
     except NotAModel as exc:
-        raise NotAModel(exc.path, f"{exc.why}; the {role} {name} is refused before anything loads") from None
+        who = f"the {role}" if exc.path == str(Path(name).expanduser()) else f"the {role} {name}"
+        raise NotAModel(exc.path, f"{exc.why}; {who} is refused before anything loads") from None
     except ModelHeaderError:
         return None
 
