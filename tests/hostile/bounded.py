@@ -50,7 +50,8 @@ def deadline(seconds: float = INPUT_SECONDS, what: str = "the reader") -> Iterat
 def run(target: str, *, timeout: float = CHILD_SECONDS, memory_mb: int = MEMORY_MB) -> None:
     """Run ``module:function`` (a module of tests/hostile) in a bounded child; AssertionError with its output
     unless it passed."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(TESTS), os.environ.get("PYTHONPATH", "")]),
+    path = [str(HERE), str(TESTS), str(TESTS / "models"), os.environ.get("PYTHONPATH", "")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path),
                SPECVIEW_HOSTILE_MEMORY_MB=str(memory_mb), QT_QPA_PLATFORM="offscreen")
     import tempfile
 

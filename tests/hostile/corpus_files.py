@@ -216,3 +216,129 @@ def matrices() -> None:
 
     prop()
     both_seen("read_input")
+
+
+# -- GGUF headers and model stores (through the public functions of specview.core.models) ---------------------
+def _tiny_header() -> bytes:
+    from stores import header_gguf  # tests/models/stores.py: a model's header with small zero tensors
+
+    p = header_gguf(_tmp() / "base.gguf", "llama", meta={"llama.context_length": 2048, "llama.block_count": 2})
+    return p.read_bytes()
+
+
+@st.composite
+def hostile_ggufs(draw, base: bytes) -> bytes:
+    """A GGUF header with bytes flipped, dropped or inserted, cut short anywhere, or a count field (version,
+    tensors, keys, or a length inside the metadata) set to any 64-bit value."""
+    import struct
+
+    how = draw(st.sampled_from(["bytes", "cut", "count", "length"]))
+    if how == "bytes":
+        return draw(corrupt_bytes(base))
+    if how == "cut":
+        return base[:draw(st.integers(0, len(base)))]
+    b = bytearray(base)
+    value = draw(st.one_of(st.integers(0, 2**64 - 1), st.sampled_from([0, 1, 2**24 - 1, 2**31, 2**63, 2**64 - 1])))
+    at = draw(st.sampled_from([8, 16])) if how == "count" else draw(st.integers(24, max(24, len(b) - 8)))
+    b[at:at + 8] = struct.pack("<Q", value)
+    return bytes(b)
+
+
+def gguf_headers() -> None:
+    from specview.core import models as M
+
+    base = _tiny_header()
+
+    @CORPUS
+    @given(hostile_ggufs(base))
+    def prop(data):
+        p = _tmp() / "model.gguf"
+        p.write_bytes(data)
+        info = refused_or_read(lambda: M.read_header(p), p, what="read_header")
+        if info is not None:
+            assert info.path and info.name
+
+    prop()
+    both_seen("read_header")
+
+
+#: what a store keeps beside its models, as each tool writes it, by the store's own relative path
+def _store_files(blob_digest: str) -> dict[str, Any]:
+    manifest = {"schemaVersion": 2, "layers": [
+        {"mediaType": "application/vnd.ollama.image.model", "digest": f"sha256:{blob_digest}", "size": 10}]}
+    return {
+        ".ollama/models/manifests/registry.ollama.ai/library/tiny/8b": manifest,
+        ".cache/huggingface/hub/models--org--repo/refs/main": "0123456789abcdef0123456789abcdef01234567",
+        ".lmstudio/settings.json": {"downloadsFolder": "~/.lmstudio/models"},
+        ".cache/huggingface/hub/models--org--mlx/snapshots/r1/config.json": {"model_type": "llama",
+                                                                               "hidden_size": 64},
+        ".config/specview/models.json": {"folders": []},
+        ".cache/specview/models/headers.json": {"schema": "specview.headers/1", "entries": {}},
+    }
+
+
+@st.composite
+def hostile_stores(draw) -> dict[str, bytes]:
+    """Each store file as its tool writes it, then one of them with a field of another kind, its bytes
+    corrupted, or any JSON at all in its place."""
+    files = _store_files("ab" * 32)
+    target = draw(st.sampled_from(sorted(files)))
+    out = {}
+    for rel, doc in files.items():
+        raw = doc.encode() if isinstance(doc, str) else json.dumps(doc).encode()
+        if rel == target:
+            how = draw(st.sampled_from(["field", "bytes", "anything"]))
+            if how == "field" and not isinstance(doc, str):
+                raw = json.dumps(draw(corrupt_field(doc)), allow_nan=True).encode()
+            elif how == "anything":
+                raw = json.dumps(draw(json_values), allow_nan=True).encode()
+            else:
+                raw = draw(corrupt_bytes(raw))
+        out[rel] = raw
+    return out
+
+
+def store_manifests() -> None:
+    from specview.core import models as M
+
+    base = _tiny_header()
+
+    @CORPUS
+    @given(hostile_stores())
+    def prop(files):
+        home = _tmp()
+        for rel, raw in files.items():
+            (home / rel).parent.mkdir(parents=True, exist_ok=True)
+            (home / rel).write_bytes(raw)
+        blobs = home / ".ollama" / "models" / "blobs"
+        blobs.mkdir(parents=True, exist_ok=True)
+        (blobs / f"sha256-{'ab' * 32}").write_bytes(base)
+        env = {"HOME": str(home), "SPECVIEW_CACHE": str(home / ".cache" / "specview"),
+               "SPECVIEW_CONFIG_DIR": str(home / ".config" / "specview")}
+        with deadline(what="scan"):
+            found = M.scan(home=home, env=env)
+        assert all("\n" not in p.why for p in found.problems), [p.why for p in found.problems]
+        SEEN["scan read"] += 1
+        SEEN["scan refused"] += bool(found.problems)
+
+    prop()
+    both_seen("scan")
+
+
+def store_fifos() -> None:
+    """A FIFO in place of each file a store keeps, and of a model: the scan finishes, naming each as a problem."""
+    import os
+
+    from specview.core import models as M
+
+    for rel in [*_store_files("cd" * 32), ".lmstudio/models/pub/repo/x.gguf"]:
+        home = _tmp()
+        (home / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.mkfifo(home / rel)
+        env = {"HOME": str(home), "SPECVIEW_CACHE": str(home / ".cache" / "specview"),
+               "SPECVIEW_CONFIG_DIR": str(home / ".config" / "specview")}
+        with deadline(what=f"scan with a FIFO at {rel}"):
+            found = M.scan(home=home, env=env)
+        assert not [m.path for m in found.models if m.path.startswith(str(home))]  # the demo's shipped files count
+        if rel.endswith(".gguf"):
+            assert any(p.path.endswith("x.gguf") for p in found.problems), found.problems

@@ -13,6 +13,15 @@ def test_hostile_files_are_read_or_refused_within_bounds(kind):
     bounded.run(f"corpus_files:{kind}")
 
 
+@pytest.mark.parametrize("kind", ["gguf_headers", "store_manifests", "store_fifos"])
+def test_hostile_model_files_are_read_or_skipped_within_bounds(kind):
+    """GGUF headers and the files model stores keep (ollama manifests, the hub's refs, LM Studio's settings, an
+    MLX config.json, specview's own folders file and header cache), through specview.core.models' public
+    functions."""
+    pytest.importorskip("gguf")  # tests/models/stores.py writes the headers with it
+    bounded.run(f"corpus_files:{kind}")
+
+
 def test_the_bounds_hold():
     """The child really is bounded: an allocation past its memory fails, and an input past its deadline too."""
     with pytest.raises(AssertionError, match="MemoryError"):
