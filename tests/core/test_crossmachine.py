@@ -206,3 +206,15 @@ def test_report_card_writes_the_runs_sealed_summary_into_the_card(tmp_path):
     assert png_summary(card) == sealed_summary(t) and check(png_summary(card)) == ("verified", None)
     cards, _ = gather(tmp_path / "out")
     assert [(c.kind, c.status) for c in cards] == [("card", "verified")]
+
+
+def test_a_summary_sealed_before_saving_is_verified_after_loading(tmp_path):
+    """The file rounds logits to 5 decimals: a margin on a tie band's edge moves, and the summary must not."""
+    t = machine(20, no_repack=True, cpu="Xeon", speed=100.0)
+    for st in t.vanilla.steps:  # margins a hair over 0.5 nats, which the file rounds onto the band's edge
+        st.top_logits = [5.0, 5.0 - 0.5000004]
+        st.margin = 0.5000004
+    t.extra["summary"] = sealed_summary(t)
+    t.save(tmp_path / "t.json")
+    back = Trace.load(tmp_path / "t.json")
+    assert check(back.extra["summary"], back) == ("verified", None)

@@ -146,7 +146,12 @@ def seal(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def sealed_summary(trace: Any) -> dict[str, Any]:
-    return seal(summary_of(trace))
+    """The sealed summary of ``trace`` as its saved file gives it back: the file rounds the logits (and so the
+    margins the near-tie counts read), and a summary must say what a reader of the file recomputes."""
+    from ..trace import Trace
+
+    saved = Trace.from_json(json.loads(trace.dumps()), source="<the trace being sealed>")
+    return seal(summary_of(saved))
 
 
 def check(summary: Any, trace: Any = None) -> tuple[str, str | None]:
