@@ -321,7 +321,8 @@ def test_written_report_has_real_plots(tmp_path: Path):
     for name in re.findall(r"\]\(([^)]+\.png)\)", md):
         assert check_png((out / name).read_bytes())[0] >= 600
     written = write_report(src, tmp_path / "again", name="bug", plots=plot_renderer())
-    assert {p.name for p in written.values()} == {"bug.html", "bug.md", "bug-margins.png", "bug-acceptance.png"}
+    assert {p.name for p in written.values()} == {"bug.html", "bug.md", "bug-margins.png", "bug-acceptance.png",
+                                                 "bug-linked.html"}
 
 
 def test_report_refuses_foreign_json(tmp_path: Path, capsys):
@@ -413,7 +414,8 @@ def test_the_writer_takes_its_plots_from_the_renderer_given(tmp_path: Path):
         return {"margins": _tiny_png(), "not-a-plot": b"ignored"}
 
     written = write_report(t, tmp_path / "a", plots=renderer)
-    assert calls == [t] and {p.name for p in written.values()} == {"report.html", "report.md", "report-margins.png"}
+    assert calls == [t] and {p.name for p in written.values()} == {"report.html", "report.md", "report-margins.png",
+                                                                   "report-linked.html"}
     assert len(check_html((tmp_path / "a" / "report.html").read_text(encoding="utf-8")).imgs) == 1
     written = write_report(t, tmp_path / "b")  # no renderer: no plots
     assert {p.name for p in written.values()} == {"report.html", "report.md"}
