@@ -342,3 +342,21 @@ def store_fifos() -> None:
         assert not [m.path for m in found.models if m.path.startswith(str(home))]  # the demo's shipped files count
         if rel.endswith(".gguf"):
             assert any(p.path.endswith("x.gguf") for p in found.problems), found.problems
+
+
+# -- matrix specs (TOML) ---------------------------------------------------------------------------------------
+def matrix_specs() -> None:
+    from strategies import toml_specs
+
+    from specview.core.matrix.spec import load_spec
+
+    @CORPUS
+    @given(toml_specs(), st.booleans(), st.data())
+    def prop(text, as_bytes, data):
+        p = _tmp() / "matrix.toml"
+        raw = text.encode("utf-8")
+        p.write_bytes(data.draw(corrupt_bytes(raw)) if as_bytes else raw)
+        refused_or_read(lambda: load_spec(p), p, what="load_spec")
+
+    prop()
+    both_seen("load_spec")

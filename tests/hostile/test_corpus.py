@@ -8,7 +8,7 @@ import pytest
 import bounded
 
 
-@pytest.mark.parametrize("kind", ["traces", "suites", "quality_results", "matrices"])
+@pytest.mark.parametrize("kind", ["traces", "suites", "quality_results", "matrices", "matrix_specs"])
 def test_hostile_files_are_read_or_refused_within_bounds(kind):
     bounded.run(f"corpus_files:{kind}")
 
