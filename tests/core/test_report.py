@@ -418,7 +418,7 @@ def test_the_writer_takes_its_plots_from_the_renderer_given(tmp_path: Path):
                                                                    "report-linked.html"}
     assert len(check_html((tmp_path / "a" / "report.html").read_text(encoding="utf-8")).imgs) == 1
     written = write_report(t, tmp_path / "b")  # no renderer: no plots
-    assert {p.name for p in written.values()} == {"report.html", "report.md"}
+    assert {p.name for p in written.values()} == {"report.html", "report.md", "report-linked.html"}
     assert not check_html((tmp_path / "b" / "report.html").read_text(encoding="utf-8")).imgs
 
 
