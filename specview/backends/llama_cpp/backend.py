@@ -18,7 +18,7 @@ from ...core.resolve import DecidedSettings, Decision, require_decided
 from . import demo
 from .engine import LlamaEngine, model_memory
 from .lib import LIB_PATH_VARIABLE, _lib, apply_environment, builds_backend, llama_environment
-from .memory import AUTO, check_mode, decide_rollback, draft_rollback, file_architecture
+from .memory import AUTO, SNAPSHOTS, check_mode, decide_rollback, draft_rollback, file_architecture
 from .model import LlamaModel, has_mtp_heads
 from .demo_pick import cached_pick, pick_demo_target
 from .probe import repack_decision
@@ -95,6 +95,14 @@ class LlamaBackend(InProcessBackend):
         mode = cfg.engine.rollback
         if mode in (None, AUTO):
             return
+        if mode == SNAPSHOTS and cfg.n_max > 0 and cfg.engine.n_ubatch <= cfg.n_max + 1:
+            # llama-memory-recurrent.cpp: the trailing (1 + n_rs_seq) tokens of a sequence stay in one ubatch,
+            # and split_equal asserts n_ubatch > 1 + n_rs_seq: a smaller -ub aborts the process
+            raise ConfigError(f"--rollback snapshots keeps the states of the last n_max = {cfg.n_max} positions, "
+                              f"which llama.cpp computes in one micro-batch with the token before them: -ub "
+                              f"{cfg.engine.n_ubatch} must be more than n_max + 1 = {cfg.n_max + 1} (llama.cpp "
+                              "aborts otherwise: GGML_ASSERT(n_ubatch > n_keep_tail)); raise -ub, or use "
+                              "--rollback checkpoint", setting="n_ubatch")
         target, draft = self._architectures(cfg)
         for arch, role in ((target, "target"), (draft, "draft model")):
             if arch is None:
