@@ -383,3 +383,19 @@ def test_a_matrix_cell_with_a_planted_rollback_fault_reads_state_and_counts_in_t
     (g,) = rates(doc)["settings"]
     assert (g["n"], g["forks"]) == (3, len(forks)) and sum(g["severity"][k] for k in SEVERITIES) == len(forks)
     assert g["positions"]["values"] == sorted(c["first_mismatch"] for c in forks)
+
+
+def test_snapshots_with_a_micro_batch_llama_cpp_would_abort_on_are_refused(pairs, session):
+    from specview.core.errors import ConfigError
+
+    target, draft = pairs["qwen35"]
+
+    def cfg(ub):
+        return RunConfig(target=str(target), draft=str(draft), prompt="the cat", chat=False, max_tokens=16,
+                         ignore_eos=True, n_max=3, engine=EngineSettings(threads=1, n_ubatch=ub, rollback="snapshots"))
+
+    with pytest.raises(ConfigError) as err:  # GGML_ASSERT(n_ubatch > n_keep_tail) would abort the process
+        session.run(cfg(4))
+    assert err.value.setting == "n_ubatch" and "more than n_max + 1 = 4" in str(err.value)
+    t = session.run(cfg(5))  # the smallest micro-batch that holds the 3 snapshots and the token before them
+    assert {r.rollback for r in t.speculative.rounds[1:] if r.rollback} <= {"snapshots", "state-copy", "checkpoint"}

@@ -409,9 +409,10 @@ def _weigh_rollbacks(pr: _Prescribing, t: TargetMap, safe: int | None, cache: di
     for mode in WEIGHED_ROLLBACKS:
         if mode == own:
             m = cache[n]
-        elif mode == "snapshots" and t.settings.n_ubatch <= n:
-            options.append(RollbackOption(mode, None, False, f"a snapshot is kept only inside one micro-batch, which "
-                                          f"must hold more than n_max = {n} tokens (-ub {t.settings.n_ubatch})"))
+        elif mode == "snapshots" and t.settings.n_ubatch <= n + 1:
+            options.append(RollbackOption(mode, None, False, f"snapshots are kept only inside one micro-batch, which "
+                                          f"must hold more than n_max + 1 = {n + 1} tokens (-ub "
+                                          f"{t.settings.n_ubatch})"))
             continue
         else:
             try:
