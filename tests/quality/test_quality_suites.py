@@ -67,7 +67,8 @@ def test_a_suite_round_trips_through_json():
 
 
 @pytest.mark.parametrize("spec,n,msg", [("nope", None, "not a suite"), ("arithmetic", 0, "1 or more"),
-                                        ("arithmetic", True, "1 or more")])
+                                        ("arithmetic", True, "1 or more"),
+                                        ("mixed", 10**9, "generates at most 100,000 items")])
 def test_bad_suite_names_and_counts(spec, n, msg):
     with pytest.raises(QualityError, match=msg):
         load_suite(spec, n)

