@@ -5,7 +5,12 @@ rolls a hybrid target back by checkpoint and replay for draft-simple: it saves t
 each verify pass and, on partial acceptance, restores it and verifies the accepted tokens and its own again.
 specview's in-process loop does the same, and here its arms must equal the server's token for token on both
 tiny hybrids (Qwen3.5 and LFM2, each with its Q4_0 copy as the drafter), and the server's streamed counters
-must rebuild into rounds that replay as the in-process rounds do.  Required in CI with
+must rebuild into rounds that replay as the in-process rounds do.  Both runs must really have rolled back by
+checkpoint and replay: the in-process arm's ``rollbacks`` record counts its target's and its draft model's
+checkpoint restores and replays, and llama-server, run at ``-lv 5`` (debug), logs each checkpoint it saves and restores
+(``server-context.cpp``: "created speculative checkpoint", "restoring speculative checkpoint").  What the server
+does not show: its draft context's own rollback (it restores the draft state from the same checkpoint after
+every draft, ``load_dft``, and logs nothing for it), and which tokens a replay fed.  Required in CI with
 ``SPECVIEW_REQUIRE_SERVER=1`` (``tests/require.py``); without a server these tests skip.
 """
 
@@ -37,6 +42,9 @@ PROMPTS = ("the cat and the dog", "history of the essay", "the students sleep", 
            "a bicycle on the fork", "a model of the target")
 PER_ARCH = 2
 N = 64
+#: llama-server's debug verbosity: it logs every speculative checkpoint it saves and restores
+VERBOSE = "-lv 5"
+SAVED, RESTORED = "created speculative checkpoint", "restoring speculative checkpoint"
 
 
 @pytest.fixture(scope="module")
@@ -63,9 +71,11 @@ def both(pairs):
                     eog = session.model(cfg.backend, cfg.target, session.resolve(cfg).settings).vocab.eog
                     if eog & set(local.vanilla.tokens):
                         continue
+                    before = log_ends(runner)
                     served = runner.run(replace(cfg, backend="llama-server", prompt=None,
                                                 prompt_tokens=tuple(local.prompt["tokens"]),
-                                                engine=replace(cfg.engine, server_bin=binary)))
+                                                engine=replace(cfg.engine, server_bin=binary, server_args=VERBOSE)))
+                    served.extra["test_server_log"] = server_log_counts(runner, before)
                     out[arch].append((local, served))
                     if len(out[arch]) == PER_ARCH:
                         break
@@ -73,6 +83,24 @@ def both(pairs):
     finally:
         session.close()
     return out
+
+
+def log_ends(runner) -> dict[str, int]:
+    """Where each live server's log file ends now."""
+    return {str(srv.log_path): Path(srv.log_path).stat().st_size for srv in runner.pool.live() if srv.log_path}
+
+
+def server_log_counts(runner, before: dict[str, int]) -> dict[str, int]:
+    """How many speculative checkpoints the live servers logged saving and restoring since ``before``."""
+    counts = {SAVED: 0, RESTORED: 0}
+    for srv in runner.pool.live():
+        assert srv.log_path, "the server's output is not in a log file"
+        with open(srv.log_path, "rb") as fh:
+            fh.seek(before.get(str(srv.log_path), 0))
+            text = fh.read().decode("utf-8", "replace")
+        for key in counts:
+            counts[key] += text.count(key)
+    return counts
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -92,6 +120,26 @@ def test_in_process_draft_simple_arms_equal_llama_servers_token_for_token(both, 
     v = served.speculative
     assert (v.n_drafted, v.n_accepted) == (s.n_drafted, s.n_accepted)
     assert sum(1 for r in v.rounds if r.replay) == sum(1 for r in s.rounds if r.replay)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("k", range(PER_ARCH))
+def test_both_runs_rolled_back_by_checkpoint_and_replay(both, arch, k):
+    local, served = both[arch][k]
+    s, v = local.speculative, served.speculative
+    replayed = sum(1 for r in s.rounds if r.replay)
+    # in process: every replayed round restored the target's checkpoint and fed its tokens again (a replay that
+    # rejects a carried token restores and replays once more), and never an n_rs_seq snapshot or a state copy
+    target = s.rollbacks["target"]
+    assert target["checkpoint"] == target["replay"] >= replayed > 0
+    assert target["n_rs_seq"] == target["state-copy"] == 0
+    # the draft model (a recurrent state too) rolled back its drafted tokens by its own checkpoints
+    assert s.rollbacks["draft"]["checkpoint"] > 0 and s.rollbacks["draft"]["n_rs_seq"] == 0
+    # llama-server: a checkpoint saved before every verify pass that drafted, one restored for every replay
+    logged = served.extra["test_server_log"]
+    assert logged[SAVED] >= sum(1 for r in v.rounds[1:] if r.drafted) > 0
+    assert logged[RESTORED] >= sum(1 for r in v.rounds if r.replay) > 0
+    assert logged[RESTORED] == target["checkpoint"]  # the same loop restores as often
 
 
 @pytest.mark.parametrize("arch", ARCHS)
