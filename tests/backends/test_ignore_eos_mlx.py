@@ -99,3 +99,29 @@ def test_mlx_lm_server_bans_eos_as_the_mlx_engine_does_token_for_token(models, t
     assert served.extra["server"]["vanilla"]["request"]["logit_bias"] == {str(EOS): float("-inf")}
     for st in served.vanilla.steps + served.speculative.steps:
         assert EOS not in st.top_ids
+
+
+def test_the_outside_diagnosis_runs_mlx_lms_loops_with_the_servers_ban(models):
+    """The diagnosis of an mlx_lm.server run replays mlx-lm's own loops in process: with ignore_eos they carry
+    the same -inf logit bias as the server's requests, so they walk the text the server decoded."""
+    from mlx_lm.utils import load
+    from transformers import AutoTokenizer
+
+    from specview.backends.mlx_server.diagnose import LoopSettings, speculative_rows, vanilla_rows
+
+    model, _ = load(models["target"])
+    draft, _ = load(models["draft"])
+    ids = AutoTokenizer.from_pretrained(models["target"])(PROMPT)["input_ids"]
+
+    def ls(ban):
+        return LoopSettings(max_tokens=N, prefill_step_size=512, num_draft_tokens=3, kv_bits=None, kv_group_size=64,
+                            ban=ban)
+
+    never = lambda: False  # noqa: E731
+    banned = [tok for tok, _row in vanilla_rows(model, ids, ls((EOS,)), N - 1, never)]
+    assert banned == models["ref"]
+    spec = [tok for tok, _row, _shape in speculative_rows(model, draft, ids, ls((EOS,)), N - 1, never)]
+    assert spec == models["ref"]
+    plain = [tok for tok, _row in vanilla_rows(model, ids, ls(()), N - 1, never)]
+    first = models["eos_top"][0]
+    assert plain[first] == EOS and plain[:first] == models["ref"][:first]
