@@ -60,6 +60,10 @@ OWN_KEYS = ("targets", "drafters", "prompts", "builtin_prompts", "suite", "chat"
 ROLES = ("determinism", "lossless-control", "subject", "toggle", "zero-draft", "reference")
 
 
+#: engine settings a backend decides from the model, so per cell, never once for a whole matrix
+PER_MODEL = ("rollback",)
+
+
 class _Short(reprlib.Repr):
     def repr_int(self, x: int, level: int) -> str:  # repr() refuses integers of more than 4300 digits
         return repr(x) if x.bit_length() <= 256 else f"<a {x.bit_length()}-bit integer>"
@@ -147,11 +151,14 @@ class _SpecMethods:
         """What this machine decides for the engine axes the spec leaves unset, asked once for the whole matrix.
 
         Each decision becomes a one-value axis (so every part's cells, and their labels, carry it) and is
-        kept in ``decided`` with its reason, which each cell's trace then records.
+        kept in ``decided`` with its reason, which each cell's trace then records. A setting decided from the
+        model (:data:`PER_MODEL`: the rollback, read from each target's header) is left to each cell's run,
+        which decides it for that cell's target and drafter.
         """
         from ..registry import Runner
 
         free = [a for a in axes() if settings_class(a) is EngineSettings and getattr(self.engine, a) is None
+                and a not in PER_MODEL
                 and set(self.axis_values(a)) == {None} and all(set(p.get(a, [None])) == {None} for p in self.parts)]
         if not free:
             return []
