@@ -5,7 +5,7 @@ the built-in essay prompt: real config, environment, models, steps and rounds). 
 identical, so a fork was planted where a natural one would be: the speculative arm's token 3 is vanilla's
 top-2 there (' crucial' for ' vital', a margin of 0.057 logits), and the diagnosis is the near-tie a
 diagnosis of such a fork writes, every block filled (replays, envelope, thresholds, serial-verify control,
-and the departure with its graph record).
+and the departure with its graph record); its sealed ``summary`` was made again for the planted fork.
 
 Every mutation changes one field: a value of another type (a string where a number goes, a number where
 text goes, null, a list, an object), a number past any range, a deleted key, or HTML, Markdown or a
