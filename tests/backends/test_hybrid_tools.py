@@ -10,7 +10,8 @@
   planted broken build on the same hybrid is flagged.
 * the matrix and its suite rates over both hybrids, their drafters, n_max and both rollback modes: every cell
   runs in the mode it asks for and rolls back by it, the rates' counts add up to the cells, every cell has a
-  verdict, and the rollback modes are compared text for text.
+  verdict, and the rollback modes are compared text for text; the built-in suite as a --suite matrix on a
+  hybrid with a planted fault stops each fork a few tokens on and counts it per setting and per category.
 * the prescription on quantized copies of both hybrids: every rollback mode is measured at the largest n_max
   the map proves, proven exactly when every speculative row equals vanilla's bit for bit through its
   rollbacks, and the fastest proven one is prescribed; a fault planted in the snapshot path is never
@@ -165,7 +166,8 @@ def maps(pairs, session):
             LlamaEngine.truncate = truncate
             try:
                 km = map_in_session(session, [str(pairs[arch][0])],
-                                    [PromptSpec(name="cat", text="the cat", chat=False)], widths=WIDTHS, positions=POSITIONS,
+                                    [PromptSpec(name="cat", text="the cat", chat=False)], widths=WIDTHS,
+                                    positions=POSITIONS,
                                     settings=EngineSettings(threads=1, rollback=rollback))
             finally:
                 LlamaEngine.truncate = real
@@ -370,8 +372,8 @@ def test_a_matrix_cell_with_a_planted_rollback_fault_reads_state_and_counts_in_t
     target, draft = pairs["qwen35"]
     planted.faults[str(target)] = "checkpoint-late"
     spec = MatrixSpec(targets=[str(target)], drafters=[str(draft)], n_max=[3], p_min=[0.0], rollback=["checkpoint"],
-                      prompts=[PromptSpec(p, text=p, chat=False) for p in ("the cat and the dog", "a model of the target",
-                                                                           "history of the essay")],
+                      prompts=[PromptSpec(p, text=p, chat=False)
+                               for p in ("the cat and the dog", "a model of the target", "history of the essay")],
                       max_tokens=48, ignore_eos=True, engine=EngineSettings(threads=1), diagnose=True,
                       backend="hybrid-tools-planted")
     with Session() as s:
@@ -399,3 +401,40 @@ def test_snapshots_with_a_micro_batch_llama_cpp_would_abort_on_are_refused(pairs
     assert err.value.setting == "n_ubatch" and "more than n_max + 1 = 4" in str(err.value)
     t = session.run(cfg(5))  # the smallest micro-batch that holds the 3 snapshots and the token before them
     assert {r.rollback for r in t.speculative.rounds[1:] if r.rollback} <= {"snapshots", "state-copy", "checkpoint"}
+
+
+def test_suite_rates_over_a_hybrid_with_a_planted_rollback_fault(pairs, planted, tmp_path):
+    """The built-in suite's prompts (two of each of three categories) as a ``--suite`` matrix runs them: cells stop
+    a few tokens after their fork, and the rates count every fork per setting and per category."""
+    from specview.core.matrix import MatrixSpec, rates, run_matrix
+    from specview.core.matrix.suite import STOP_AFTER_FORK, suite
+
+    target, draft = pairs["lfm2"]
+    planted.faults[str(target)] = "replay-keeps-rejected"
+    cats = ("translation", "math-reasoning", "code")
+    # ASCII text only: the tests' vocabulary has no byte tokens above 0x7F, and llama.cpp's tokenizer throws
+    # (std::out_of_range, an abort) on a byte it cannot map
+    prompts = [p for c in cats for p in [q for q in suite([c]) if (q.text or "").isascii()][:2]]
+    spec = MatrixSpec(targets=[str(target)], drafters=[str(draft)], n_max=[3], p_min=[0.0], rollback=["checkpoint"],
+                      prompts=prompts, max_tokens=40, ignore_eos=True, engine=EngineSettings(threads=1, n_ctx=1024),
+                      diagnose=False, stop_after_fork=STOP_AFTER_FORK, backend="hybrid-tools-planted")
+    with Session() as s:
+        doc = run_matrix(spec, s, out=tmp_path / "suite.json", traces_dir=tmp_path / "t").to_json()
+    cells = doc["cells"]
+    assert len(cells) == len(prompts) == 6 and all(c["status"] == "ok" for c in cells)
+    forks = [c for c in cells if not c["identical"]]
+    assert forks, "the planted fault forked no suite prompt"
+    (g,) = rates(doc)["settings"]
+    assert (g["n"], g["forks"], g["errors"]) == (6, len(forks), 0)
+    assert g["positions"]["values"] == sorted(c["first_mismatch"] for c in forks)
+    by_cat = {c["category"]: c for c in g["categories"]}
+    assert set(by_cat) == set(cats) and all(by_cat[c]["n"] == 2 for c in cats)
+    assert sum(c["forks"] for c in by_cat.values()) == len(forks)
+    from specview.core.trace import Trace
+
+    for c in forks:  # a suite cell keeps its fork and stops within a round of fork + STOP_AFTER_FORK
+        t = Trace.load(tmp_path / c["trace"])
+        n = len(t.speculative.tokens)
+        assert t.comparison.first_mismatch.index == c["first_mismatch"]
+        assert n <= c["first_mismatch"] + STOP_AFTER_FORK + 1 + 3
+        assert n == 40 or t.speculative.stop_reason == "after-fork"
