@@ -8,7 +8,8 @@ server for the run's target, without a drafter, and asks it for my greedy answer
 twice: alone, then while a neighbour request (another prompt, a longer answer) is
 streaming on the other slot.  The neighbour is in flight before my request is
 sent (its first token has arrived) and is still generating when my answer comes
-back, which the result records; then it is dropped.
+back (it may fill its slot's context), which the result records; then it is
+dropped.
 
 The same on a server with ``-ub 1`` is the control: every token its own
 micro-batch, so batch composition cannot move a logit, and only a leak can make
@@ -32,8 +33,9 @@ from ..local_server.process import ServerError
 from .process import LlamaServer
 from .protocol import completion_body, wait_idle
 
-#: the neighbour's answer is this many times longer than mine, so it is still generating when mine ends
-NEIGHBOUR_FACTOR = 4
+#: each slot's context: the neighbour may generate until it is full, so it is still generating when mine ends
+#: (on a tiny model a few hundred tokens take well under a second); it is dropped once my answer is back
+SLOT_CTX = 4096
 SLOTS = 2
 
 
@@ -126,7 +128,8 @@ def alone_and_beside(runner: Any, cfg: RunConfig, *, other: Sequence[int], ubatc
     cancel = cancel or (lambda: False)
     cfg = replace(cfg, spec_type="none", draft=None, serial_verify=False)
     plan = runner.plan(cfg)
-    argv = two_slot_argv(plan.vanilla_argv, plan.info, plan.n_ctx)
+    slot_ctx = max(plan.n_ctx, SLOT_CTX)
+    argv = two_slot_argv(plan.vanilla_argv, plan.info, slot_ctx)
     if ubatch is not None:
         argv = _with_ubatch(argv, ubatch)
     srv, _ = runner.pool.get(plan.binary, argv, target=plan.target, label=f"neighbours{'-ub1' if ubatch else ''}",
@@ -134,7 +137,7 @@ def alone_and_beside(runner: Any, cfg: RunConfig, *, other: Sequence[int], ubatc
     api = endpoint(srv)
     n = cfg.max_tokens
     alone = _answer(api, plan.tokens, n, cfg.ignore_eos, cancel)
-    neighbour = Neighbour(api, other, n * NEIGHBOUR_FACTOR, cfg.ignore_eos)
+    neighbour = Neighbour(api, other, slot_ctx - len(other) - 8, cfg.ignore_eos)
     neighbour.start()
     try:
         t0 = time.monotonic()

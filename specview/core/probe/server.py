@@ -31,6 +31,10 @@ from .scenarios import LOOP_PROMPT, check_triggers
 
 ProgressFn = Callable[[str], None]
 NGRAM_TYPES = ("ngram-map-k", "ngram-map-k4v", "ngram-mod")
+#: each n-gram type's lookup shortened to one token (as in-process), so that a looping text keeps it drafting
+NGRAM_FLAGS = {"ngram-map-k": "--spec-ngram-map-k-size-n 1 --spec-ngram-map-k-size-m {n_max}",
+               "ngram-map-k4v": "--spec-ngram-map-k4v-size-n 1 --spec-ngram-map-k4v-size-m {n_max}",
+               "ngram-mod": "--spec-ngram-mod-n-match 1 --spec-ngram-mod-n-min 1 --spec-ngram-mod-n-max {n_max}"}
 #: p_min values tried, in turn, until accepted drafts are followed by a zero-draft round
 P_MINS = (0.5, 0.8, 0.95, 0.2)
 DEEP_N_MAX = 8
@@ -74,12 +78,12 @@ class ServerProbe:
         t0 = time.perf_counter()
         self.say(f"llama-server: {trigger} ({label})")
         trace = self.runner.run(cfg, cancel=self.cancel)
-        v, s = trace.vanilla.tokens, trace.speculative.tokens
-        d = first_difference(v, s)
+        v, s, d, edge = compared(trace)
         counts = count_rounds(trace.speculative, upto=d)
         counts["server"] = ((trace.extra.get("server") or {}).get("speculative") or {}).get("server", {}).get("args")
         ok, what = reached(trace, counts)
         row = TriggerResult(trigger, label, SERVER, UNPROVEN, "", ok, len(s), d, counts=counts)
+        what += edge
         if d is None:
             row.result = IDENTICAL if ok else UNPROVEN
             row.evidence = (f"{len(v)}/{len(v)} tokens equal plain greedy on the same server; {what}" if ok
@@ -94,7 +98,7 @@ class ServerProbe:
         self.say(f"{row.trigger} ({row.label}): fork at token {d}; the same run with -ub 1")
         ub1 = replace(cfg, serial_verify=True)
         ctl = self.runner.run(ub1, cancel=self.cancel)
-        cd = first_difference(ctl.vanilla.tokens, ctl.speculative.tokens)
+        _, _, cd, _ = compared(ctl)
         row.control = {"form": "ub1-server", "identical": cd is None, "first_mismatch": cd,
                        "n_tokens": len(ctl.speculative.tokens), "rollbacks": count_rounds(ctl.speculative)["rollbacks"]}
         if cd is None:
@@ -162,16 +166,20 @@ class ServerProbe:
 
     def long_run(self) -> TriggerResult:
         def long(t: Trace, c: dict[str, Any]) -> tuple[bool, str]:
-            n = len(t.speculative.tokens) if t.comparison.identical else (t.comparison.agree or 0)
-            return n >= self.long_n, f"{n} tokens before any fork, {c['rounds']} rounds ({_rb(c)})"
+            _, _, d, _ = compared(t)
+            n = min(len(t.vanilla.tokens), len(t.speculative.tokens)) if d is None else d
+            full = "context" in (t.vanilla.stop_reason, t.speculative.stop_reason) and n >= 0.9 * self.long_n
+            return n >= self.long_n or full, f"{n} tokens before any fork, {c['rounds']} rounds ({_rb(c)})"
         return self.row("long-run", f"{self.long_n} tokens", self.cfg(max_tokens=self.long_n), long)
 
     def ngram_loop(self, types: Sequence[str]) -> list[TriggerResult]:
         out = []
         for st in [t for t in NGRAM_TYPES if t in types]:
-            out.append(self.row("ngram-loop", st, self.cfg(spec_type=st, prompt=LOOP_PROMPT),
-                                lambda t, c: (c["accepted"] > 0, f"{c['drafted']} n-gram drafts, {c['accepted']} "
-                                              f"accepted ({_rb(c)})")))
+            flags = NGRAM_FLAGS[st].format(n_max=self.n_max)
+            eng = replace(self.settings, server_args=f"{self.settings.server_args} {flags}".strip())
+            out.append(self.row("ngram-loop", st, self.cfg(spec_type=st, prompt=LOOP_PROMPT, engine=eng),
+                                lambda t, c: (c["drafted"] > 0, f"{c['drafted']} n-gram tokens drafted from the "
+                                              f"looping text, {c['accepted']} accepted ({_rb(c)})")))
         return out
 
     def rollback_modes(self, types: Sequence[str]) -> tuple[list[TriggerResult], list[str]]:
@@ -235,6 +243,19 @@ class ServerProbe:
                 row.evidence = f"fork at token {d}; the -ub 1 control could not decide (alone repeats: {repeats})"
         row.seconds = time.perf_counter() - t0
         return row
+
+
+def compared(t: Trace) -> tuple[list[int], list[int], int | None, str]:
+    """(vanilla, speculative, first difference, a note): where an arm stopped because the server's context was
+    full, the arms are compared on the tokens both have (a speculative arm needs room for its draft, so it may
+    stop a few tokens before plain greedy does), and the note says so."""
+    v, s = list(t.vanilla.tokens), list(t.speculative.tokens)
+    if "context" in (t.vanilla.stop_reason, t.speculative.stop_reason) and len(v) != len(s):
+        n = min(len(v), len(s))
+        return v[:n], s[:n], first_difference(v[:n], s[:n]), (
+            f"; the server's context was full: plain greedy stopped after {len(v)} tokens, the speculative arm "
+            f"after {len(s)} (compared on the {n} both have)")
+    return v, s, first_difference(v, s), ""
 
 
 def _rb(c: dict[str, Any]) -> str:
