@@ -155,7 +155,10 @@ def rollback_line(trace: Trace) -> str | None:
         parts.append(f"{modes['checkpoint']} by a checkpoint restored and replayed (replay passes: {ws})")
     if modes.get("seq-rm"):
         parts.append(f"{modes['seq-rm']} by llama_memory_seq_rm")
-    return f"rollback {len([r for r in rounds if r.rollback])} of {len(rounds)} rounds: " + "; ".join(parts)
+    used = trace.speculative.rollbacks
+    paths = "; ".join(f"{ctx} {mechanisms_words(used, ctx)}" for ctx in used)
+    return (f"rollback {len([r for r in rounds if r.rollback])} of {len(rounds)} rounds: " + "; ".join(parts)
+            + (f" (by mechanism: {paths})" if paths else ""))
 
 
 def identical_words(trace: Trace) -> str:
