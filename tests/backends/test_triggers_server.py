@@ -119,3 +119,22 @@ def test_a_two_slot_server_has_two_slots_each_its_context_and_its_own_kv_cache()
     assert argv[argv.index("-np") + 1] == "1"  # the run's own command line is left as it was
     old = neighbours.two_slot_argv(["-m", "t.gguf"], {"help_flags": []}, 256)
     assert old[old.index("-np") + 1] == "2" and old[old.index("-c") + 1] == "512" and "--no-kv-unified" not in old
+
+
+def test_a_target_with_mtp_heads_rolls_back_by_snapshots_through_draft_mtp(tmp_path):
+    from specview.backends.llama_cpp.quantize import quantize
+    from tinyhybrid import write_tiny_qwen35
+
+    target = write_tiny_qwen35(tmp_path / "tiny-qwen35-mtp.gguf", seed=0, n_embd=128, mtp=True)
+    agree = quantize(target, tmp_path / "tiny-qwen35-mtp.Q4_0.gguf", "Q4_0", threads=1)
+    s = settings(find_binary())
+    with ServerRunner() as runner:
+        rep = probe_server(runner, target=str(target), settings=s, n=N, long_n=N, accept_draft=str(agree),
+                           triggers=["rollback-modes"], rollback=server_rollback(str(target), str(agree), s))
+    rows = {r.label: r for r in rep.rows}
+    assert set(rows) == {"checkpoint (draft-simple)", "snapshots (draft-mtp)"}, rep.notes
+    for r in rows.values():
+        assert r.reached and r.result != STATE, (r.label, r.evidence)
+    assert rows["checkpoint (draft-simple)"].counts["replays"] > 0
+    snap = rows["snapshots (draft-mtp)"].counts
+    assert snap["drafted"] > snap["accepted"] and not snap["replays"]  # dropped by n_rs_seq, no replay
