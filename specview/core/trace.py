@@ -218,9 +218,10 @@ class ArmResult:
             raise Malformed(f"{name}.rounds", "is missing (an empty list when the engine reports no rounds)")
         arm.rounds = [_round(r, len(arm.tokens), f"{name}.rounds[{i}]")
                       for i, r in enumerate(as_list(rounds, f"{name}.rounds"))]
-        arm.rollbacks = {str(ctx): {str(m): as_int(c, f"{name}.rollbacks.{ctx}.{m}") for m, c in
-                                    as_dict(counts, f"{name}.rollbacks.{ctx}").items()}
-                         for ctx, counts in as_dict(a.get("rollbacks") or {}, f"{name}.rollbacks").items()}
+        rb = as_dict(a.get("rollbacks") or {}, f"{name}.rollbacks")
+        arm.rollbacks = {str(ctx): {str(m): as_int(c, f"{name}.rollbacks.{ctx}.{m}")
+                                    for m, c in as_dict(counts, f"{name}.rollbacks.{ctx}").items()}
+                         for ctx, counts in rb.items()}
         if any(c < 0 for v in arm.rollbacks.values() for c in v.values()):
             raise Malformed(f"{name}.rollbacks", "holds a negative count")
         if not arm.rounds and a.get("n_drafted") is not None:  # totals without rounds: an engine's own counts
