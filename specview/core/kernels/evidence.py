@@ -76,6 +76,9 @@ ENV_KEYS = ("backend", "llama_cpp_python", "llama_cpp_system_info", "ggml_backen
             "cpu", "machine", "mlx", "mlx_lm", "mlx_device")
 #: the settings a map row is keyed by (context_key's fields) that must match exactly; threads are compared apart
 KERNEL_SETTINGS = tuple(f.name for f in fields(EngineSettings) if f.compare and f.name not in ("n_ctx", "threads"))
+#: the rollback of a map row (or a run) recorded before rollbacks were decided for every target: the mode its
+#: contexts took is not known, so it is not held against the other side's
+UNRECORDED_ROLLBACK = "auto"
 SERIAL_CHECK = "run `specview run --serial-verify` with these settings"
 #: how the caveat of a run longer than the map's positions starts (a summary counts these instead of listing them)
 REACH_CAVEAT = "this run reaches KV position"
@@ -236,7 +239,8 @@ def settings_differences(run: EngineSettings, mapped: EngineSettings) -> list[st
     map')."""
     a, b = run.context_key, mapped.context_key
     return [f"{name} {getattr(a, name)!s} here, {getattr(b, name)!s} in the map"
-            for name in KERNEL_SETTINGS if getattr(a, name) != getattr(b, name)]
+            for name in KERNEL_SETTINGS if getattr(a, name) != getattr(b, name)
+            and not (name == "rollback" and UNRECORDED_ROLLBACK in (getattr(a, name), getattr(b, name)))]
 
 
 def _threads(used: Any, setting: int) -> int | None:
