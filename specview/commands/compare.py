@@ -13,7 +13,7 @@ from typing import Any
 
 from ..core.arms.compare import first_difference
 from ..core.engine import SpecviewError
-from ..core.report.escape import num, text
+from ..core.report.escape import num, text, visible
 from ..core.trace import ArmResult, Trace, short
 
 EXIT_SAME, EXIT_DIFFERENT = 0, 1
@@ -145,14 +145,15 @@ def _own(t: Trace) -> str:
 
 
 def _ctx(arm: ArmResult, i: int, n: int) -> str:
-    before = "".join(text(s.piece) for s in arm.steps[max(0, i - n):i])
-    at = text(arm.steps[i].piece) if i < len(arm.steps) else "(end of output)"
-    after = "".join(text(s.piece) for s in arm.steps[i + 1:i + 1 + n])
-    return f"…{before}[[{at}]]{after}…".replace("\n", "⏎")
+    # visible(): a terminal is shown a token's escape sequences and control characters, never given them
+    before = "".join(visible(s.piece) for s in arm.steps[max(0, i - n):i])
+    at = visible(arm.steps[i].piece) if i < len(arm.steps) else "(end of output)"
+    after = "".join(visible(s.piece) for s in arm.steps[i + 1:i + 1 + n])
+    return f"…{before}[[{at}]]{after}…"
 
 
 def _short(v: Any, width: int = 60) -> str:
-    s = text(v) if not isinstance(v, str) else v
+    s = visible(text(v))
     return s if len(s) <= width else s[: width - 1] + "…"
 
 
