@@ -249,3 +249,23 @@ def test_plots_of_mutated_traces(path, value, tmp_path, capsys, monkeypatch):
 
 
 from specview.commands.report import plot_renderer as _PLOTS  # noqa: E402  (the real one, before `quick` swaps it)
+
+
+def test_compare_shows_a_terminal_escape_instead_of_sending_it(good, tmp_path, capsys):
+    doc = real()
+    esc = "\x1b]0;pwned\x07\x1b[2J"  # set the window title, clear the screen
+    doc["environment"]["cpu"] = esc
+    doc["config"]["engine"]["kv_type"] = esc
+    for arm in ("vanilla", "speculative"):  # the text around a difference, in both arms alike
+        doc[arm]["steps"][5]["piece"] = esc
+        doc[arm]["text"] = "".join(s["piece"] for s in doc[arm]["steps"])
+    doc["speculative"]["tokens"][9] = doc["speculative"]["steps"][9]["token"] = 7
+    doc["speculative"]["text"] = "".join(s["piece"] for s in doc["speculative"]["steps"])
+    bad = tmp_path / "escape.json"
+    bad.write_text(json.dumps(doc), encoding="utf-8")
+    cli.main(["compare", str(good), str(bad)])
+    captured = capsys.readouterr()
+    assert "specview: error" not in captured.err, captured.err
+    out = captured.out
+    assert "DIFFERENT from token 9" in out and "\x1b" not in out and "\x07" not in out
+    assert out.count("\\x1b]0;pwned\\x07\\x1b[2J") >= 3  # shown: the context, the setting, the CPU
