@@ -143,7 +143,8 @@ class HybridFakeEngine(FakeEngine):
       truncation is later), and nowhere else.
 
     Anything else raises, so a loop that forgets to prepare a rollback, or truncates past its checkpoint, fails
-    here.  ``rollbacks`` records each as (mode, replay width).
+    here.  ``restores`` records each as (mode, replay width); :meth:`rollbacks` counts them by mechanism, as the
+    llama.cpp engine does.
     """
 
     def __init__(self, model: ToyModel, mode: str = "checkpoint", depth: int = 3, **kw: Any):
@@ -152,7 +153,7 @@ class HybridFakeEngine(FakeEngine):
         self.ckpt: int | None = None
         self.last_width = 0
         self.kept: set[int] = set()
-        self.rollbacks: list[tuple[str, int]] = []
+        self.restores: list[tuple[str, int]] = []
 
     def rollback_mode(self, n_drop: int) -> str:
         return "checkpoint" if self.mode == "snapshots" and n_drop > self.depth else self.mode
@@ -191,15 +192,22 @@ class HybridFakeEngine(FakeEngine):
             return None
         if self.mode == "snapshots" and drop <= self.depth and (drop < self.last_width or n in self.kept):
             super().truncate(n)
-            self.rollbacks.append(("snapshots", 0))
+            self.restores.append(("snapshots", 0))
             return Rollback("snapshots")
         if self.ckpt is None or n < self.ckpt:
             raise AssertionError(f"a {self.mode} memory cannot drop {drop} tokens back to {n} "
                                  f"(checkpoint at {self.ckpt})")
         replay = n - self.ckpt
         super().truncate(n)
-        self.rollbacks.append(("checkpoint", replay))
+        self.restores.append(("checkpoint", replay))
         return Rollback("checkpoint", replay=replay)
+
+    def rollbacks(self) -> dict[str, int]:
+        """The restores by mechanism: a snapshot is an n_rs_seq one; a checkpoint, and a replay where it had one."""
+        used = {"n_rs_seq": sum(m == "snapshots" for m, _ in self.restores),
+                "checkpoint": sum(m == "checkpoint" for m, _ in self.restores),
+                "replay": sum(m == "checkpoint" and r > 0 for m, r in self.restores)}
+        return {k: v for k, v in used.items() if v}
 
 
 class FakeLoaded(LoadedModel):

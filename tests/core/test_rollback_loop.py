@@ -42,8 +42,8 @@ def test_checkpoint_and_replay_is_lossless_and_emits_the_replays_rows(serial):
     assert 1 + sum(r.emitted for r in arm.rounds[1:]) == len(arm.tokens)
     assert sum(s.from_draft for s in arm.steps) == arm.n_accepted
     # the target restored its checkpoint once per replay; the draft model rolled back through its own
-    assert eng.rollbacks.count(("checkpoint", 0)) == len(replayed)
-    assert deng.rollbacks and all(mode == "checkpoint" for mode, _ in deng.rollbacks)
+    assert eng.restores.count(("checkpoint", 0)) == len(replayed)
+    assert deng.restores and all(mode == "checkpoint" for mode, _ in deng.restores)
     assert eng.kv == PROMPT + arm.tokens[:-1]
 
 
@@ -55,7 +55,9 @@ def test_snapshots_drop_the_rejected_tokens_and_recompute_nothing(serial):
     assert rejected and all(r.rollback == "snapshots" and r.replay == 0 for r in rejected)
     assert len(arm.tokens) == arm.n_accepted + len(arm.rounds)
     assert all(s.batch_size == arm.rounds[s.round].batch_size for s in arm.steps[1:])
-    assert eng.rollbacks and all(r == ("snapshots", 0) for r in eng.rollbacks)
+    assert eng.restores and all(r == ("snapshots", 0) for r in eng.restores)
+    # the arm's record of its rollbacks counts what the target's memory did, one n_rs_seq restore a rejection
+    assert arm.rollbacks["target"] == {"n_rs_seq": len(eng.restores)} and len(eng.restores) == len(rejected)
 
 
 def test_a_draft_longer_than_the_snapshots_takes_a_checkpoint_as_llama_server_does():
@@ -92,7 +94,7 @@ def test_a_replay_that_rejects_again_restores_again_and_still_adds_up():
         deng = HybridFakeEngine(ToyModel(seed, noise=1.0), mode="checkpoint")
         arm = run_to_end(speculative_greedy(eng, ModelDrafter(deng, n_max=4), PROMPT, OPTS, n_max_hint=4))
         replays = sum(1 for r in arm.rounds[1:] if r.replay)
-        restores = eng.rollbacks.count(("checkpoint", 0))
+        restores = eng.restores.count(("checkpoint", 0))
         assert 1 + sum(r.emitted for r in arm.rounds[1:]) == len(arm.tokens) == 60
         assert restores >= replays
         if restores > replays:
@@ -118,7 +120,7 @@ def test_the_teacher_forced_replay_rebuilds_a_hybrid_arm_exactly(mode):
 def test_vanilla_never_prepares_a_rollback():
     eng = HybridFakeEngine(ToyModel(0), mode="checkpoint")
     arm = run_to_end(vanilla_greedy(eng, PROMPT, OPTS))
-    assert arm.tokens == ToyModel(0).greedy(PROMPT, 60) and eng.ckpt is None and not eng.rollbacks
+    assert arm.tokens == ToyModel(0).greedy(PROMPT, 60) and eng.ckpt is None and not eng.restores
 
 
 def test_rounds_write_rollback_and_replay_only_when_set_and_read_old_traces():
