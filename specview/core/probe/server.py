@@ -80,6 +80,10 @@ class ServerProbe:
         trace = self.runner.run(cfg, cancel=self.cancel)
         v, s, d, edge = compared(trace)
         counts = count_rounds(trace.speculative, upto=d)
+        if not counts["rollbacks"] and self.rollback == "seq-rm":  # the server labels only its replays
+            dropped = sum(1 for r in trace.speculative.rounds[1:] if r.drafted > r.accepted
+                          and (d is None or r.first_step <= d))
+            counts["rollbacks"] = {"seq-rm": dropped} if dropped else {}
         counts["server"] = ((trace.extra.get("server") or {}).get("speculative") or {}).get("server", {}).get("args")
         ok, what = reached(trace, counts)
         row = TriggerResult(trigger, label, SERVER, UNPROVEN, "", ok, len(s), d, counts=counts)
@@ -134,9 +138,10 @@ class ServerProbe:
     def deep_rollback(self) -> TriggerResult:
         def deep(t: Trace, c: dict[str, Any]) -> tuple[bool, str]:
             k = sum(1 for r in t.speculative.rounds[1:] if r.drafted - r.accepted > 3)
-            return k > 0, (f"{k} rollbacks of more than 3 tokens, up to {c['deepest_drop']} ({_rb(c)}); llama-server "
-                           "keeps n_rs_seq = n_max snapshots only for draft-mtp/eagle3/dflash/dspark, so for "
-                           "draft-simple every rollback is the checkpoint fallback")
+            why = ("llama-server keeps n_rs_seq = n_max snapshots only for draft-mtp/eagle3/dflash/dspark, so for "
+                   "draft-simple every rollback is the checkpoint fallback" if self.rollback == "checkpoint" else
+                   "a KV cache drops them by seq_rm however deep")
+            return k > 0, f"{k} rollbacks of more than 3 tokens, up to {c['deepest_drop']} ({_rb(c)}); {why}"
         return self.row("deep-rollback", f"draft-simple, n_max {DEEP_N_MAX}",
                         self.cfg(draft=self.reject_draft, n_max=DEEP_N_MAX), deep)
 
@@ -210,9 +215,12 @@ class ServerProbe:
         self.say("llama-server: neighbour (-np 2)")
         cfg = self.cfg(spec_type="none")
         other = self.runner.plan(replace(cfg, prompt=LOOP_PROMPT)).tokens
-        res = self.runner.neighbours(cfg, other=other, cancel=self.cancel)
+        for _ in range(3):  # the two requests' timing is the machine's: ask again until they overlapped
+            res = self.runner.neighbours(cfg, other=other, cancel=self.cancel)
+            ok = bool(res["neighbour_in_flight"]) and res["neighbour_tokens_during"] > 0
+            if ok:
+                break
         d = first_difference(res["alone"], res["beside"])
-        ok = bool(res["neighbour_in_flight"]) and res["neighbour_tokens_during"] > 0
         what = (f"the neighbour streamed {res['neighbour_tokens_during']} tokens while mine ran"
                 + ("" if res["neighbour_in_flight"] else " but was not in flight throughout")
                 + f"; slots {res['slots']}")
