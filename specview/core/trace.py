@@ -549,8 +549,9 @@ DIAGNOSIS_SPEC: dict[str, Any] = {
     "reference": {"kind": "str", "reference_label": "str", "test_label": "str", "target": "str", "ok": "bool",
                   "problems": ["str"], "skipped": "str", "seconds": "num", "continuation": "int", "totals": _KL,
                   "prompts": [{"name": "str", **_KL}], "limits": {"kl_mean": "num", "same_top1": "num"}},
-    "envelope": {"max": "num", "p95": "num", "median": "num", "at_fork": "num", "positions": "int", "top_k": "int",
-                 "series": ["num"]},
+    # "series" is left unchecked: in process it is a number per position, llama-server's diagnosis writes an object
+    # per position ({"shift": ...}), and refusing either would refuse a trace `specview run --json` just wrote
+    "envelope": {"max": "num", "p95": "num", "median": "num", "at_fork": "num", "positions": "int", "top_k": "int"},
     "thresholds": {"logit_tol": "num", "far_factor": "num", "far_floor": "num", "near_tie": "num", "far": "num",
                    "at_risk": "num"},
     "replays": {"positions": "int", "passes": "int", "seconds": "num", "single": _REPLAY, "speculative": _REPLAY},
