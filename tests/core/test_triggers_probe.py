@@ -141,3 +141,19 @@ def test_the_report_survives_json_and_a_foreign_file_is_refused(tmp_path, capsys
     assert "not a specview probe report" in capsys.readouterr().err
     assert main(["probe", "--triggers", "nope", "--engine", "llama.cpp"]) == 2
     assert "unknown trigger" in capsys.readouterr().err
+
+
+def test_specview_probe_prints_the_table_and_writes_both_reports(engine, tmp_path, capsys):
+    from specview.cli import main
+
+    name = engine("probe-cli-fake", FakeBackend())
+    out, md = tmp_path / "p.json", tmp_path / "p.md"
+    rc = main(["probe", "-m", "0", "--engine", name, "-n", "16", "--long", "32", "--json", str(out), "--md", str(md),
+               "-q"])
+    text = capsys.readouterr().out
+    assert rc == 0 and all(n in text for n in NAMES) and "in-process" in text
+    rep = ProbeReport.load(out)
+    assert {r.trigger for r in rep.rows} == set(NAMES) and rep.worst != STATE
+    assert md.read_text().count("| in-process |") == len(rep.rows)
+    assert main(["probe", "-m", "0", "--engine", name, "--reject-draft", str(tmp_path / "none.gguf")]) == 2
+    assert "--reject-draft" in capsys.readouterr().err and not (tmp_path / "none.gguf").exists()

@@ -116,8 +116,19 @@ class ProbeTab(QWidget):
         except SpecviewError as exc:
             self.sigError.emit(f"Probe: {exc}", "")
             return None
+        from ...core.registry import get_backend
+
         server, n, long_n = self.server.isChecked(), self.tokens.value(), max(self.long.value(), self.tokens.value())
-        in_process = cfg.backend not in ("llama-server",)
+        try:
+            be = get_backend(cfg.backend)
+        except SpecviewError as exc:
+            self.sigError.emit(f"Probe: {exc}", "")
+            return None
+        in_process = be.in_process
+        if not in_process and be.model_kind != "gguf":
+            self.sigError.emit(f"Probe: the probe runs in-process and on llama-server; the {cfg.backend} engine is "
+                               "neither", "")
+            return None
 
         def work(runner: Any, text: Any, fraction: Any, cancel: Any) -> Any:
             return run_probe(cfg.target, backend=cfg.backend if in_process else "llama.cpp", settings=cfg.engine,
