@@ -50,7 +50,8 @@ def deadline(seconds: float = INPUT_SECONDS, what: str = "the reader") -> Iterat
 def run(target: str, *, timeout: float = CHILD_SECONDS, memory_mb: int = MEMORY_MB) -> None:
     """Run ``module:function`` (a module of tests/hostile) in a bounded child; AssertionError with its output
     unless it passed."""
-    path = [str(HERE), str(TESTS), str(TESTS / "models"), os.environ.get("PYTHONPATH", "")]
+    # this checkout's specview first: the child runs in a scratch folder, where an installed copy would win
+    path = [str(TESTS.parent), str(HERE), str(TESTS), str(TESTS / "models"), os.environ.get("PYTHONPATH", "")]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path),
                SPECVIEW_HOSTILE_MEMORY_MB=str(memory_mb), QT_QPA_PLATFORM="offscreen")
     import tempfile
@@ -73,6 +74,9 @@ def _child(target: str) -> int:
     resource.setrlimit(resource.RLIMIT_AS, (mb << 20, mb << 20))
     resource.setrlimit(resource.RLIMIT_CPU, (CHILD_SECONDS, CHILD_SECONDS))
     module, func = target.split(":")
+    import specview
+
+    assert Path(specview.__file__).resolve().is_relative_to(TESTS.parent), f"not this checkout's: {specview.__file__}"
     getattr(importlib.import_module(module), func)()
     print("PASSED")
     return 0
