@@ -24,12 +24,14 @@ def deep_json(n: int = DEEP, inner: str = "1") -> str:
 
 def _machine_notices() -> list[str]:
     """The lines a command that decides the engine's settings prints on this machine before any work (``specview:
-    no repack by default: ...`` where the crash probe crashed, or where $SPECVIEW_REPACK_PROBE plants that)."""
+    no repack by default: ...`` where the crash probe crashed, or where $SPECVIEW_REPACK_PROBE plants that): the
+    machine's decisions, not the ones each run makes for its own model (the rollback)."""
     from specview.core.config import EngineSettings
+    from specview.core.matrix.spec import PER_MODEL
     from specview.core.registry import Runner
 
     _, decisions = Runner.resolve_settings(EngineSettings(), backend="llama.cpp")
-    return [f"specview: {d.why}" for d in decisions]
+    return [f"specview: {d.why}" for d in decisions if d.setting not in PER_MODEL]
 
 
 def _refused(argv: list[str], capsys, *words: str, decides: bool = False) -> str:
