@@ -18,7 +18,8 @@ from ...core.resolve import DecidedSettings, Decision, require_decided
 from . import demo
 from .engine import LlamaEngine, model_memory
 from .lib import LIB_PATH_VARIABLE, _lib, apply_environment, builds_backend, llama_environment
-from .memory import AUTO, SNAPSHOTS, check_mode, decide_rollback, draft_rollback, file_architecture
+from .memory import (ATTENTION, AUTO, SNAPSHOTS, check_mode, decide_rollback, draft_rollback, file_architecture,
+                     memory_kind)
 from .model import LlamaModel, has_mtp_heads
 from .demo_pick import cached_pick, pick_demo_target
 from .probe import repack_decision
@@ -38,7 +39,7 @@ class LlamaLoaded(WrappedModel):
         one line where its rollback differs from the target's."""
         arch, kind = model_memory(self.model)
         mode, why = draft_rollback(arch, kind)
-        if settings.rollback == mode:
+        if settings.rollback == mode or (settings.rollback == AUTO and kind == ATTENTION):
             return settings, ""
         return replace(settings, rollback=mode), (f"the draft context: {mode}, as llama-server opens it (n_rs_seq = 0, "
                                                   f"no snapshots): {why}")
@@ -77,7 +78,8 @@ class LlamaBackend(InProcessBackend):
             out.append(repack)
         if cfg.engine.rollback in (None, AUTO):  # auto: what llama-server does, decided here
             target, draft = self._architectures(cfg)
-            if target is not None:  # unreadable: the load says what is wrong with the file
+            # a KV cache alone (target and draft model) has one rollback, seq_rm: nothing to decide, nothing to say
+            if any(memory_kind(a) != ATTENTION for a in (target, draft) if a):
                 value, why = decide_rollback(target, draft, cfg.spec_type, cfg.n_max)
                 out.append(Decision("rollback", value, why))
         if default_target and is_demo_name(cfg.target):

@@ -27,7 +27,7 @@ from ...core.engine import ModelEngine, Rollback
 from ...core.errors import ConfigError, EvalError, SpecviewError
 from ...core.resolve import DecidedSettings, require_decided
 from .lib import clear_log, llama_environment, recent_log, resolve_threads
-from .memory import (ATTENTION, AUTO, HYBRID, RECURRENT, SNAPSHOTS, ContextMemory, MemoryStats, allowed_modes,
+from .memory import (SEQ_RM, ATTENTION, AUTO, HYBRID, RECURRENT, SNAPSHOTS, ContextMemory, MemoryStats, allowed_modes,
                      check_mode, snapshots_refused)
 from .model import LlamaModel
 
@@ -93,14 +93,15 @@ class LlamaEngine(ModelEngine):
         self._context_params(cp)
         self._cp = cp
         self.architecture, self.memory_kind = model_memory(model)
-        if settings.rollback == AUTO:  # LlamaBackend.decide reads the architecture from the header and decides
+        if settings.rollback == AUTO and self.memory_kind != ATTENTION:  # LlamaBackend.decide reads the header
             raise ConfigError(f"no rollback was decided for this {self.architecture or 'model'}: its header gave "
                               "no architecture when the run was resolved; pass --rollback "
                               f"{' or '.join(allowed_modes(self.architecture, self.memory_kind))}",
                               setting="rollback")
         check_mode(settings.rollback, self.architecture, self.memory_kind)
-        #: how this context rolls back: decided for the run (LlamaBackend.decide), or the draft model's own
-        self.rollback = settings.rollback
+        #: how this context rolls back: decided for the run (LlamaBackend.decide), or the draft model's own; a
+        #: KV cache alone has one way, seq_rm, which no decision chooses
+        self.rollback = SEQ_RM if settings.rollback == AUTO else settings.rollback
         self._rs_depth = DEFAULT_RS_DEPTH if self.rollback == SNAPSHOTS else 0
         #: what this context's rollbacks did, across every reopen (:meth:`plan_rollbacks`)
         self.stats = MemoryStats()
