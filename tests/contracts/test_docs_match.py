@@ -40,7 +40,8 @@ OPTIONAL_ENV = {
 #: long flags the docs give other programs (llama-server, mlx_lm.server, pip, llama.cpp's tools, vulkaninfo, the
 #: benchmark scripts); any other ``--flag`` in a doc's code must be one of specview's
 FOREIGN = {
-    "llama-server": {"--cache-ram", "--host", "--port", "--spec-", "--list-devices"},
+    "llama-server": {"--cache-ram", "--host", "--port", "--spec-", "--list-devices", "--no-kv-unified",
+                     "--spec-ngram-map-k-size-n", "--spec-ngram-mod-n-match"},
     "mlx_lm.server / mlx-lm": {"--chat-template-args", "--draft-model", "--kv-", "--kv-bits", "--kv-group-size",
                                "--num-draft-tokens", "--prefill-step-size", "--prompt-cache-size",
                                "--quantized-kv-start", "--trust-remote-code"},
