@@ -96,7 +96,7 @@ def test_the_server_rows_count_what_their_parameters_forced(report):
     assert nb.counts["neighbour_tokens_during"] > 0 and "-np" in nb.counts["server"]
     assert nb.counts["server"][nb.counts["server"].index("-np") + 1] == "2"
     modes = {r.label for r in rep.rows if r.trigger == "rollback-modes"}
-    assert modes == ({"seq-rm (draft-simple)"} if model == "demo" else {"checkpoint (draft-simple)"}), modes
+    assert modes == ({"auto (draft-simple)"} if model == "demo" else {"checkpoint (draft-simple)"}), modes
 
 
 @pytest.mark.parametrize("model", ("qwen35", pytest.param("demo", marks=pytest.mark.demo)))
