@@ -494,6 +494,11 @@ def fill_plain(settings: EngineSettings) -> EngineSettings:
     return replace(settings, **fill) if fill else settings
 
 
+#: engine settings a backend decides from the model's header (the rollback), so for each run's own target, never once
+#: for a whole matrix
+PER_MODEL = ("rollback",)
+
+
 def settings_label(settings: EngineSettings) -> str:
     """The settings that differ from the defaults, short: ``fa on, ub 1`` ('' for the defaults)."""
     short = {"flash_attn": "fa", "n_ubatch": "ub", "n_batch": "b", "threads": "t", "kv_type": "kv",

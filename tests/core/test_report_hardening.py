@@ -27,7 +27,7 @@ def _machine_notices() -> list[str]:
     no repack by default: ...`` where the crash probe crashed, or where $SPECVIEW_REPACK_PROBE plants that): the
     machine's decisions, not the ones each run makes for its own model (the rollback)."""
     from specview.core.config import EngineSettings
-    from specview.core.matrix.spec import PER_MODEL
+    from specview.core.config import PER_MODEL
     from specview.core.registry import Runner
 
     _, decisions = Runner.resolve_settings(EngineSettings(), backend="llama.cpp")

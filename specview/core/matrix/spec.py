@@ -17,7 +17,7 @@ from dataclasses import Field, field, make_dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..config import (DEMO_DRAFT, DEMO_TARGET, DRAFT_FILE_TYPES, LLAMA_SPEC_TYPES, SPEC_TYPES_IN_PROCESS,
+from ..config import (PER_MODEL, DEMO_DRAFT, DEMO_TARGET, DRAFT_FILE_TYPES, LLAMA_SPEC_TYPES, SPEC_TYPES_IN_PROCESS,
                       EngineSettings, RunConfig, _kind, axes, check_value, declared, default_of, field_of,
                       settings_class)
 from ..errors import ConfigError, SpecviewError
@@ -58,10 +58,6 @@ OWN_KEYS = ("targets", "drafters", "prompts", "builtin_prompts", "suite", "chat"
 
 #: what a preset part's cells are evidence of (core/matrix/preset.py says it in words)
 ROLES = ("determinism", "lossless-control", "subject", "toggle", "zero-draft", "reference")
-
-
-#: engine settings a backend decides from the model, so per cell, never once for a whole matrix
-PER_MODEL = ("rollback",)
 
 
 class _Short(reprlib.Repr):
