@@ -50,31 +50,34 @@ def test_a_misspelt_plant_is_refused_by_name(monkeypatch):
 
 
 def test_a_repacked_load_is_refused_under_a_planted_crash(crashed, demo_paths):
-    """Q4_0's weights are repacked on x86 (the buffer llama.cpp calls CPU_REPACK): with the crash planted that
+    """Q4_0's weights are repacked on x86 (the buffer llama.cpp calls CPU_REPACK, or AMX on an AMX build): with the
+    crash planted that
     load fails as the first multi-token pass on it would on an AMX CPU, and the plain load works."""
     from specview.backends.llama_cpp import lib
     from specview.backends.llama_cpp.model import LlamaModel
 
     plain = LlamaModel(demo_paths["Q4_0"], gpu_layers=0, no_repack=True)  # noqa: door - the refusal's own test
     try:
-        repacks = any("CPU_REPACK" in ln for ln in lib.log_lines())
+        repacks = [ln for ln in lib.log_lines() if plant.repacked_buffer_line(ln)]
+        assert plain.weight_buffers and set(plain.weight_buffers) <= {"CPU", "CPU_Mapped"}, plain.weight_buffers
     finally:
         plain.close()
     assert not repacks  # no repacked buffer without repacking
-    assert plant.REPACKED_BUFFER not in " ".join(lib.log_lines())
     try:
         LlamaModel(demo_paths["Q4_0"], gpu_layers=0, no_repack=False)  # noqa: door - the refusal's own test
     except SpecviewError as exc:
-        assert "CPU_REPACK" in str(exc) and "SPECVIEW_REPACK_PROBE=crashed" in str(exc)
+        assert any(f"{b} model buffer size" in str(exc) for b in plant.REPACKED_BUFFERS), str(exc)
+        assert "SPECVIEW_REPACK_PROBE=crashed" in str(exc)
     else:  # a build or CPU that repacks nothing (an ARM core, a GPU build) has no repacked buffer to refuse
         assert not _this_build_repacks_q4_0(demo_paths["Q4_0"])
 
 
 def _this_build_repacks_q4_0(path: Path) -> bool:
-    """Whether a plain (unplanted) load of ``path`` with repacking on logs a CPU_REPACK buffer, in a child."""
+    """Whether a plain (unplanted) load of ``path`` with repacking on logs a repacked buffer (CPU_REPACK, AMX), in a
+    child (a load alone: the AMX crash comes with a multi-token decode)."""
     code = ("import sys; from specview.backends.llama_cpp.model import LlamaModel; "
-            "from specview.backends.llama_cpp import lib; m = LlamaModel(sys.argv[1], gpu_layers=0); "
-            "print(any('CPU_REPACK' in l for l in lib.log_lines()))")
+            "from specview.backends.llama_cpp import lib, plant; m = LlamaModel(sys.argv[1], gpu_layers=0); "
+            "print(any(plant.repacked_buffer_line(l) for l in lib.log_lines()))")
     env = {k: v for k, v in os.environ.items() if k != plant.PLANT_VARIABLE}
     out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, env=env,
                          timeout=300)
@@ -86,7 +89,7 @@ def test_a_test_that_loads_past_the_door_fails_under_a_planted_crash(tmp_path, d
     that repacks safely and crashes its lane on one that does not; with the crash planted it fails on every CPU,
     named, while the same test through the door passes."""
     if not _this_build_repacks_q4_0(demo_paths["Q4_0"]):
-        pytest.skip("this llama.cpp build repacks no Q4_0 weights here (no CPU_REPACK buffer to find)")
+        pytest.skip("this llama.cpp build repacks no Q4_0 weights here (no CPU_REPACK or AMX buffer to find)")
     (tmp_path / "conftest.py").write_text((TESTS / "conftest.py").read_text(encoding="utf-8"), encoding="utf-8")
     (tmp_path / "test_past_the_door.py").write_text(textwrap.dedent(f"""
         import llama_cpp as ll

@@ -34,7 +34,7 @@ def test_the_probe_decodes_four_tokens_of_a_quantized_model_in_a_worker():
     refused in the worker before any decode; where this CPU's repacked kernels really crash, the worker dies."""
     decode = functools.partial(run_isolated, probe.probe_multi_token_decode, "demo:Q4_0", timeout=probe.PROBE_TIMEOUT)
     if probe.planted() == "crashed":
-        with pytest.raises(SpecviewError, match=r"Q4_0\.gguf was loaded with repacked weights \(.*CPU_REPACK.*\) "
+        with pytest.raises(SpecviewError, match=r"Q4_0\.gguf was loaded with repacked weights \(.*(CPU_REPACK|AMX).*\) "
                                                 r"although \$SPECVIEW_REPACK_PROBE=crashed") as refused:
             decode()
         assert not isinstance(refused.value, EngineCrashed)  # refused at the load, not died at the decode
@@ -50,6 +50,8 @@ def test_the_probe_decodes_four_tokens_of_a_quantized_model_in_a_worker():
     r = decode()
     assert r["ok"] and r["n_tokens"] == 4 and r["finite"]
     assert r["quantization"] == "Q4_0"
+    assert r["buffers"] and sum(r["buffers"].values()) > 0  # the weights' buffers, from llama.cpp's load log
+    assert r["repacked"] == sorted(b for b in r["buffers"] if b in probe.REPACKED_BUFFERS)
 
 
 def test_the_probe_through_a_worker(monkeypatch, tmp_path):

@@ -192,3 +192,35 @@ def test_vulkan_knobs_reach_ggml_in_the_engine_process_and_the_report(vk_lib, tm
     doc = facts_of(json.loads(specview(env, "doctor", "--engine", "llama.cpp", "--quick", "--json",
                                        "--vk-visible-devices", "0", "--vk-disable-f16", ok=(0, 1)).stdout))
     assert "Vulkan0" in doc[("llama.cpp", "devices")]["value"] and "no fp16" in doc[("llama.cpp", "devices")]["text"]
+
+
+def _probe_buffers(env: dict[str, str], no_host: bool) -> dict[str, float]:
+    """The weight buffers of the repack probe's load of the demo's Q4_0 (nothing decoded), in a process of its own
+    with ``env`` (the probe's real load: nothing planted)."""
+    import subprocess
+    import sys
+
+    code = ("import json, sys; from specview.backends.llama_cpp import probe; "
+            "print(json.dumps(probe.probe_buffers('demo:Q4_0', no_host=sys.argv[1] == '1')))")
+    env = {k: v for k, v in env.items() if k != "SPECVIEW_REPACK_PROBE"}
+    res = subprocess.run([sys.executable, "-c", code, "1" if no_host else "0"], env=env, capture_output=True,
+                         text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_the_repack_probe_loads_as_a_cpu_only_run_does_while_a_gpu_is_visible(env, vk_lib):
+    """With a Vulkan device visible llama.cpp keeps a CPU layer's weights in the device's pinned host buffer and
+    repacks none of them, so a probe that loaded that way would pass on an AMX CPU, and its result, cached for the
+    build, would clear a CPU-only run of the same build (GGML_VK_VISIBLE_DEVICES unset), whose weights go to the
+    repacked buffers that crash. The probe loads past the host buffer: the buffers it exercises are a CPU-only
+    run's."""
+    from specview.backends.llama_cpp.plant import REPACKED_BUFFERS
+
+    hosted = _probe_buffers(env, no_host=False)
+    probed = _probe_buffers(env, no_host=True)
+    cpu_only = _probe_buffers(vk_env(vk_lib, visible=False), no_host=False)
+    assert any(b.startswith("Vulkan") for b in hosted), hosted  # the device's host buffer holds the CPU's weights
+    assert not set(hosted) & set(REPACKED_BUFFERS), hosted  # and nothing is repacked: the AMX kernels never run
+    assert set(cpu_only) & set(REPACKED_BUFFERS), cpu_only  # Q4_0 is repacked on x86 (AVX2: CPU_REPACK; AMX)
+    assert set(probed) == set(cpu_only), (probed, cpu_only)  # the probe meets what a CPU-only run meets

@@ -18,7 +18,7 @@ from typing import Any
 
 from ...core.config import THREADS_VARIABLE, default_threads, resolve_threads, usable_cores  # noqa: F401
 from ...core.errors import BackendUnavailable
-from .plant import REPACKED_BUFFER
+from .plant import repacked_buffer_line
 
 _lock = threading.Lock()
 _initialised = False
@@ -54,7 +54,7 @@ def _init() -> Any:
                     _log_lines.append(line)
                     if line.startswith("ggml_vulkan: "):  # the device lines, kept past clear_log()
                         _vk_lines.append(line)
-                    elif REPACKED_BUFFER in line:
+                    elif repacked_buffer_line(line):
                         _repack_lines.append(line.strip())
                 except Exception:
                     pass

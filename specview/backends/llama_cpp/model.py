@@ -81,6 +81,20 @@ def layer_placement(lines: list[str]) -> dict[str, int]:
     return out
 
 
+_BUFFER = re.compile(r"(\S+) model buffer size\s*=\s*([0-9.]+) MiB")
+
+
+def weight_buffers(lines: list[str]) -> dict[str, float]:
+    """The buffers llama.cpp put the weights in, MiB each, from its load log ("CPU_REPACK model buffer size =
+    56.95 MiB"): ``CPU_REPACK`` and ``AMX`` are the repacked layouts, ``CPU`` the plain one."""
+    out: dict[str, float] = {}
+    for ln in lines:
+        m = _BUFFER.search(ln)
+        if m:
+            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
+    return out
+
+
 class LlamaModel:
     """One GGUF file's weights, loaded once.
 
@@ -89,10 +103,13 @@ class LlamaModel:
     that runs elsewhere (llama-server).  ``no_repack`` keeps the weights in the
     plain CPU buffer (``use_extra_bufts = false``, llama.cpp's ``--no-repack``):
     no repacked or AMX layouts, so batched passes take other kernels.
+    ``no_host`` skips a GPU's pinned host buffer (llama.cpp's ``--no-host``), which
+    llama.cpp otherwise prefers for the CPU's weights whenever a GPU is visible,
+    so that the repacked buffers are used even then.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, gpu_layers: int = -1, vocab_only: bool = False,
-                 no_repack: bool = False):
+                 no_repack: bool = False, no_host: bool = False):
         self.path = Path(path).expanduser().resolve()
         check_gguf_file(self.path)
         ll = _init()
@@ -103,6 +120,8 @@ class LlamaModel:
         mp = ll.llama_model_default_params()
         mp.vocab_only = vocab_only
         mp.use_extra_bufts = not self.no_repack
+        if no_host and hasattr(mp, "no_host"):  # llama.cpp's llama_model_params has had it since 2025
+            mp.no_host = True
         mp.n_gpu_layers = 0 if vocab_only else (gpu_layers if gpu_layers >= 0 else 999)
         if activity.active:  # a long load is progress too: the worker's deadline must not read it as a hang
             name = self.path.name
@@ -125,6 +144,7 @@ class LlamaModel:
         self.load_seconds = time.perf_counter() - t0
         load_log = log_lines()
         self.layer_devices = layer_placement(load_log)
+        self.weight_buffers = weight_buffers(load_log)
         take_repack_lines()  # this load's are checked here, not by whoever asks next
         if not vocab_only:
             try:

@@ -2,8 +2,8 @@
 
 ``$SPECVIEW_REPACK_PROBE`` plants the AMX probe's result (:mod:`.probe`) on any
 CPU.  ``crashed``: runs default to no repack, as on an Intel Xeon with AMX, and a
-model load that still gets repacked weights (a ``CPU_REPACK`` buffer, which
-llama.cpp names in its load log) fails at once, as its first multi-token pass
+model load that still gets repacked weights (a ``CPU_REPACK`` or ``AMX`` buffer,
+which llama.cpp names in its load log) fails at once, as its first multi-token pass
 would there.  ``ok``: a probe that ran fine.  The test suite runs once more with
 ``crashed`` (``.ci/run``), so a test or a code path that loads a model past the
 resolution fails on every CPU, not only on the ones that crash.
@@ -21,8 +21,14 @@ from ...core.errors import SpecviewError
 PLANT_VARIABLE = "SPECVIEW_REPACK_PROBE"
 PLANT_VALUES = ("crashed", "ok")
 PROBE_TOKENS = 4
-#: llama.cpp's load log names each weight buffer: ``load_tensors:   CPU_REPACK model buffer size =  56.95 MiB``
-REPACKED_BUFFER = "CPU_REPACK model buffer size"
+#: llama.cpp's load log names each weight buffer: ``load_tensors:   CPU_REPACK model buffer size =  56.95 MiB``;
+#: these are the repacked ones (CPU_REPACK: ggml-cpu's interleaved layouts; AMX: its AMX tiles)
+REPACKED_BUFFERS = ("CPU_REPACK", "AMX")
+
+
+def repacked_buffer_line(line: str) -> bool:
+    """Whether a line of llama.cpp's load log names a weight buffer of a repacked layout."""
+    return any(f"{b} model buffer size" in line for b in REPACKED_BUFFERS)
 #: ``general.file_type`` values whose weights no CPU backend repacks (all F32, mostly F16, mostly BF16)
 UNPACKED_FILE_TYPES = (0, 1, 32)
 
@@ -52,12 +58,12 @@ def planted_result() -> dict[str, Any] | None:
 
 
 def check_repacked_load(path: str | os.PathLike[str], log: list[str]) -> None:
-    """Where the probe's crash is planted, a load whose weights went to a repacked buffer (``CPU_REPACK`` in
-    llama.cpp's load log) fails now, as the first multi-token pass on it would on a CPU whose repacked kernels
+    """Where the probe's crash is planted, a load whose weights went to a repacked buffer (``CPU_REPACK`` or
+    ``AMX`` in llama.cpp's load log) fails now, as the first multi-token pass on it would on a CPU whose repacked kernels
     crash: a load that did not take this machine's no-repack decision is found on every CPU."""
     if planted() != "crashed":
         return
-    bufs = [ln.strip() for ln in log if REPACKED_BUFFER in ln]
+    bufs = [ln.strip() for ln in log if repacked_buffer_line(ln)]
     if bufs:
         raise SpecviewError(
             f"{Path(path).name} was loaded with repacked weights ({bufs[0]}) although ${PLANT_VARIABLE}=crashed "

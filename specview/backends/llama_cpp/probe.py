@@ -7,7 +7,10 @@ of a quantized model with repacked weights dies in ``ggml_backend_amx_mul_mat``
 ``use_extra_bufts = false`` (llama.cpp's ``--no-repack``) avoids it.
 
 :func:`probe_multi_token_decode` decodes a few tokens at once on a small
-quantized model with repacking on.  It runs in a throwaway worker process
+quantized model with repacking on, past any GPU's pinned host buffer
+(``no_host``: with a GPU visible llama.cpp would put the CPU's weights there and
+repack none, and a pass there would wrongly clear a CPU-only run of the same
+build).  It runs in a throwaway worker process
 (:func:`specview.core.worker.run_isolated`), so a crash costs that process
 only, and its result is cached per llama.cpp build and CPU.  The probe is
 needed, and run, only on x86 CPUs with AMX; elsewhere the question does not
@@ -39,7 +42,7 @@ from ...core.facts import Fact
 from ...core.paths import cache_dir
 from ...core.registry import Runner
 from ...core.resolve import Decision
-from .plant import PLANT_VARIABLE, planted, planted_result
+from .plant import PLANT_VARIABLE, REPACKED_BUFFERS, planted, planted_result
 
 #: the engines whose weights llama.cpp's CPU backend repacks (both run the same ggml code)
 LLAMA_ENGINES = ("llama.cpp", "llama-server")
@@ -49,6 +52,8 @@ UPSTREAM = "llama.cpp #20824"
 PROBE_QUANTS = ("Q4_0", "Q4_K_M", "Q8_0")
 PROBE_TIMEOUT = 180.0
 CACHE_NAME = "multi-token-decode.json"
+#: part of the cache's key: a result of an earlier probe (one a visible GPU could clear) is not read as this one's
+PROBE_VERSION = 2
 
 
 # -- the build and the CPU ----------------------------------------------------------------------
@@ -76,6 +81,7 @@ def build_identity(flags: frozenset[str] | None = None) -> dict[str, Any]:
     st = lib.stat() if lib is not None else None
     flags = cpu_flags() if flags is None else flags
     return {
+        "probe": PROBE_VERSION,
         "libllama": str(lib) if lib else None,
         "libllama_size": st.st_size if st else None,
         "libllama_mtime": int(st.st_mtime) if st else None,
@@ -105,24 +111,42 @@ def probe_model() -> Path:
     return demo.resolve(f"demo:{PROBE_QUANTS[0]}")
 
 
+def _probe_load(path_or_demo: str | os.PathLike[str] | None, *, no_host: bool = True) -> Any:
+    """The probe's model, loaded as the probe loads it: on the CPU, repacking on, and (``no_host``) past a GPU's
+    pinned host buffer.  With a GPU visible llama.cpp would put the CPU's weights in that buffer and repack none of
+    them, so a pass there would wrongly clear a CPU-only run of the same build (a hidden GPU, ``-ngl 0`` with
+    ``GGML_VK_VISIBLE_DEVICES`` unset), which the cached result is read for."""
+    from . import demo
+    from .model import LlamaModel
+
+    path = probe_model() if path_or_demo is None else demo.resolve(str(path_or_demo))
+    return LlamaModel(path, gpu_layers=0, no_repack=False, no_host=no_host)
+
+
+def probe_buffers(path_or_demo: str | os.PathLike[str] | None = None, *, no_host: bool = True) -> dict[str, float]:
+    """The weight buffers of the probe's load (``no_host=False``: of a load that takes a GPU's host buffer), MiB
+    each, with nothing decoded: what the probe exercises, safe to ask on a CPU whose repacked kernels crash."""
+    model = _probe_load(path_or_demo, no_host=no_host)
+    try:
+        return dict(model.weight_buffers)
+    finally:
+        model.close()
+
+
 def probe_multi_token_decode(path_or_demo: str | os.PathLike[str] | None = None, *,
                              n_tokens: int = PROBE_TOKENS) -> dict[str, Any]:
-    """Load a quantized model with repacking on and decode ``n_tokens`` tokens in one pass.
+    """Load a quantized model as :func:`_probe_load` does and decode ``n_tokens`` tokens in one pass.
 
-    Returns what ran (``{"ok": True, "model": ..., "n_tokens": ..., "seconds": ...}``).
+    Returns what ran (``{"ok": True, "model": ..., "n_tokens": ..., "buffers": ..., "seconds": ...}``).
     On an AMX CPU with a native build this is where the process dies: call it
     through :func:`run_probe` (a throwaway worker), never in a process you need.
     """
-    from . import demo
     from .engine import LlamaEngine
-    from .model import LlamaModel
 
     t0 = time.perf_counter()
-    if path_or_demo is None:
-        path = probe_model()
-    else:
-        path = demo.resolve(str(path_or_demo))
-    model = LlamaModel(path, gpu_layers=0, no_repack=False)
+    model = _probe_load(path_or_demo)
+    path = model.path
+    buffers = dict(model.weight_buffers)
     try:
         # every setting given (repacking on, as the probe must test it): nothing is left for a decision to make
         settings = Runner.resolve_settings(EngineSettings(gpu_layers=0, n_batch=64, n_ubatch=64, no_repack=False,
@@ -140,7 +164,8 @@ def probe_multi_token_decode(path_or_demo: str | os.PathLike[str] | None = None,
     finally:
         model.close()
     return {"ok": True, "model": str(path), "quantization": facts.get("quantization"), "n_tokens": n_tokens,
-            "finite": finite, "seconds": round(time.perf_counter() - t0, 3)}
+            "finite": finite, "buffers": buffers, "repacked": sorted(b for b in buffers if b in REPACKED_BUFFERS),
+            "seconds": round(time.perf_counter() - t0, 3)}
 
 
 # -- the cached verdict ---------------------------------------------------------------------------
@@ -289,8 +314,11 @@ def setup_facts(system_info: str | None, *, deep: bool = True) -> list[Fact]:
     elif r.get("skipped"):
         facts.append(Fact(name, "repack_probe", r, f"multi-token decode probe: not run ({r['skipped']})", "info"))
     else:
+        where = (f" ({', '.join(r['repacked'])} buffer)" if r.get("repacked") else
+                 " (none of its weights were repacked by this build, so the repacked kernels were not exercised)"
+                 if "repacked" in r else "")
         facts.append(Fact(name, "repack_probe", r,
                           f"multi-token decode probe: a {r.get('n_tokens', PROBE_TOKENS)}-token decode of "
-                          f"{Path(str(r.get('model'))).name} with repacked weights ran fine; repacking stays on",
+                          f"{Path(str(r.get('model'))).name} with repacking on{where} ran fine; repacking stays on",
                           "ok"))
     return facts
