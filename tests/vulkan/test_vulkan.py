@@ -210,8 +210,8 @@ def _probe_buffers(env: dict[str, str], no_host: bool) -> dict[str, float]:
 
 
 def test_the_repack_probe_loads_as_a_cpu_only_run_does_while_a_gpu_is_visible(env, vk_lib):
-    """With a Vulkan device visible llama.cpp keeps a CPU layer's weights in the device's pinned host buffer and
-    repacks none of them, so a probe that loaded that way would pass on an AMX CPU, and its result, cached for the
+    """With a Vulkan device visible llama.cpp keeps a CPU layer's weights in the device's host buffer (mapped from
+    the file: CPU_Mapped alone) and repacks none of them, so a probe that loaded that way would pass on an AMX CPU, and its result, cached for the
     build, would clear a CPU-only run of the same build (GGML_VK_VISIBLE_DEVICES unset), whose weights go to the
     repacked buffers that crash. The probe loads past the host buffer: the buffers it exercises are a CPU-only
     run's."""
@@ -220,7 +220,6 @@ def test_the_repack_probe_loads_as_a_cpu_only_run_does_while_a_gpu_is_visible(en
     hosted = _probe_buffers(env, no_host=False)
     probed = _probe_buffers(env, no_host=True)
     cpu_only = _probe_buffers(vk_env(vk_lib, visible=False), no_host=False)
-    assert any(b.startswith("Vulkan") for b in hosted), hosted  # the device's host buffer holds the CPU's weights
-    assert not set(hosted) & set(REPACKED_BUFFERS), hosted  # and nothing is repacked: the AMX kernels never run
+    assert hosted and not set(hosted) & set(REPACKED_BUFFERS), hosted  # nothing repacked: no AMX kernel runs
     assert set(cpu_only) & set(REPACKED_BUFFERS), cpu_only  # Q4_0 is repacked on x86 (AVX2: CPU_REPACK; AMX)
     assert set(probed) == set(cpu_only), (probed, cpu_only)  # the probe meets what a CPU-only run meets
