@@ -51,8 +51,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-#: the z of a two-sided 95% interval
-Z95 = 1.959963984540054
+from ..stats import wilson  # the one Wilson interval: the quality suite's and the matrix's too
 
 #: the calibrated band is this many times the measured envelope (two logits each moving by the envelope)
 CALIBRATION_FACTOR = 2.0
@@ -179,19 +178,6 @@ def count(ps: Sequence[Position], band: Band) -> dict[str, Any]:
     outside = sum(1 for p in ps if p.flipped and p.index not in inside)
     return {"name": band.name, "width": round(band.width, 6), "unit": band.unit, "source": band.source,
             "calibrated": band.calibrated, **rate_fields(len(inside), flipped), "flipped_outside": outside}
-
-
-def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """The Wilson score interval of ``k`` of ``n``: the formula of :func:`specview.core.quality.stats.wilson`
-    (a test holds the two equal), written here because diagnose/ may not import quality/, whose runner reaches
-    the Session that composes diagnose/."""
-    if n <= 0:
-        return 0.0, 1.0
-    p = k / n
-    denom = 1.0 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(max(0.0, p * (1 - p)) / n + z * z / (4 * n * n)) / denom
-    return (0.0 if k <= 0 else max(0.0, centre - half)), (1.0 if k >= n else min(1.0, centre + half))
 
 
 def rate_fields(in_band: int, flipped: int) -> dict[str, Any]:

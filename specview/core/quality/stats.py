@@ -24,8 +24,8 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-#: the z of a two-sided 95% interval
-Z95 = 1.959963984540054
+from ..stats import Z95, wilson  # the one Wilson interval (core/stats.py), stated here with the pass rates it gives
+
 #: up to this many discordant items the tail is summed exactly, in integers
 EXACT_MAX = 2000
 #: from this many discordant items on, the tail is Daniels' saddle-point approximation
@@ -137,18 +137,6 @@ def _tail_saddle(n: int, k: int) -> float:
     upper = 0.5 * math.erfc(w / math.sqrt(2.0))
     dens = math.exp(-0.5 * w * w) / math.sqrt(2 * math.pi)
     return upper + dens * (1.0 / u - 1.0 / w)
-
-
-def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """The Wilson score interval of ``k`` passes out of ``n`` (``(0, 1)`` when ``n`` is 0)."""
-    if n <= 0:
-        return 0.0, 1.0
-    p = k / n
-    denom = 1.0 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(max(0.0, p * (1 - p)) / n + z * z / (4 * n * n)) / denom
-    # at 0 of n and n of n the interval ends exactly at 0 and 1 (rounding would leave it a hair short)
-    return (0.0 if k <= 0 else max(0.0, centre - half)), (1.0 if k >= n else min(1.0, centre + half))
 
 
 __all__ = ["Z95", "mcnemar_exact", "wilson"]
