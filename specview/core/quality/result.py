@@ -18,6 +18,7 @@ from typing import Any
 from ... import __version__
 from ..jsonfile import json_safe, read_json, write_atomic
 from ..verdicts import VERDICTS
+from .near_ties import ItemTies, summarise
 from .score import Score
 from .stats import mcnemar_exact, wilson
 from .suites import QualityError, Suite
@@ -67,6 +68,8 @@ class ItemOutcome:
     seconds: float = 0.0
     #: why a fork that was to be diagnosed has no verdict (the diagnosis failed), else None
     diagnosis_error: str | None = None
+    #: each arm's steps and near-tie steps, and the fork's margin (:mod:`.near_ties`); None where not counted
+    ties: ItemTies | None = None
 
     @property
     def outcome(self) -> str:
@@ -87,7 +90,7 @@ class ItemOutcome:
                 "fork": self.fork_index, "fork_context": self.fork_context, "vanilla_piece": self.vanilla_piece,
                 "speculative_piece": self.speculative_piece, "verdict": self.verdict, "rule": self.rule,
                 "gap": self.gap, "trace": self.trace_path, "error": self.error, "diagnosis_error": self.diagnosis_error,
-                "seconds": round(self.seconds, 3)}
+                "seconds": round(self.seconds, 3), "ties": None if self.ties is None else self.ties.to_dict()}
 
     @classmethod
     def from_dict(cls, d: Any, *, where: str = "item") -> "ItemOutcome":
@@ -114,9 +117,13 @@ class ItemOutcome:
                   vanilla_piece=_opt(d, "vanilla_piece", (str,), where),
                   speculative_piece=_opt(d, "speculative_piece", (str,), where),
                   error=_opt(d, "error", (str,), where), seconds=float(seconds),
-                  diagnosis_error=_opt(d, "diagnosis_error", (str,), where))
+                  diagnosis_error=_opt(d, "diagnosis_error", (str,), where),
+                  ties=None if d.get("ties") is None else ItemTies.from_dict(d["ties"], where=f"{where}.ties"))
         if out.identical and out.vanilla.passed != out.speculative.passed:
             raise QualityError(f"{where}: the arms are identical but their scores differ")
+        if out.ties is not None and out.ties.forked != (out.fork_index is not None):
+            raise QualityError(f"{where}.ties.fork must be set exactly when the item has a fork (fork is "
+                               f"{out.fork_index!r})")
         return out
 
 
@@ -171,8 +178,9 @@ class Rate:
 class QualityResult:
     """A quality run, finished or in progress: the suite, the run's config, every item's outcome and the figures.
 
-    ``table``, ``p_mcnemar``, ``vanilla_rate`` and ``spec_rate`` are derived from
-    ``items`` (:meth:`refresh`); ``status`` is ``running``, ``complete`` or
+    ``table``, ``p_mcnemar``, ``vanilla_rate``, ``spec_rate`` and ``near_ties`` (each
+    arm's near-tie density and the forks at near-ties, :func:`.near_ties.summarise`)
+    are derived from ``items`` (:meth:`refresh`); ``status`` is ``running``, ``complete`` or
     ``interrupted``; ``config`` is the base run's config (``RunConfig.to_dict()``;
     each item's own prompt is the item's).
     """
@@ -191,13 +199,15 @@ class QualityResult:
     created: str = ""
     #: with ``execute``: what the sandbox enforced (``SandboxReport.to_dict``), else empty
     sandbox: dict[str, Any] = field(default_factory=dict)
+    near_ties: dict[str, Any] = field(default_factory=lambda: summarise([]))
 
     def refresh(self) -> "QualityResult":
-        """Recompute the table, the test and the rates from ``items``; returns self."""
+        """Recompute the table, the test, the rates and the near-tie figures from ``items``; returns self."""
         t = self.table = Table.of(self.items)
         self.p_mcnemar = mcnemar_exact(t.only_vanilla, t.only_speculative)
         self.vanilla_rate = Rate.of(t.both_pass + t.only_vanilla, t.n)
         self.spec_rate = Rate.of(t.both_pass + t.only_speculative, t.n)
+        self.near_ties = summarise(self.items)
         return self
 
     @property
@@ -228,6 +238,7 @@ class QualityResult:
             "p_mcnemar": self.p_mcnemar,
             "vanilla_rate": self.vanilla_rate.to_dict(),
             "spec_rate": self.spec_rate.to_dict(),
+            "near_ties": self.near_ties,
             "n_items": len(self.suite.items),
             "n_done": len(self.items),
             "n_errors": len(self.errors),

@@ -6,11 +6,14 @@ Every item is one :meth:`Runner.run` of the base config with the item's prompt
 vanilla arm's answer and the speculative arm's are scored (once, when the arms
 are identical), and an item whose answer changed (one arm passes, the other
 fails) has its fork diagnosed by the runner's own diagnosis (near-tie / state /
-nondeterministic).  With an ``out_dir`` the result is rewritten atomically to
-``out_dir/quality.json`` after every item and each item's trace is saved under
-``out_dir/traces/``, so an interrupted run keeps every finished item and
-``resume=True`` runs only the rest (the same rules as a matrix's ``--resume``:
-the same suite and settings, the same machine, build and thread count).
+nondeterministic).  Each item also records, from its trace, each arm's steps
+and near-tie steps and the margin at its fork (:mod:`.near_ties`), which the
+result sums into the suite's near-tie density.  With an ``out_dir`` the result
+is rewritten atomically to ``out_dir/quality.json`` after every item and each
+item's trace is saved under ``out_dir/traces/``, so an interrupted run keeps
+every finished item and ``resume=True`` runs only the rest (the same rules as
+a matrix's ``--resume``: the same suite and settings, the same machine, build
+and thread count).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from ..kernels.evidence import environment_differences
 from ..registry import Runner
 from ..resolve import Resolved, record_decisions
 from ..trace import Trace
+from .near_ties import ItemTies
 from .result import ItemOutcome, QualityResult
 from .score import Score, prompt_for, score
 from .suites import Item, QualityError, Suite
@@ -202,7 +206,7 @@ def _run_item(runner: Runner, resolved: Resolved, cfg0: RunConfig, item: Item, p
     o = ItemOutcome(item.id, vs, ss, identical=identical, fork_index=fork,
                     fork_context=fork_context(trace) if fork is not None else None,
                     vanilla_piece=fm.vanilla_piece if fork is not None else None,
-                    speculative_piece=fm.speculative_piece if fork is not None else None)
+                    speculative_piece=fm.speculative_piece if fork is not None else None, ties=ItemTies.of(trace))
     trace.config[QUALITY_KEY] = {"suite": result.suite.name, "item": item.id, "expected": item.expected,
                                  "vanilla_pass": vs.passed, "speculative_pass": ss.passed,
                                  "vanilla_got": vs.got, "speculative_got": ss.got}

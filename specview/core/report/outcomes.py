@@ -15,7 +15,7 @@ from ..quality.result import QualityResult
 from ..quality.text import OUTCOME_WORDS, p_text, pct, rate_text, reading, verdict_counts
 from ..verdicts import words
 from .outline import Section, environment_section
-from .quality import sandbox_rows
+from .quality import near_tie_table, sandbox_rows
 
 TABLE_HEADERS = ("", "speculative passes", "speculative fails", "total")
 ITEM_HEADERS = ("item", "outcome", "expected", "vanilla read", "speculative read", "fork at", "around the fork",
@@ -81,13 +81,16 @@ def setting_rows(res: QualityResult) -> list[tuple[str, str]]:
 
 def quality_sections(res: QualityResult) -> list[Section]:
     """The report of a quality run, after its title: what it shows, the table, the figures, the changed answers,
-    the other forks, how it was run."""
+    each arm's near-tie density, the other forks, how it was run."""
     out = [Section("summary", reading(res), "What it shows"),
            Section("table", (TABLE_HEADERS, table_rows(res)), "Paired outcomes"),
            Section("facts", figure_rows(res), "Pass rates and the paired test", head=("figure", "value"))]
     changed = res.discordant
     if changed:
         out.append(Section("table", (ITEM_HEADERS, item_rows(changed, res.suite)), "Answers that changed"))
+    ties = near_tie_table(res)
+    if ties is not None:
+        out += [Section("table", ties[:2], "Near-tie density"), Section("paragraph", ties[2])]
     forked = [o for o in res.items if o.fork_index is not None and not o.discordant and o.error is None]
     if forked:
         out.append(Section("table", (ITEM_HEADERS, item_rows(forked, res.suite)),

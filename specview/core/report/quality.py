@@ -93,4 +93,17 @@ def sandbox_rows(sandbox: Any) -> list[tuple[str, str]]:
     return rows
 
 
-__all__ = ["answer_line", "changed", "outcome_words", "quality_block", "quality_rows", "sandbox_rows"]
+def near_tie_table(result: Any) -> tuple[tuple[str, ...], list[tuple[str, ...]], str] | None:
+    """(headers, rows, what was counted) of a quality result's near-tie density: per band each arm's near-tie steps
+    with their Wilson interval, and of the items that forked (whose answer changed) how many forked at a near-tie;
+    None where no item carries counts."""
+    from ..quality.near_ties import TABLE_HEADERS, intro, table_rows
+
+    summary = getattr(result, "near_ties", None)
+    if not isinstance(summary, dict) or not summary.get("items"):
+        return None
+    return TABLE_HEADERS, table_rows(summary), intro(summary)
+
+
+__all__ = ["answer_line", "changed", "near_tie_table", "outcome_words", "quality_block", "quality_rows",
+           "sandbox_rows"]
