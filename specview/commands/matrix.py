@@ -111,7 +111,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    "generates its items (default 0)")
     g.add_argument("--execute", action="store_true",
                    help="with a code task suite (HumanEval, a .jsonl file with tests): run the model-written code "
-                   "in the sandbox to score it (refused without)")
+                   "in the sandbox to score it (refused without). What the sandbox enforces here is printed first")
+    g.add_argument("--allow-weak-sandbox", action="store_true",
+                   help="with --execute: run the code even where this machine lacks a fence "
+                   "docs/quality-sandbox.md promises (without it such a machine is refused, naming what is missing)")
     groups = add_setting_flags(p, matrix=True, skip=OWN_AXES)
     for name in axes():
         f = field_of(settings_class(name), name)
@@ -170,7 +173,7 @@ def _task_suite(args: argparse.Namespace) -> dict[str, Any] | None:
 
     if args.suite is None or not is_task_suite(args.suite):
         for flag, given in (("--items", args.items is not None), ("--execute", args.execute),
-                            ("--seed", args.seed != 0)):
+                            ("--allow-weak-sandbox", args.allow_weak_sandbox), ("--seed", args.seed != 0)):
             if given:
                 raise SpecviewError(f"{flag} goes with a task suite: give --suite NAME (one of "
                                     f"{', '.join(_task_suite_names())}) or --suite FILE.jsonl")
@@ -403,6 +406,10 @@ def main(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if not out.parent.is_dir() and str(out.parent):
         raise SpecviewError(f"-o {out}: the folder {out.parent} does not exist")
+    if spec.quality and spec.quality.get("execute"):  # --suite with --execute: scoring runs model-written code
+        from .quality import checked_sandbox
+
+        spec.quality["sandbox"] = checked_sandbox(args.allow_weak_sandbox)  # recorded in the matrix's spec
 
     from ..core.matrix import load_matrix, run_matrix
     from ..core.registry import get_backend

@@ -74,19 +74,20 @@ def _items_not_tokens(p: argparse.ArgumentParser) -> None:
     act.help = (f"most tokens per answer (default {TEXT_TOKENS}; {CODE_TOKENS} for a code suite)")
 
 
-def _sandbox(args: argparse.Namespace) -> dict:
+def checked_sandbox(allow_weak: bool) -> dict:
     """What the sandbox enforces here, printed on stderr before anything runs (quiet or not: it is what the user
-    agreed to); refused where a promised fence is missing, unless ``--allow-weak-sandbox``.  The record for
-    quality.json."""
-    from ..core.quality.execute import refuse_weak, sandbox_report
+    agreed to); refused where a promised fence is missing, unless ``--allow-weak-sandbox``
+    (:func:`~specview.core.quality.execute.sandbox_record`).  The record for the result: ``specview quality``'s
+    and ``specview matrix``'s over a code suite alike."""
+    from ..core.quality.execute import sandbox_record, sandbox_report
 
     report = sandbox_report()
     print(report.text(), file=sys.stderr)
-    refuse_weak(report, args.allow_weak_sandbox)
+    record = sandbox_record(allow_weak)
     if report.missing():
         print("specview: --allow-weak-sandbox: running model-written code without: " + "; ".join(report.missing()),
               file=sys.stderr)
-    return report.to_dict(allowed_weak=args.allow_weak_sandbox)
+    return record
 
 
 def main(args: argparse.Namespace) -> int:
@@ -104,7 +105,7 @@ def main(args: argparse.Namespace) -> int:
     if suite.needs_execute and not args.execute:
         raise SpecviewError(f"--suite {args.suite} is code: scoring it runs what the model wrote. Pass --execute to "
                             "allow that (docs/quality.md says how the code is confined)")
-    sandbox = _sandbox(args) if args.execute else None
+    sandbox = checked_sandbox(args.allow_weak_sandbox) if args.execute else None
     args.prompt = args.prompt_file = args.tokens = None  # each item brings its own prompt
     resolved = resolved_from_args(args)
     if args.max_tokens is None:

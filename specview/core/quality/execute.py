@@ -19,8 +19,9 @@ sample does with its signals or children.  The folder is removed afterwards.
 What each platform enforces differs; :func:`sandbox_report` tries it (a
 probe sample that forks, connects, makes a Unix socket, allocates and tries
 to leave its process group) and says so in words, for the CLI and the docs;
-:data:`PROMISED` are the fences ``specview quality --execute`` will not run
-without unless told to.  On Linux with seccomp, unprivileged namespaces and
+:data:`PROMISED` are the fences ``specview quality --execute`` (and a matrix
+over a code suite, and the app) will not run without unless told to
+(:func:`sandbox_record`).  On Linux with seccomp, unprivileged namespaces and
 Landlock everything below holds; elsewhere the report names what does not.
 """
 
@@ -477,6 +478,15 @@ def refuse_weak(report: SandboxReport, allow_weak: bool) -> None:
                            "knowing the sample is not fenced that way")
 
 
+def sandbox_record(allow_weak: bool, limits: Limits | None = None) -> dict[str, Any]:
+    """What a run that executes model-written code records (``SandboxReport.to_dict``), after :func:`refuse_weak`:
+    every path that runs suite code (``specview quality``, ``specview matrix`` over a task suite, the app) asks
+    here, so each refuses the same machines with the same words."""
+    report = sandbox_report(limits)
+    refuse_weak(report, allow_weak)
+    return report.to_dict(allowed_weak=allow_weak)
+
+
 _REPORTS: dict[Limits, SandboxReport] = {}
 
 
@@ -493,4 +503,4 @@ def sandbox_report(limits: Limits | None = None) -> SandboxReport:
 
 
 __all__ = ["KILL_MARGIN", "OUTPUT_BYTES", "PROMISED", "Fences", "Limits", "SampleResult", "SandboxError",
-           "SandboxReport", "refuse_weak", "run_sample", "sandbox_report"]
+           "SandboxReport", "refuse_weak", "run_sample", "sandbox_record", "sandbox_report"]

@@ -42,18 +42,24 @@ class MatrixTab(MatrixView):
         super().__init__(parent)
         self.request: MatrixRequest | None = None
 
-    def start(self, spec: Any, host: WorkerHost, *, out_dir: str | os.PathLike[str] | None = None
-              ) -> MatrixRequest | None:
+    def start(self, spec: Any, host: WorkerHost, *, out_dir: str | os.PathLike[str] | None = None,
+              allow_weak: bool = False) -> MatrixRequest | None:
         """Run ``spec`` on the worker (cancelling whatever runs there); the grid fills as cells finish.
 
         The matrix JSON and each cell's trace are written to ``out_dir`` (a fresh
         temporary folder by default), so a finished cell opens side by side
-        without running again.
+        without running again.  A matrix over a code suite that runs its code
+        (``quality.execute``) is refused where this machine's sandbox lacks a
+        promised fence, unless ``allow_weak`` (``specview matrix
+        --allow-weak-sandbox``); its spec records the sandbox.
         """
         from ...core.matrix import MatrixRun, expand
+        from ...core.quality.execute import sandbox_record
 
         try:
             spec.validate()
+            if spec.quality and spec.quality.get("execute"):
+                spec.quality["sandbox"] = sandbox_record(allow_weak)
         except SpecviewError as exc:
             self.sigError.emit(str(exc), "")
             return None

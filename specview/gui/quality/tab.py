@@ -30,7 +30,7 @@ from ...core.config import RunConfig
 from ...core.errors import SpecviewError
 from ...core.jsonfile import declares_schema
 from ..worker import JobFinished, JobRequest, Progress, WorkerHost
-from .confirm import ExecuteConfirm
+from .confirm import ExecuteConfirm, checked_sandbox, probe
 from .form import QualityForm
 from .tables import ItemsTable, OutcomeTable
 from .words import headline, rate_words
@@ -150,12 +150,15 @@ class QualityTab(QWidget):
             self.tabs.setCurrentWidget(self)
 
     # ------------------------------------------------------------ running
-    def start(self, suite: Any = None, *, execute: bool | None = None,
+    def start(self, suite: Any = None, *, execute: bool | None = None, allow_weak: bool = False,
               out_dir: str | os.PathLike[str] | None = None) -> JobRequest | None:
         """Run ``suite`` (the form's when None) with the Run panel's settings on the worker.
 
         A suite that runs model-written code asks first (``execute=None``), or takes ``execute`` as the answer;
-        a No runs nothing and returns None.  Results go to ``out_dir`` (a fresh temporary folder by default).
+        a No runs nothing and returns None.  Where this machine's sandbox lacks a promised fence the code runs
+        only with the confirmation's checkbox ticked (or ``allow_weak``, the app's ``--allow-weak-sandbox``),
+        else nothing runs and the error names what is missing; the result records the sandbox and whether it
+        was allowed weak.  Results go to ``out_dir`` (a fresh temporary folder by default).
         """
         from ...core.quality import RESULT_FILE, QualityError, load_suite, run_quality
 
@@ -167,13 +170,23 @@ class QualityTab(QWidget):
         except (QualityError, SpecviewError) as exc:
             self.sigError.emit(f"Quality: {exc}", "")
             return None
+        sandbox = None
         if suite.needs_execute:
-            allowed = ExecuteConfirm(suite, self).confirmed() if execute is None else execute
-            if not allowed:
+            report = probe()
+            if isinstance(report, Exception):
+                return self._refused(suite, f"Quality: {report}")
+            if execute is None:
+                dlg = ExecuteConfirm(suite, self)
+                execute, allow_weak = dlg.confirmed(), dlg.allow_weak
+            if not execute:
                 self.sigStatus.emit(f"nothing ran: scoring {suite.name} needs its model-written code run")
                 self.sigVerdict.emit(f"<b>Nothing ran</b>: scoring {html.escape(suite.name)} runs the code the model "
                                      "writes, and that was declined.", "info", "")
                 return None
+            try:
+                sandbox = checked_sandbox(allow_weak)
+            except SpecviewError as exc:
+                return self._refused(suite, f"Quality: {exc}")
         folder = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="specview-quality-"))
         diagnose = "discordant" if self.diagnose() else "none"
         execute = bool(suite.needs_execute)
@@ -184,7 +197,7 @@ class QualityTab(QWidget):
                 self._sigItem.emit(rid, outcome, prog)
 
             return run_quality(runner, cfg, suite, execute=execute, out_dir=folder, progress=text, cancel=cancel,
-                               on_item=on_item, diagnose=diagnose)
+                               on_item=on_item, diagnose=diagnose, sandbox=sandbox)
 
         req = JobRequest(cfg.backend, work)
         rid = req.id
@@ -201,6 +214,11 @@ class QualityTab(QWidget):
         self.sigVerdict.emit(f"Running the task suite {html.escape(suite.name)}: {n} items through both arms. "
                              "Esc cancels (finished items are kept).", "info", "")
         return req
+
+    def _refused(self, suite: Any, message: str) -> None:
+        """Nothing runs: the sandbox is not what running ``suite``'s code needs (``message`` says why)."""
+        self.sigError.emit(message, f"nothing ran: scoring {suite.name} runs the code the model writes")
+        return None
 
     def owns(self, rid: int) -> bool:
         return self.request is not None and rid == self.request.id
