@@ -3,6 +3,12 @@
 A code item's program is its prompt, the completion, its test and
 ``check(entry_point)``, composed by :func:`program`; it runs only with
 ``execute=True`` (the sandbox in :mod:`specview.core.quality.execute`).
+
+A regex item's pattern is the suite's own, matched against model output: it
+is compiled when the suite loads (:mod:`.suites`) and matched with the
+``regex`` module under :data:`PATTERN_TIMEOUT`, so a pattern that backtracks
+catastrophically (``(a+)+$`` on a long reply) scores the item an error naming
+the item and the pattern (:attr:`Score.error`) instead of hanging the run.
 """
 
 from __future__ import annotations
@@ -11,23 +17,33 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import regex
+
 from .extract import candidates, fenced_blocks, last_number, normalise, numbers_equal
-from .suites import Item, QualityError
+from .suites import Item, QualityError, shown_pattern
 
 #: seconds one code sample may run (HumanEval's own harness gives 3)
 CODE_TIMEOUT = 10.0
+#: seconds a suite's pattern may search one reply (a sane one takes microseconds; one that backtracks, forever)
+PATTERN_TIMEOUT = 1.0
 
 
 @dataclass(frozen=True)
 class Score:
-    """Whether an answer passed, what was read from it (the extracted answer, or the test's outcome), and why."""
+    """Whether an answer passed, what was read from it (the extracted answer, or the test's outcome), and why;
+    ``error`` where the answer could not be judged at all (its pattern ran out of time): ``passed`` is then
+    False, and ``error`` says why no verdict was reached."""
 
     passed: bool
     got: str | None
     why: str
+    error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"passed": self.passed, "got": self.got, "why": self.why}
+        d: dict[str, Any] = {"passed": self.passed, "got": self.got, "why": self.why}
+        if self.error is not None:
+            d["error"] = self.error
+        return d
 
     @classmethod
     def from_dict(cls, d: Any, *, where: str = "score") -> "Score":
@@ -38,7 +54,10 @@ class Score:
             raise QualityError(f"{where}.got must be text or null")
         if not isinstance(why, str):
             raise QualityError(f"{where}.why must be text")
-        return cls(passed=d["passed"], got=got, why=why)
+        error = d.get("error")
+        if error is not None and not isinstance(error, str):
+            raise QualityError(f"{where}.error must be text or absent")
+        return cls(passed=d["passed"], got=got, why=why, error=error)
 
 
 #: where HumanEval's own harness cuts a continuation: the function has ended where a new top-level block starts
@@ -133,9 +152,7 @@ def score(item: Item, text: str, *, execute: bool = False, limits: Any = None) -
         ok = numbers_equal(got, item.answer)
         return Score(ok, got, f"last number {got} {'=' if ok else '!='} {item.answer}")
     if item.match == "regex":
-        m = re.search(item.answer, text, re.M)
-        return Score(m is not None, m.group(0) if m else None,
-                     "matches the pattern" if m else "does not match the pattern")
+        return _search(item, text)
     want = normalise(item.answer)
     cands = candidates(text)
     if want in cands:
@@ -144,5 +161,24 @@ def score(item: Item, text: str, *, execute: bool = False, limits: Any = None) -
     return Score(False, got, "no answer in the reply" if got is None else "not the expected answer")
 
 
-__all__ = ["AFTER_FUNCTION", "CODE_REQUEST", "CODE_TIMEOUT", "STOP_SEQUENCES", "Score", "completion_code", "program", "prompt_for",
-           "score"]
+def _search(item: Item, text: str) -> Score:
+    """A regex item's pattern searched in ``text`` for at most :data:`PATTERN_TIMEOUT`; an error Score naming
+    the item and the pattern where it runs out of time (or, from a result file, does not compile)."""
+    assert item.answer is not None
+    pattern = shown_pattern(item.answer)
+    try:
+        m = regex.search(item.answer, text, regex.M, timeout=PATTERN_TIMEOUT)
+    except TimeoutError:
+        error = (f"item {item.id!r}: the pattern {pattern} searched this reply ({len(text):,} characters) for "
+                 f"more than {PATTERN_TIMEOUT:g} s and was stopped (it backtracks catastrophically); rewrite the "
+                 "pattern in the suite")
+        return Score(False, None, f"error: {error}", error=error)
+    except (regex.error, RecursionError, OverflowError, ValueError) as exc:
+        error = f"item {item.id!r}: the pattern {pattern} is not a valid regular expression ({exc})"
+        return Score(False, None, f"error: {error}", error=error)
+    return Score(m is not None, m.group(0) if m else None,
+                 "matches the pattern" if m else "does not match the pattern")
+
+
+__all__ = ["AFTER_FUNCTION", "CODE_REQUEST", "CODE_TIMEOUT", "PATTERN_TIMEOUT", "STOP_SEQUENCES", "Score",
+           "completion_code", "program", "prompt_for", "score"]

@@ -51,6 +51,27 @@ class QualityError(SpecviewError):
     """A suite, an item, a result file or a quality run is unusable; the message names the file or value."""
 
 
+def shown_pattern(pattern: str, most: int = 40) -> str:
+    """A pattern as a message shows it: between slashes, on one line, its first ``most`` characters."""
+    text = pattern.encode("unicode_escape").decode("ascii")
+    return "/" + (text if len(text) <= most else text[:most] + "...") + "/"
+
+
+def _check_pattern(pattern: str, where: str, item_id: str) -> None:
+    """A suite's regular expression compiled as :func:`~specview.core.quality.score.score` matches it (the
+    ``regex`` module, checked with ``re``'s words first): QualityError naming ``where``, the pattern and the item."""
+    import regex
+
+    for compile_, errors in ((re.compile, (re.error,)), (regex.compile, (regex.error,))):
+        try:
+            compile_(pattern)
+        except (*errors, RecursionError, OverflowError, ValueError) as exc:
+            why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+            raise QualityError(f"{where}: the answer is not a valid regular expression ({why}): "
+                               f"{shown_pattern(pattern)} (item {item_id!r}); fix the pattern, or give "
+                               '"match": "exact"') from None
+
+
 @dataclass(frozen=True)
 class Item:
     """One task: a prompt and how its answer is checked.
@@ -79,11 +100,7 @@ class Item:
             if self.match not in MATCHES:
                 raise QualityError(f"{where}: match must be one of {', '.join(MATCHES)} (got {self.match!r})")
             if self.match == "regex":
-                try:
-                    re.compile(self.answer)
-                except (re.error, RecursionError, OverflowError, ValueError) as exc:
-                    why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
-                    raise QualityError(f"{where}: the answer is not a valid regular expression ({why})") from None
+                _check_pattern(self.answer, where, self.id)
             if self.match == "number" and _number(self.answer) is None:
                 raise QualityError(f"{where}: match is number but the answer {self.answer!r} is not a number")
         elif not self.test:
