@@ -100,3 +100,25 @@ def test_a_catastrophic_pattern_through_specview_quality_finishes(tmp_path: Path
     assert o.item_id == "greedy-1" and not o.vanilla.passed
     assert o.vanilla.error is not None and "/(a+)+$/" in o.vanilla.error and "'greedy-1'" in o.vanilla.error
     assert f"({len(LONG):,} characters)" in o.vanilla.error  # the whole reply was searched, and cut off
+    # no verdict is no failed answer: the item is an error, outside the paired table
+    assert o.error == f"the answer could not be judged: {o.vanilla.error}"
+    assert o.outcome == "error" and res.table.n == 0
+
+
+def test_a_matrix_cell_whose_answer_could_not_be_judged_is_not_scored() -> None:
+    """A matrix over a task suite scores each cell as quality scores an item: a pattern that runs out of time is no
+    failed answer, so the cell carries the error and counts in no paired outcome; a judged cell still does."""
+    from types import SimpleNamespace
+
+    from specview.core.matrix.quality import scored, score_cell
+
+    def trace(text: str) -> SimpleNamespace:
+        arm = SimpleNamespace(text=text)
+        return SimpleNamespace(vanilla=arm, speculative=arm, comparison=SimpleNamespace(identical=True), config={})
+
+    item = Item(id="greedy-1", prompt="say a lot of a", answer=r"(a+)+$", match="regex")
+    q = score_cell(item, trace(LONG), {}, "patterns")
+    assert q["error"].startswith("the answer could not be judged: ") and "/(a+)+$/" in q["error"]
+    assert scored({"status": "ok", "quality": q}) is None
+    judged = score_cell(item, trace("a" * 30), {}, "patterns")
+    assert "error" not in judged and scored({"status": "ok", "quality": judged})["vanilla_pass"] is True

@@ -95,7 +95,10 @@ def score_cell(item: Any, trace: Any, block: Mapping[str, Any], suite_name: str)
          "vanilla_got": v.got, "speculative_got": s.got}
     if isinstance(trace.config, dict):
         trace.config[QUALITY_KEY] = dict(q)
-    return {**q, "vanilla_why": v.why, "speculative_why": s.why}
+    out = {**q, "vanilla_why": v.why, "speculative_why": s.why}
+    if v.error or s.error:  # an answer that could not be judged (its pattern ran out of time) is not scored
+        out["error"] = f"the answer could not be judged: {v.error or s.error}"
+    return out
 
 
 def outcome(q: Mapping[str, Any]) -> str:
@@ -107,7 +110,7 @@ def outcome(q: Mapping[str, Any]) -> str:
 def scored(cell: Mapping[str, Any]) -> dict[str, Any] | None:
     """A finished cell's ``quality`` block, or None (a cell not scored, or failed)."""
     q = cell.get("quality")
-    ok = cell.get("status") == "ok" and isinstance(q, dict)
+    ok = cell.get("status") == "ok" and isinstance(q, dict) and not q.get("error")
     return q if ok and isinstance(q.get("vanilla_pass"), bool) and isinstance(q.get("speculative_pass"), bool) else None
 
 

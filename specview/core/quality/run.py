@@ -207,10 +207,13 @@ def _run_item(runner: Runner, resolved: Resolved, cfg0: RunConfig, item: Item, p
                     fork_context=fork_context(trace) if fork is not None else None,
                     vanilla_piece=fm.vanilla_piece if fork is not None else None,
                     speculative_piece=fm.speculative_piece if fork is not None else None, ties=ItemTies.of(trace))
+    unjudged = vs.error or ss.error
+    if unjudged:  # no verdict on an answer is no failed answer: the item is an error, out of the paired table
+        o = replace(o, error=f"the answer could not be judged: {unjudged}")
     trace.config[QUALITY_KEY] = {"suite": result.suite.name, "item": item.id, "expected": item.expected,
                                  "vanilla_pass": vs.passed, "speculative_pass": ss.passed,
                                  "vanilla_got": vs.got, "speculative_got": ss.got}
-    if fork is not None and (diagnose == "forks" or (diagnose == "discordant" and o.discordant)):
+    if not unjudged and fork is not None and (diagnose == "forks" or (diagnose == "discordant" and o.discordant)):
         try:
             diag = runner.diagnose(trace, cfg, controls=False, cancel=cancel)
             gap = diag.get("gap")
