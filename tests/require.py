@@ -1,6 +1,7 @@
 """Skips that CI turns into failures.
 
-A test whose prerequisite is absent (a llama-server build, the desktop bundle, a Vulkan build, MLX)
+A test whose prerequisite is absent (a llama-server build, the desktop bundle, a Vulkan build, MLX, an X
+server to open a real window on)
 skips on a developer's machine and says how to get it.  CI sets a switch for each prerequisite it
 provides (``SPECVIEW_REQUIRE_SERVER=1`` and so on); there the same absence is a failure, so a CI run
 never passes a test that did not run.  Every conditional skip of the suite goes through here.
@@ -16,7 +17,8 @@ from typing import NoReturn
 import pytest
 
 #: CI's switches: each turns the absence of one prerequisite from a skip into a failure
-SWITCHES = ("SPECVIEW_REQUIRE_SERVER", "SPECVIEW_REQUIRE_BUNDLE", "SPECVIEW_REQUIRE_VULKAN", "SPECVIEW_REQUIRE_MLX")
+SWITCHES = ("SPECVIEW_REQUIRE_SERVER", "SPECVIEW_REQUIRE_BUNDLE", "SPECVIEW_REQUIRE_VULKAN", "SPECVIEW_REQUIRE_MLX",
+            "SPECVIEW_REQUIRE_X11")
 
 
 def required(switch: str) -> bool:
