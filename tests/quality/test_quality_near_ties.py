@@ -252,3 +252,20 @@ def test_every_field_of_the_counts_is_read_or_refused_by_name(tmp_path):
                     assert 0 <= b[a]["near"] <= b[a]["measured"] <= nt["arms"][a]["steps"]
             quality_markdown(res)
     assert read and refused
+
+
+def test_specview_quality_prints_each_bands_density_and_the_forks_at_near_ties(tmp_path):
+    """What the console says is what the result holds: per band, vanilla's near-tie steps of its measured steps,
+    and the forks at a near-tie of the forks."""
+    from specview.core.quality.text import format_result, near_tie_lines
+
+    suite = load_suite("reverse", 4)
+    oracle.register(suite, name="oracle-nt-print")
+    res = run("oracle-nt-print", suite, tmp_path, target="oracle-tie:1", diagnose="none")
+    lines = near_tie_lines(res)
+    assert len(lines) == len(res.near_ties["bands"]) and lines[0].startswith("near-ties    0.125 nats")
+    measured = res.near_ties["arms"]["vanilla"]["measured"]
+    for line, b in zip(lines, res.near_ties["bands"]):
+        assert f"vanilla 4 of {measured} steps" in line and "forks 4 of 4 at a near-tie" in line, line
+        assert b["name"] in line
+    assert "\n".join(lines) in format_result(res)

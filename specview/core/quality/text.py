@@ -136,6 +136,20 @@ def item_line(o: ItemOutcome) -> str:
     return f"{head} ({got})\n      fork at token {o.fork_index}: {o.fork_context}\n      verdict  {verdict}"
 
 
+def near_tie_lines(res: QualityResult) -> list[str]:
+    """Per tie band, vanilla's near-tie density and how many of the forks fell at a near-tie (``near_ties``)."""
+    from .near_ties import density_text, forks_text
+
+    nt = res.near_ties
+    if not nt.get("items"):
+        return []
+    out = []
+    for i, b in enumerate(nt["bands"]):
+        head = "near-ties    " if i == 0 else " " * 13
+        out.append(f"{head}{b['name']:<11} vanilla {density_text(b['vanilla'])}; forks {forks_text(b['forked'])}")
+    return out
+
+
 def format_result(res: QualityResult) -> str:
     """What ``specview quality`` prints at the end."""
     suite = res.suite
@@ -158,6 +172,7 @@ def format_result(res: QualityResult) -> str:
     hint = " (--diagnose forks diagnoses them)" if undiagnosed(res.items) else ""
     lines.append(f"texts        {identical} of {res.table.n} identical; forks: "
                  + (", ".join(f"{n} {v}" for v, n in verdict_counts(res.items).items()) or "none") + hint)
+    lines += near_tie_lines(res)
     if res.errors:
         lines.append(f"errors       {len(res.errors)} items could not be run (outside the table): "
                      + "; ".join(f"{o.item_id}: {(o.error or '').splitlines()[0]}" for o in res.errors[:3]))
@@ -170,5 +185,5 @@ def format_result(res: QualityResult) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["ALPHA", "OUTCOME_WORDS", "format_result", "item_line", "p_text", "pct", "rate_text", "reading",
-           "table_lines", "undiagnosed", "verdict_counts"]
+__all__ = ["ALPHA", "OUTCOME_WORDS", "format_result", "item_line", "near_tie_lines", "p_text", "pct", "rate_text",
+           "reading", "table_lines", "undiagnosed", "verdict_counts"]
