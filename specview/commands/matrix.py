@@ -151,7 +151,7 @@ def _matrix_defaults_in_help(p: argparse.ArgumentParser) -> None:
     """Where a matrix's default differs from a single run's, its flag's help says the matrix's."""
     import re
 
-    from ..core.matrix.spec import MATRIX_DEFAULTS
+    from ..core.matrix.settings import MATRIX_DEFAULTS
     from ..core.matrix.suite import SUITE_MAX_TOKENS
 
     shown = {**{k: str(v) for k, v in MATRIX_DEFAULTS.items()}, "p_min": ",".join(f"{x:g}" for x in DEFAULT_P_MIN)}

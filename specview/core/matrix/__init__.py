@@ -11,6 +11,8 @@ Axes: ``targets`` (GGUF files, model folders or ``demo:QUANT`` names),
 as an axis (``n_max``, ``p_min``: draft-simple cells only; ``flash_attn``).
 
 * :mod:`.spec`      the definition, from TOML, flags or a matrix file
+* :mod:`.settings`  what it takes from the settings' declarations: its axes, its cells' shared settings
+* :mod:`.validate`  its checks, each refusing a bad value with the file and the field
 * :mod:`.cells`     the cells, their run settings and their records
 * :mod:`.run`       running the cells on the engine's runner, streamed to the file
 * :mod:`.document`  reading a matrix file, every field checked

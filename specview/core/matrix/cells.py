@@ -11,8 +11,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ..config import DRAFT_PARAM_TYPES, RunConfig, axes, with_setting
 from ..diagnose.ties import tie_density
-from .spec import (NON_MODEL_DRAFTERS, MatrixSpec, axis_fields, axis_short, cell_settings, draft_axes, drafter_parts,
-                   engine_axes)
+from .settings import (NON_MODEL_DRAFTERS, axis_fields, axis_short, cell_settings, draft_axes, drafter_parts,
+                       engine_axes)
+from .spec import MatrixSpec
 
 
 def model_label(name: str | None) -> str:

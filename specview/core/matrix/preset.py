@@ -33,7 +33,8 @@ from typing import Any, Mapping, Sequence
 from ..errors import SpecviewError
 from ..prompts import RESOURCES, read_toml
 from .cells import model_label
-from .spec import ROLES, MatrixError, MatrixSpec, _model_path, axes, axis_fields, show, spec_from_dict
+from .spec import MatrixError, MatrixSpec, _model_path, axes, axis_fields, show, spec_from_dict
+from .validate import ROLES
 
 PRESETS_DIR = RESOURCES / "presets"
 #: what a part may set besides its axes

@@ -3,8 +3,9 @@
 Nothing here lists a setting by hand.  The scalar axes are the settings
 :mod:`specview.core.config` declares with ``axis=True`` (:func:`~specview.core.config.axes`);
 every other declared setting of a run is a value all cells share (a top-level
-key of a matrix TOML file, or of its ``[engine]`` table for an engine setting),
-checked by :func:`~specview.core.config.check_value`.  Only the matrix's own
+key of a matrix TOML file, or of its ``[engine]`` table for an engine setting);
+:mod:`.settings` derives both from the declarations, and :mod:`.validate` checks each value
+(through :func:`~specview.core.config.check_value`) and the whole spec.  Only the matrix's own
 structure is named here: the targets, drafters and prompts axes (which give a
 cell its model, draft, spec type and prompt) and the engine choice.
 """
@@ -12,110 +13,21 @@ cell its model, draft, spec type and prompt) and the engine choice.
 from __future__ import annotations
 
 import os
-import reprlib
-from dataclasses import Field, field, make_dataclass, replace
+from dataclasses import field, make_dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..config import (PER_MODEL, DEMO_DRAFT, DEMO_TARGET, DRAFT_FILE_TYPES, LLAMA_SPEC_TYPES, SPEC_TYPES_IN_PROCESS,
-                      EngineSettings, RunConfig, _kind, axes, check_value, declared, default_of, field_of,
-                      settings_class)
-from ..errors import ConfigError, SpecviewError
+from ..config import (PER_MODEL, DEMO_DRAFT, DEMO_TARGET, EngineSettings, RunConfig, _kind, axes, default_of,
+                      field_of, settings_class)
 from ..prompts import (PromptError, PromptSpec, builtin_prompts, prompt_from_file, read_toml, suite_prompts,
                        user_path)
+from .settings import NON_MODEL_DRAFTERS, axis_fields, cell_settings, drafter_parts, matrix_default
+from .validate import (KIND_WORDS, MatrixError, as_list, check_block, checked, engine_settings, is_scalar,
+                       parts_from_json, show, validate_spec)
 
-#: drafters that are a spec type alone, with no draft model file: none, draft-mtp (the target's own head) and the
-#: n-gram types
-NON_MODEL_DRAFTERS = tuple(t for t in LLAMA_SPEC_TYPES if t not in DRAFT_FILE_TYPES)
-
-
-def drafter_parts(name: str) -> tuple[str, str | None]:
-    """A drafters-axis value's spec type and draft model.
-
-    ``ngram-mod`` -> (ngram-mod, None); ``draft-eagle3:eagle.gguf`` -> (draft-eagle3, eagle.gguf);
-    ``demo:dspark`` -> (draft-dspark, demo:dspark); any other model (``demo:Q4_0``, ``small.gguf``) ->
-    (draft-simple, the model).
-    """
-    from ..demo import demo_drafter
-
-    if name in NON_MODEL_DRAFTERS:
-        return name, None
-    if demo_drafter(name):  # demo:eagle3, demo:dflash, demo:dspark name their spec type themselves
-        return demo_drafter(name), name
-    for t in DRAFT_FILE_TYPES:
-        if name.startswith(t + ":") and len(name) > len(t) + 1:
-            return t, name[len(t) + 1:]
-    return "draft-simple", name
-#: what a cell gets from the matrix's structure (its target, drafter and prompt) rather than from a setting
-STRUCTURAL = ("target", "draft", "spec_type", "prompt", "prompt_tokens", "chat", "backend")
-#: where a matrix's default differs from a single run's
-MATRIX_DEFAULTS: dict[str, Any] = {"max_tokens": 128}
-#: the group of the axes that only mean something for a draft model (n_max, p_min)
-DRAFT_GROUP = "speculation"
 #: top-level TOML keys that are not settings
 OWN_KEYS = ("targets", "drafters", "prompts", "builtin_prompts", "suite", "chat", "backend", "engine", "diagnose",
             "kernel_map")
-
-#: what a preset part's cells are evidence of (core/matrix/preset.py says it in words)
-ROLES = ("determinism", "lossless-control", "subject", "toggle", "zero-draft", "reference")
-
-
-class _Short(reprlib.Repr):
-    def repr_int(self, x: int, level: int) -> str:  # repr() refuses integers of more than 4300 digits
-        return repr(x) if x.bit_length() <= 256 else f"<a {x.bit_length()}-bit integer>"
-
-
-_short = _Short()
-_short.maxlevel, _short.maxstring, _short.maxother, _short.maxlist, _short.maxdict = 2, 60, 60, 6, 6
-
-
-def show(value: Any) -> str:
-    """A short repr of an untrusted value (bounded in depth and length, whatever it holds)."""
-    return _short.repr(value)
-
-
-class MatrixError(SpecviewError):
-    """A matrix definition or a matrix file is unusable."""
-
-
-# -- what is derived from the declarations ----------------------------------------------
-def axis_fields() -> list[Field]:
-    """The declared settings a matrix may vary, in declaration order."""
-    return [field_of(settings_class(n), n) for n in axes()]
-
-
-def draft_axes() -> tuple[str, ...]:
-    """Axes that apply only to draft-model cells (n_max, p_min): None in ngram-simple and none cells."""
-    return tuple(f.name for f in axis_fields() if f.metadata.get("group") == DRAFT_GROUP)
-
-
-def engine_axes() -> tuple[str, ...]:
-    """Axes that apply to every cell (flash attention)."""
-    return tuple(f.name for f in axis_fields() if f.metadata.get("group") != DRAFT_GROUP)
-
-
-def cell_settings(cls: type) -> list[Field]:
-    """``cls``'s declared settings that every cell shares (neither an axis nor part of the matrix's structure)."""
-    ax = set(axes())
-    return [f for f in declared(cls) if f.name not in ax and f.name not in STRUCTURAL]
-
-
-def matrix_default(f: Field) -> Any:
-    return MATRIX_DEFAULTS.get(f.name, default_of(f))
-
-
-def axis_label(name: str) -> str:
-    """How a summary names an axis: the setting's label in lower case ("flash attention", "n_max")."""
-    f = field_of(settings_class(name), name)
-    label = f.metadata.get("label") or name
-    return label if label == name else label.lower()
-
-
-def axis_short(name: str) -> str:
-    """The short name a cell label gives an engine axis: its short flag without dashes ("fa")."""
-    f = field_of(settings_class(name), name)
-    flags = [x for x in f.metadata.get("flags", ()) if not x.startswith("--")]
-    return flags[0].lstrip("-") if flags else name
 
 
 # -- the spec ----------------------------------------------------------------------------
@@ -173,33 +85,9 @@ class _SpecMethods:
         raise MatrixError(f"{self._where()}no prompt called {name!r}")
 
     def validate(self, *, check_files: bool = True) -> None:
-        """Refuse empty axes, values outside their declared range, duplicate prompt names and missing models."""
-        where = self._where()
-        for name in ("targets", "drafters", *axes(), "prompts"):
-            if not getattr(self, name):
-                raise MatrixError(f"{where}the matrix axis '{name}' is empty: give at least one value")
-        for f in axis_fields():
-            cls = settings_class(f.name)
-            for v in getattr(self, f.name):
-                _checked(cls, f.name, v, f"{where}{f.name} values", plural=True)
-        for cls in (RunConfig, EngineSettings):
-            for f in cell_settings(cls):
-                obj = self.engine if cls is EngineSettings else self
-                _checked(cls, f.name, getattr(obj, f.name), f"{where}{f.name}")
-        for key in ("targets", "drafters"):
-            for v in getattr(self, key):
-                if not isinstance(v, str) or not v:
-                    raise MatrixError(f"{where}{key} values must be non-empty text (got {show(v)})")
-        names = [p.name for p in self.prompts]
-        dup = sorted({n for n in names if names.count(n) > 1})
-        if dup:
-            raise MatrixError(f"{where}two prompts share the name {dup[0]!r}; give each a distinct name")
-        if self.kernel_map is not None and (not isinstance(self.kernel_map, str) or not self.kernel_map):
-            raise MatrixError(f"{where}kernel_map must be the name of a kernel map file (got {show(self.kernel_map)})")
-        if check_files:
-            self._check_models(where)
-            if self.kernel_map:
-                self.load_kernel_map()
+        """Refuse empty axes, values outside their declared range, duplicate prompt names and missing models
+        (:func:`~specview.core.matrix.validate.validate_spec`)."""
+        validate_spec(self, check_files=check_files)
 
     def load_kernel_map(self) -> Any:
         """The :class:`~specview.core.kernels.map.KernelMap` the matrix cites, or a MatrixError naming its file."""
@@ -210,65 +98,6 @@ class _SpecMethods:
             return load_kernel_map(self.kernel_map)
         except KernelMapError as exc:
             raise MatrixError(f"{self._where()}{exc}") from None
-
-    def _check_models(self, where: str) -> None:
-        from ..demo import check_demo_name, is_demo_name
-        from ..models import is_store_name, resolve_name
-        from ..registry import get_backend
-
-        backend = get_backend(self.backend)
-        kind = backend.model_kind
-        wanted = [drafter_parts(d)[0] for d in self.drafters]
-        if any(st not in SPEC_TYPES_IN_PROCESS for st in wanted):
-            try:
-                offered = backend.spec_types(self.engine)
-            except SpecviewError as exc:
-                raise MatrixError(f"{where}{exc}") from None
-            missing = [st for st in dict.fromkeys(wanted) if st not in offered]
-            if missing:
-                hint = ("; the llama-server engine runs every type its binary lists (--engine llama-server)"
-                        if backend.in_process else "")
-                raise MatrixError(f"{where}drafter {missing[0]}: the {self.backend} engine runs "
-                                  f"{', '.join(offered)}{hint}")
-        for role, names_ in (("target", self.targets), ("drafter", self.drafters)):
-            for name in names_:
-                st = None
-                if role == "drafter":
-                    st, name = drafter_parts(name)
-                    if name is None:
-                        continue
-                if is_demo_name(name):
-                    try:
-                        check_demo_name(name, drafter_of=st)  # an unknown quantization, a drafter out of place
-                    except SpecviewError as exc:
-                        raise MatrixError(f"{where}{role} {exc}") from None
-                elif is_store_name(name):  # ollama:..., hf:...: found in the stores, of this engine's kind
-                    try:
-                        resolve_name(name, kind)
-                    except SpecviewError as exc:
-                        raise MatrixError(f"{where}{role} {exc}") from None
-                elif kind == "folder":
-                    # model folders, or Hugging Face ids (org/name) fetched at load time
-                    is_id = not name.startswith(("/", ".", "~")) and name.count("/") == 1
-                    if not (user_path(name).is_dir() or is_id):
-                        raise MatrixError(f"{where}{role} {name}: no such {self.backend} model folder")
-                elif kind == "gguf" and not user_path(name).is_file():
-                    raise MatrixError(f"{where}{role} {name}: no such file")
-        self._check_pairs(where, kind)
-
-    def _check_pairs(self, where: str, kind: str) -> None:
-        """Every target with every drafter, by their headers, before any cell loads (the run's own check)."""
-        from ..models.preflight import refusal
-
-        for target in self.targets:
-            for d in self.drafters:
-                st, name = drafter_parts(d)
-                try:
-                    why = refusal(target, name, st, kind)
-                except SpecviewError as exc:
-                    raise MatrixError(f"{where}{exc}") from None
-                if why:
-                    raise MatrixError(f"{where}drafter {d} with target {target}: {why}")
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"targets": list(self.targets), "drafters": list(self.drafters)}
@@ -297,19 +126,19 @@ class _SpecMethods:
         kw: dict[str, Any] = {}
         for key in ("targets", "drafters", *axes()):
             if key in d:
-                kw[key] = _as_list(key, d[key], source)
-        ps = _as_list("prompts", d.get("prompts", []), source)
+                kw[key] = as_list(key, d[key], source)
+        ps = as_list("prompts", d.get("prompts", []), source)
         try:
             kw["prompts"] = [PromptSpec.from_json(p, where=f"{source}: spec.prompts[{i}]") for i, p in enumerate(ps)]
         except PromptError as exc:
             raise MatrixError(str(exc)) from None
         for f in cell_settings(RunConfig):
             if d.get(f.name) is not None:
-                kw[f.name] = _checked(RunConfig, f.name, d[f.name], f"{source}: spec.{f.name}")
+                kw[f.name] = checked(RunConfig, f.name, d[f.name], f"{source}: spec.{f.name}")
         eng = d.get("engine") or {}
         if not isinstance(eng, dict):
             raise MatrixError(f"{source}: spec.engine must be an object")
-        kw["engine"] = _engine(eng, f"{source}: spec.engine", strict=False)
+        kw["engine"] = engine_settings(eng, f"{source}: spec.engine", strict=False)
         for key, typ in (("backend", str), ("diagnose", bool)):
             if key in d:
                 if not isinstance(d[key], typ):
@@ -366,69 +195,6 @@ def _spec_fields() -> list[tuple[str, Any, Any]]:
 #: ``quality`` (the task suite whose items are the prompts, its cells' answers scored, or None).
 MatrixSpec = make_dataclass("MatrixSpec", _spec_fields(), bases=(_SpecMethods,),
                             namespace={"__module__": __name__})
-
-
-# -- checking values ------------------------------------------------------------------------
-_KIND_WORDS = {int: "integers", float: "numbers", str: "strings", bool: "true or false"}
-
-
-def _scalar(v: Any) -> bool:
-    return v is None or isinstance(v, (bool, int, float, str))
-
-
-def _checked(cls: type, name: str, value: Any, what: str, *, plural: bool = False) -> Any:
-    """``value`` checked against the declaration of ``name``, or a MatrixError starting with ``what``."""
-    f = field_of(cls, name)
-    if not _scalar(value):  # never hand a nested value to a message that repr()s it
-        raise MatrixError(f"{what} must be {_KIND_WORDS.get(_kind(f), 'single values') if plural else 'a single value'}"
-                          f" (got {type(value).__name__} {show(value)})")
-    try:
-        return check_value(cls, name, value)
-    except ConfigError as exc:
-        msg = str(exc)
-        if msg.startswith(name + " "):
-            msg = msg[len(name) + 1:]
-        raise MatrixError(f"{what} {msg}") from None
-
-
-#: the keys of a matrix spec's ``quality`` block (the task suite whose items are its prompts), with their types
-QUALITY_KEYS = {"suite": str, "items": int, "seed": int, "execute": bool}
-
-
-def check_block(block: Any, where: str) -> dict[str, Any]:
-    """``block`` checked as a spec's ``quality`` block (a task suite, core/matrix/quality.py), or a MatrixError
-    naming ``where`` and the key."""
-    if not isinstance(block, dict) or not isinstance(block.get("suite"), str) or not block["suite"]:
-        raise MatrixError(f"{where}: quality must name a task suite (got {show(block)})")
-    for key, typ in QUALITY_KEYS.items():
-        v = block.get(key)
-        if v is not None and (not isinstance(v, typ) or (typ is int and isinstance(v, bool))):
-            raise MatrixError(f"{where}: quality.{key} must be {typ.__name__} (got {show(v)})")
-    if isinstance(block.get("items"), int) and block["items"] < 1:
-        raise MatrixError(f"{where}: quality.items must be at least 1 (got {block['items']})")
-    return block
-
-
-def _as_list(key: str, value: Any, source: str) -> list[Any]:
-    if isinstance(value, list):
-        return value
-    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-        return [value]
-    raise MatrixError(f"{source}: '{key}' must be a list (got {type(value).__name__})")
-
-
-def _engine(eng: dict[str, Any], where: str, *, strict: bool) -> EngineSettings:
-    allowed = {f.name for f in cell_settings(EngineSettings)}
-    if strict:
-        bad = set(eng) - allowed
-        if bad:
-            hint = [a for a in engine_axes() if a in bad]
-            raise MatrixError(f"{where}: unknown [engine] key(s) {', '.join(sorted(map(str, bad)))}; known: "
-                              f"{', '.join(sorted(allowed))}"
-                              + (f" ({', '.join(hint)} is an axis: a top-level key)" if hint else ""))
-    prefix = f"{where}: [engine] " if strict else f"{where}."
-    kw = {k: _checked(EngineSettings, k, v, f"{prefix}{k}") for k, v in eng.items() if k in allowed}
-    return EngineSettings(**kw)
 
 
 # -- reading a definition -----------------------------------------------------------------
@@ -502,24 +268,6 @@ def _model_path(name: str, base: Path, *, drafter: bool = False) -> str:
     return str(p)
 
 
-def parts_from_json(parts: Any, source: str) -> list[dict[str, Any]]:
-    """A matrix document's ``spec.parts``, checked."""
-    if not isinstance(parts, list):
-        raise MatrixError(f"{source}: spec.parts must be a list")
-    out = []
-    for i, p in enumerate(parts):
-        ok = (isinstance(p, dict) and all(isinstance(p.get(k), str) for k in ("name", "role", "label", "prompts"))
-              and p.get("role") in ROLES and p.get("prompts") in ("first", "all")
-              and all(isinstance(p.get(k), list) and p[k] and all(isinstance(x, str) for x in p[k])
-                      for k in ("targets", "drafters"))
-              and all(isinstance(p[a], list) and p[a] for a in axes() if a in p))
-        if not ok:
-            raise MatrixError(f"{source}: spec.parts[{i}] is not a preset part (name, role, label, prompts, "
-                              f"targets, drafters and axis lists)")
-        out.append(dict(p))
-    return out
-
-
 def spec_from_dict(d: Any, *, base: Path | None = None, source: str | None = None) -> MatrixSpec:
     """Build a spec from a TOML-shaped mapping; relative paths are taken from ``base``.
 
@@ -539,7 +287,7 @@ def spec_from_dict(d: Any, *, base: Path | None = None, source: str | None = Non
     if not isinstance(chat, bool):
         raise MatrixError(f"{source}: 'chat' must be true or false")
     try:
-        prompts = [_prompt_entry(i, e, base, chat, source) for i, e in enumerate(_as_list("prompts", d.get("prompts", []), source))]
+        prompts = [_prompt_entry(i, e, base, chat, source) for i, e in enumerate(as_list("prompts", d.get("prompts", []), source))]
         suite = d.get("suite", False)
         if suite is True:
             prompts = suite_prompts() + prompts
@@ -560,9 +308,9 @@ def spec_from_dict(d: Any, *, base: Path | None = None, source: str | None = Non
     eng = d.get("engine", {})
     if not isinstance(eng, dict):
         raise MatrixError(f"{source}: [engine] must be a table")
-    kw: dict[str, Any] = {"prompts": prompts, "engine": _engine(eng, source, strict=True), "source": spec_source}
+    kw: dict[str, Any] = {"prompts": prompts, "engine": engine_settings(eng, source, strict=True), "source": spec_source}
     for key in ("targets", "drafters"):
-        vals = _as_list(key, d.get(key, [DEMO_TARGET if key == "targets" else DEMO_DRAFT]), source)
+        vals = as_list(key, d.get(key, [DEMO_TARGET if key == "targets" else DEMO_DRAFT]), source)
         if not all(isinstance(v, str) for v in vals):
             raise MatrixError(f"{source}: '{key}' values must be strings (got {show(vals)})")
         kw[key] = [_model_path(v, base, drafter=key == "drafters") for v in vals]
@@ -570,20 +318,20 @@ def spec_from_dict(d: Any, *, base: Path | None = None, source: str | None = Non
         if f.name not in d:
             continue
         kind, choices = _kind(f), f.metadata.get("choices") or ()
-        vals = _as_list(f.name, d[f.name], source)
+        vals = as_list(f.name, d[f.name], source)
         if kind is str and {"on", "off"} <= set(choices):  # TOML's true/false for an on/off setting
             vals = [("on" if v else "off") if isinstance(v, bool) else v for v in vals]
         ok = {int: lambda v: isinstance(v, int) and not isinstance(v, bool),
               float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-              str: lambda v: isinstance(v, str)}.get(kind, _scalar)
+              str: lambda v: isinstance(v, str)}.get(kind, is_scalar)
         if not all(ok(v) for v in vals):
-            raise MatrixError(f"{source}: '{f.name}' values must be {_KIND_WORDS.get(kind, 'values')} "
+            raise MatrixError(f"{source}: '{f.name}' values must be {KIND_WORDS.get(kind, 'values')} "
                               f"(got {show(vals)})")
-        kw[f.name] = [_checked(settings_class(f.name), f.name, v, f"{source}: '{f.name}' values", plural=True)
+        kw[f.name] = [checked(settings_class(f.name), f.name, v, f"{source}: '{f.name}' values", plural=True)
                       for v in vals]
     for f in cell_settings(RunConfig):
         if f.name in d:
-            kw[f.name] = _checked(RunConfig, f.name, d[f.name], f"{source}: '{f.name}'")
+            kw[f.name] = checked(RunConfig, f.name, d[f.name], f"{source}: '{f.name}'")
     for key, typ in (("backend", str), ("diagnose", bool)):
         if key in d:
             if not isinstance(d[key], typ):

@@ -15,7 +15,8 @@ from ..config import LLAMA_SPEC_TYPES, default_of
 from ..errors import SpecviewError
 from ..verdicts import cell_label
 from .cells import CellParams, describe, expand, model_label
-from .spec import MatrixSpec, axis_fields, axis_label, axis_short, draft_axes, engine_axes
+from .settings import axis_fields, axis_label, axis_short, draft_axes, engine_axes
+from .spec import MatrixSpec
 
 ROW_AXES = ("part", "target", "prompt", *engine_axes())  # "part": a preset's parts (absent elsewhere)
 COL_AXES = ("drafter", *draft_axes())

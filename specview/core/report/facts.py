@@ -346,7 +346,7 @@ def spec_rows(spec: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(label, values) rows of a matrix's definition: its axes, prompts and shared settings."""
     from ..config import axes
     from ..matrix.cells import model_label
-    from ..matrix.spec import axis_label
+    from ..matrix.settings import axis_label
     from ..matrix.summary import axis_value_label
 
     prompts = []

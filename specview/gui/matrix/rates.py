@@ -45,7 +45,7 @@ from ...core import verdicts
 from ...core.matrix.evidence import group_prediction_text
 from ...core.matrix.quality import answers_text
 from ...core.matrix.rates import pct, positions_text, rate_text, severity_text, ties_lines, ties_summary
-from ...core.matrix.spec import engine_axes
+from ...core.matrix.settings import engine_axes
 from ...core.matrix.summary import ALL_AXES, axis_part
 from .rate_plots import SEVERITY_VERDICT, PositionPlot, RatePlot, SeverityPlot
 
