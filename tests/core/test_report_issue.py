@@ -230,8 +230,11 @@ def test_an_issue_is_written_from_a_trace_only(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("backend", ["mlx", "mlx-server"])
-def test_an_engine_llama_server_cannot_redo_says_so(backend):
+def test_an_mlx_run_gets_mlx_lm_server_or_says_why_not(backend):
+    # an MLX run is reproduced on mlx_lm.server (tests/backends/test_issue_repro_mlx.py); these token ids name no
+    # tokenizer that could give mlx_lm.server their text, so the report says so instead of llama-server lines
     t = make_trace()
     t.config["backend"] = backend
     body, _ = issue_markdown(t)
-    assert "no llama-server reproduction" in body and not servers(body)
+    assert "no llama-server reproduction" not in body and not servers(body)
+    assert "no mlx\\_lm.server reproduction: the prompt is token ids" in body and "/m/t.gguf" in body

@@ -2,7 +2,8 @@
 
 The verdict and its proof, the op the verify pass departs at, the verify widths, both arms' token ids and text
 around the fork, the build, the exact flags, each model's file, size and SHA-256, and a reproduction that needs no
-specview (:mod:`.repro`): the llama-server command lines, the request, and the ``-ub 1`` control.
+specview (:mod:`.repro`): the llama-server command lines, the request, and the ``-ub 1`` control (for a run on
+the MLX engines, :mod:`.repro_mlx`: the mlx_lm.server command lines, the request, and the zero-draft control).
 
 GitHub refuses an issue body over 65,536 characters.  The body is built whole, then, while it is over
 :data:`BUDGET`, the longest parts that can give way do (the full token lists, the prompt's text, the build's
@@ -289,7 +290,12 @@ def _ids(tokens: Sequence[int]) -> str:
 
 
 def repro_part(trace: Any, rp: Repro, *, inline_request: bool = True, full_tokens: bool = True) -> str:
-    """The reproduction: servers, request, comparison and what each answer must hold."""
+    """The reproduction: servers, request, comparison and what each answer must hold (mlx_lm.server's for a run on
+    the MLX engines, :mod:`.repro_mlx`)."""
+    from .repro_mlx import MLXRepro, mlx_repro_part
+
+    if isinstance(rp, MLXRepro):
+        return mlx_repro_part(rp, _expected(rp, full_tokens), request_file=REQUEST_FILE, inline_request=inline_request)
     out = ["### Reproduce without specview\n",
            "Start the servers (any llama.cpp build with `--spec-type`; the model paths are this machine's):\n"]
     main = [s for s in rp.servers if "-ub 1" not in s.name]
@@ -351,11 +357,19 @@ def _start(servers: Sequence[Any]) -> str:
             "http://127.0.0.1:$p/health > /dev/null; do sleep 1; done; done\n")
 
 
+def _text_request(trace: Any) -> bool:
+    """Whether the reproduction's request sends the prompt as text (mlx_lm.server reads no token ids)."""
+    from .repro_mlx import MLX_ENGINES
+
+    return obj(trace.config).get("backend") in MLX_ENGINES
+
+
 def prompt_part(trace: Any, limit: int | None = None) -> str:
     label, body = prompt_block(trace)
     cut = ""
     if limit is not None and len(body) > limit:
-        cut = f"\n\n(cut at {limit} of {len(body)} characters; the request above holds the exact token ids)"
+        held = "the whole text" if _text_request(trace) else "the exact token ids"
+        cut = f"\n\n(cut at {limit} of {len(body)} characters; the request above holds {held})"
         body = body[:limit]
     return "\n".join(["<details><summary>Prompt</summary>\n", md_text(label) + "\n", md_fence(body, "text"),
                       (md_text(cut.strip()) + "\n" if cut else "") + "</details>\n"])
@@ -412,8 +426,10 @@ def issue_markdown(trace: Any, *, kernel: Any = None, budget: int = BUDGET) -> t
         drop.body = f"### {drop.key.title()}\n\n(left out: this issue would be over GitHub's 65,536 characters)\n"
         cut.append(drop.key)
     if cut:
+        words = dict(_CUT_WORDS, **({"prompt": "the prompt's text (the request holds it whole)"}
+                                    if _text_request(trace) else {}))
         note = ("> **Note:** cut to stay under GitHub's 65,536-character limit: "
-                + md_text(", ".join(_CUT_WORDS.get(c, c) for c in cut)) + ".\n")
+                + md_text(", ".join(words.get(c, c) for c in cut)) + ".\n")
         parts.insert(1, Part("note", note))
     body = _join(parts)
     if gh_length(body) > LIMIT:

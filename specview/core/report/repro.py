@@ -122,12 +122,17 @@ def _control_words(trace: Any) -> str:
 
 
 def reproduction(trace: Any) -> Repro:
-    """The no-specview reproduction of ``trace``; :class:`SpecviewError` saying why for a run llama-server cannot
-    redo (another engine, settings that do not read back as a run)."""
+    """The no-specview reproduction of ``trace`` (an :class:`~.repro_mlx.MLXRepro` for a run on the MLX engines);
+    :class:`SpecviewError` saying why for a run neither server can redo (another engine, settings that do not read
+    back as a run)."""
     from ..config import RunConfig
 
     cfg = obj(trace.config)
     backend = cfg.get("backend") or "llama.cpp"
+    from .repro_mlx import MLX_ENGINES, mlx_reproduction
+
+    if backend in MLX_ENGINES:  # an mlx_lm.server reproduction (:mod:`.repro_mlx`)
+        return mlx_reproduction(trace)  # type: ignore[return-value]
     if backend not in LLAMA_ENGINES:
         raise SpecviewError(f"no llama-server reproduction: the run used the {backend} engine")
     try:
