@@ -1,8 +1,9 @@
 """The main window: the run controls, the two panes, the two plots, the verdict bar, the Matrix and Kernel map tabs.
 
 The window is a controller: it takes a :class:`RunConfig` from the generated
-controls, submits it to the model worker, lets :class:`~specview.gui.live.LiveView`
-draw the streamed tokens, and shows finished (or opened) traces.
+controls, checked before a run starts (:mod:`specview.gui.prerun`), submits it
+to the model worker, lets :class:`~specview.gui.live.LiveView` draw the streamed
+tokens, and shows finished (or opened) traces.
 """
 
 from __future__ import annotations
@@ -18,17 +19,17 @@ from PySide6.QtCore import QSignalBlocker, QTimer, Signal
 from PySide6.QtWidgets import QApplication, QFileDialog, QMainWindow
 
 from ..core.config import EngineSettings, RunConfig, settings_class
-from ..core.errors import ConfigError, SpecviewError
+from ..core.errors import SpecviewError
 from ..core.prompts import builtin_prompts
 from ..core.trace import Trace
 from . import models as gmodels
-from .controls import engine_problem, run_of_trace
 from .export import export_tab_report, report_source
 from .kernels import is_kernel_map_file
 from .locate import is_locate_file, locate_link
 from .live import Live
 from .matrix import MatrixDialog, is_matrix_file
 from .menus import build_menus
+from .prerun import engine_notice, engine_refusal, focus_setting, form_config, trace_run
 from .settings import read_settings, remember, restore_geometry, write_settings
 from .theme import apply_theme
 from .verdict_bar import crash_text, diagnosis_tooltip, speed_text, trace_verdict
@@ -127,13 +128,9 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------- config
     def build_config(self) -> RunConfig:
-        """The run the controls describe; raises ConfigError naming a bad value (or a spec type the target's
-        header says it cannot run: checked before anything loads)."""
-        cfg = self.controls.config()
-        why = self.controls.offers.spec_refusal(cfg.target, cfg.spec_type)
-        if why:
-            raise ConfigError(why, setting="spec_type")
-        return cfg
+        """The run the controls describe, checked before anything loads (:func:`~specview.gui.prerun.form_config`):
+        raises ConfigError naming a bad value."""
+        return form_config(self.controls)
 
     def set_controls(self, **values: Any) -> None:
         """Set controls by setting name (``p_min=1.0``, ``backend="mlx"``, ``diagnose=False``...) as a user
@@ -172,18 +169,15 @@ class MainWindow(QMainWindow):
         return any(t.request is not None for t in (self.matrix_tab, self.kernels_tab, self.quality_tab))
 
     def on_engine_checked(self, name: str, problem: str | None) -> None:
+        """The chosen engine was asked whether it runs here: no auto run while it cannot, and the verdict bar says
+        so (:func:`~specview.gui.prerun.engine_notice`)."""
         self.engine_problem = problem
-        if problem is None:
-            if self.verdict.kind == "warn" and "engine is not available" in self.verdict.text():
-                self.verdict.show_text(f"Engine {html.escape(name)} ready. Press Run (Ctrl+R / F5).", "info")
-            self.show_status(f"engine {name}")
-            return
-        if hasattr(self, "auto_timer"):
+        if problem is not None and hasattr(self, "auto_timer"):
             self.auto_timer.stop()
-        self.verdict.show_text(f"<b>The {html.escape(name)} engine is not available</b>: {html.escape(problem)}"
-                               "<br>Choose another engine in Models ▸ Engine to run here.", "warn")
-        self.verdict.setToolTip("")
-        self.show_status(f"{name} unavailable: {problem}")
+        notice = engine_notice(name, problem, self.verdict.kind, self.verdict.text())
+        if notice.verdict is not None:
+            self.show_verdict(*notice.verdict, "")
+        self.show_status(notice.status)
 
     # --------------------------------------------------------------- running
     def run(self, *, reuse_vanilla: bool = True) -> RunRequest | None:
@@ -191,13 +185,9 @@ class MainWindow(QMainWindow):
         self.auto_timer.stop()
         try:
             cfg = self.build_config()
-        except ConfigError as exc:
-            self.show_error(str(exc))
-            if exc.setting in self.controls.settings:
-                self.controls[exc.setting].setFocus()
-            return None
         except SpecviewError as exc:
             self.show_error(str(exc))
+            focus_setting(self.controls, exc)
             return None
         return self.run_config(cfg, reuse_vanilla=reuse_vanilla, apply=False)
 
@@ -210,9 +200,9 @@ class MainWindow(QMainWindow):
                 self.controls.set_config(cfg)
             finally:
                 self._suspend_auto = False
-        problem = engine_problem(cfg.backend, cfg.engine)
-        if problem is not None:
-            self.show_error(f"the {cfg.backend} engine is not available: {problem}")
+        why = engine_refusal(cfg)
+        if why is not None:
+            self.show_error(why)
             return None
         self.matrix_tab.request = None  # submitting cancels a running matrix
         self.tabs.setCurrentIndex(0)
@@ -550,10 +540,9 @@ class MainWindow(QMainWindow):
 
     def set_controls_from_trace(self, trace: Trace) -> str | None:
         """Show the trace's run in the controls; a reason when it cannot be run again here."""
-        try:
-            cfg = run_of_trace(trace)
-        except SpecviewError as exc:
-            return f"the trace's settings cannot be run again here ({exc}); the controls keep theirs"
+        cfg, why = trace_run(trace)
+        if cfg is None:
+            return why
         self._suspend_auto = True
         try:
             self.controls.set_config(cfg)

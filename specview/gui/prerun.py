@@ -1,0 +1,82 @@
+"""The checks before a run starts: the form must describe a run this machine can start, and say what is wrong.
+
+The window asks here before it submits anything to the model worker, so a bad form is refused in the
+verdict bar, naming the setting, before a model loads:
+
+* :func:`form_config`: the run the controls describe.  :meth:`RunControls.config
+  <specview.gui.controls.RunControls.config>` refuses an empty prompt, no target model and a draft whose
+  header does not fit the target (another vocabulary, say); here a spec type the target's header says it
+  cannot run is refused too (draft-mtp on a target with no MTP heads).
+* :func:`focus_setting`: the control of the setting a refusal names takes the focus.
+* :func:`engine_refusal`: a run (a matrix cell's, say) whose engine cannot run here.
+* :func:`engine_notice`: what the verdict bar and the status line say once the chosen engine has been asked
+  whether it runs here.
+* :func:`trace_run`: a saved trace's run, or why it cannot be run again here.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from ..core.config import RunConfig
+from ..core.errors import ConfigError, SpecviewError
+from .controls import engine_problem, run_of_trace
+
+if TYPE_CHECKING:
+    from .controls import RunControls
+
+#: the words of the verdict bar's warning that the chosen engine cannot run here
+ENGINE_UNAVAILABLE = "engine is not available"
+
+
+def form_config(controls: RunControls) -> RunConfig:
+    """The run ``controls`` describe; :class:`ConfigError` naming a bad value (or a spec type the target's header
+    says it cannot run: checked before anything loads)."""
+    cfg = controls.config()
+    why = controls.offers.spec_refusal(cfg.target, cfg.spec_type)
+    if why:
+        raise ConfigError(why, setting="spec_type")
+    return cfg
+
+
+def focus_setting(controls: RunControls, exc: SpecviewError) -> bool:
+    """Give the focus to the control of the setting ``exc`` names; False when it names none the form has."""
+    setting = exc.setting if isinstance(exc, ConfigError) else None
+    if setting not in controls.settings:
+        return False
+    controls[setting].setFocus()
+    return True
+
+
+def engine_refusal(cfg: RunConfig) -> str | None:
+    """Why ``cfg``'s engine cannot run here, as the error a run shows; None when it can."""
+    problem = engine_problem(cfg.backend, cfg.engine)
+    return None if problem is None else f"the {cfg.backend} {ENGINE_UNAVAILABLE}: {problem}"
+
+
+class EngineNotice(NamedTuple):
+    """What to say once the chosen engine was asked whether it runs here."""
+
+    verdict: tuple[str, str] | None  # (HTML, kind) for the verdict bar, or None: leave it as it is
+    status: str  # the status line
+
+
+def engine_notice(name: str, problem: str | None, shown_kind: str, shown_text: str) -> EngineNotice:
+    """The verdict bar's warning when the engine ``name`` cannot run here (with where to choose another), and
+    its all-clear when it can again while that warning (``shown_kind``, ``shown_text``) is still on screen."""
+    if problem is None:
+        ready = shown_kind == "warn" and ENGINE_UNAVAILABLE in shown_text
+        return EngineNotice((f"Engine {html.escape(name)} ready. Press Run (Ctrl+R / F5).", "info") if ready
+                            else None, f"engine {name}")
+    return EngineNotice((f"<b>The {html.escape(name)} {ENGINE_UNAVAILABLE}</b>: {html.escape(problem)}"
+                         "<br>Choose another engine in Models ▸ Engine to run here.", "warn"),
+                        f"{name} unavailable: {problem}")
+
+
+def trace_run(trace: Any) -> tuple[RunConfig | None, str | None]:
+    """(the run a saved trace records, None) or (None, why its settings cannot be run again here)."""
+    try:
+        return run_of_trace(trace), None
+    except SpecviewError as exc:
+        return None, f"the trace's settings cannot be run again here ({exc}); the controls keep theirs"
