@@ -61,6 +61,18 @@ class MLXServerBackend(Backend):
         """``num_draft_tokens`` per request: n_max, or 0 for the zero-draft control (p_min 1)."""
         return 0 if cfg.p_min >= 1.0 else int(cfg.n_max)
 
+    def command_builders(self) -> Any:
+        """What builds this engine's mlx_lm.server command lines and requests (``kv_bits``, ``kv_flags``,
+        ``split_server_args``, ``server_args``, ``arm_request``): a report writes the reproduction of a run with
+        the very flags and request body the run used, asked through the registry as core asks for a runner."""
+        from types import SimpleNamespace
+
+        from . import process, protocol
+
+        return SimpleNamespace(kv_bits=process.kv_bits, kv_flags=process.kv_flags,
+                               split_server_args=process.split_server_args, server_args=process.server_args,
+                               arm_request=protocol.arm_request)
+
     def kv_group_size(self, model_config: dict[str, Any]) -> int:
         from ..mlx.folders import kv_group_size
 

@@ -3,8 +3,8 @@ lines, the greedy request both are sent, and the control mlx_lm.server allows in
 
 The command lines and the request are made by the ``mlx-server`` engine's own builders
 (:func:`specview.backends.mlx_server.process.server_args`, ``kv_flags``, ``split_server_args`` and
-:func:`specview.backends.mlx_server.protocol.arm_request`), reached by name as the registry reaches engines (core
-imports no backend), so a run on mlx_lm.server and its reproduction never disagree:
+:func:`specview.backends.mlx_server.protocol.arm_request`), asked of the registered engine
+(``get_backend("mlx-server").command_builders()``: core imports no backend), so a run on mlx_lm.server and its reproduction never disagree:
 
 * a vanilla server (the target alone) and a speculative one (``--draft-model``, ``--num-draft-tokens`` n_max, or 0
   for the zero-draft control p_min 1), each sent the same request: the prompt as text (mlx_lm.server reads no
@@ -15,7 +15,6 @@ imports no backend), so a run on mlx_lm.server and its reproduction never disagr
 
 from __future__ import annotations
 
-import importlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,11 +34,6 @@ OUT_FILES = {"vanilla": "vanilla.json", "speculative": "speculative.json", "zero
 CONTROL_FILE = "request-0draft.json"
 #: what mlx_lm.server is started with besides its flags (specview's servers get the same)
 SERVER_ENV = {"HF_HUB_OFFLINE": "1"}
-
-
-def _engine_module(name: str) -> Any:
-    """The mlx-server engine's module ``name`` (``process``, ``protocol``): its flag and request builders."""
-    return importlib.import_module(f"specview.backends.mlx_server.{name}")
 
 
 @dataclass(frozen=True)
@@ -221,7 +215,9 @@ def mlx_reproduction(trace: Any) -> MLXRepro:
         raise SpecviewError(f"no mlx_lm.server reproduction: mlx_lm.server speculates only with a draft model "
                             f"(--draft-model); the run used --spec-type {run.spec_type}, which it has no equivalent "
                             "of")
-    process, protocol = _engine_module("process"), _engine_module("protocol")
+    from ..registry import get_backend
+
+    process = protocol = get_backend("mlx-server").command_builders()  # the engine's own flag and request builders
     target, draft = _folders(trace, run)
     unmatched = unmatched_settings(run, backend)
     try:
