@@ -1,4 +1,4 @@
-"""Statistics vocabulary every room shares: the 95% z and the Wilson score interval of a rate.
+"""Statistics vocabulary every room shares: the 95% z, the Wilson score interval of a rate, and a share in words.
 
 One definition, imported by whoever states a rate with its interval: the
 quality suite's pass rates (:mod:`specview.core.quality.stats`, which the
@@ -29,4 +29,9 @@ def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
     return (0.0 if k <= 0 else max(0.0, centre - half)), (1.0 if k >= n else min(1.0, centre + half))
 
 
-__all__ = ["Z95", "wilson"]
+def pct(x: float | None) -> str:
+    """A share as a percentage with one decimal (``17.5%``); ``n/a`` for none (or a share that is not finite)."""
+    return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:.1f}%"
+
+
+__all__ = ["Z95", "pct", "wilson"]

@@ -51,7 +51,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from ..stats import wilson  # the one Wilson interval: the quality suite's and the matrix's too
+from ..stats import pct as _pct, wilson  # the one Wilson interval: the quality suite's and the matrix's too
 
 #: the calibrated band is this many times the measured envelope (two logits each moving by the envelope)
 CALIBRATION_FACTOR = 2.0
@@ -253,10 +253,6 @@ def combine(densities: Iterable[dict[str, Any] | None]) -> dict[str, Any] | None
 
 
 # -- words ---------------------------------------------------------------------------------
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
-
-
 def band_label(b: dict[str, Any]) -> str:
     """``calibrated (0.0312 logits)``, ``0.5 nats``; a summed calibrated band gives its range."""
     if not b.get("calibrated"):

@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 
 from ..config import RunConfig, resolve_threads
 from ..errors import SpecviewError
+from ..stats import pct as _pct
 from ..kernels.evidence import (DIFFER, NOT_COVERED, NOT_DETERMINISTIC, PROVEN, REACH_CAVEAT, STATUS_WORDS, STATUSES,
                                KernelPrediction, contradiction_text, predict_config)
 from ..verdicts import WORDS, category
@@ -83,10 +84,6 @@ def _fork_position(cell: Mapping[str, Any]) -> int | None:
 
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:.1f}%"
 
 
 def _num(x: float | None) -> str:

@@ -29,6 +29,7 @@ from typing import Any, Sequence
 
 from ..diagnose.classify import FAR_FLOOR
 from ..diagnose.ties import band_label, combine, rate_text as tie_rate_text, says
+from ..stats import pct
 from ..quality.stats import wilson  # the Wilson interval of a rate: one formula for fork rates and pass rates
 from .evidence import group_prediction, group_prediction_text
 from .quality import answers, answers_text
@@ -155,10 +156,6 @@ def rates(doc: dict[str, Any]) -> dict[str, Any]:
             g["kernel_map"] = kp
         out.append(_scored(g, cells))
     return {"confidence": 0.95, "gap_edges": list(GAP_EDGES), "gap_bins": gap_bin_labels(), "settings": out}
-
-
-def pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
 def rate_text(g: dict[str, Any]) -> str:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from ..diagnose.ties import FIXED_BANDS, Band, step_margins
-from ..stats import wilson
+from ..stats import pct as _pct, wilson
 from .suites import QualityError
 
 #: the bands every item is counted in
@@ -201,10 +201,6 @@ def summarise(items: Iterable[Any], bands: Iterable[Band] = BANDS) -> dict[str, 
 
 
 # -- words -------------------------------------------------------------------------------------
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
-
-
 def density_text(a: dict[str, Any]) -> str:
     """``12 of 480 steps (2.5%, 95% CI 1.4–4.3%)``."""
     if not a["measured"]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from ..stats import pct
 from ..verdicts import words
 from .result import ItemOutcome, QualityResult, Rate
 
@@ -18,10 +19,6 @@ from .result import ItemOutcome, QualityResult, Rate
 ALPHA = 0.05
 OUTCOME_WORDS = {"both-pass": "both pass", "both-fail": "both fail", "only-vanilla": "only vanilla passes",
                  "only-speculative": "only speculative passes", "error": "error"}
-
-
-def pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
 def rate_text(r: Rate) -> str:
