@@ -177,7 +177,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "drafters axis: TYPE:MODEL runs as draft-simple",
-        "specview/core/matrix/spec.py",
+        "specview/core/matrix/settings.py",
         "            return t, name[len(t) + 1:]",
         "            return \"draft-simple\", name[len(t) + 1:]",
         ("tests/core/test_matrix_presets.py::test_a_drafter_names_its_spec_type_and_its_file",),
