@@ -13,14 +13,13 @@ import json
 import os
 import re
 import shlex
-import socket
 import subprocess
-import time
 import urllib.request
 from dataclasses import replace
 
 import pytest
 from forks import CANDIDATES
+from pasted import free_port, sh_blocks, wait_healthy
 from markdown_it import MarkdownIt
 from test_server import find_binary
 
@@ -63,10 +62,6 @@ def reported(tmp_path_factory):
 
 
 # -- the report, read back --------------------------------------------------------------------------------------
-def sh_blocks(body: str) -> list[str]:
-    return [t.content for t in MarkdownIt("commonmark").parse(body) if t.type == "fence" and t.info == "sh"]
-
-
 def commands(body: str) -> list[list[str]]:
     """Every command of the body's shell blocks as words (continuations joined, ``&`` dropped, heredocs skipped)."""
     out, heredoc = [], None
@@ -99,12 +94,6 @@ def expected(body: str) -> dict[str, list[int]]:
     raise AssertionError("the report lists no tokens")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Servers:
     """The report's llama-server lines, started as written but for the port; stopped, all of them, at the end."""
 
@@ -123,18 +112,7 @@ class Servers:
             self.procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
 
     def wait(self, seconds: float = 180.0) -> None:
-        t0 = time.monotonic()
-        for port in self.port.values():
-            while True:
-                assert all(p.poll() is None for p in self.procs), "a llama-server of the report exited"
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    pass
-                assert time.monotonic() - t0 < seconds, "the report's servers did not come up"
-                time.sleep(0.3)
+        wait_healthy(self.procs, self.port.values(), what="llama-server", seconds=seconds)
 
     def close(self) -> None:
         for p in self.procs:

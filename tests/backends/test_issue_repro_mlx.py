@@ -13,13 +13,11 @@ import json
 import os
 import re
 import shlex
-import socket
 import subprocess
-import time
 import urllib.request
 
 import pytest
-from markdown_it import MarkdownIt
+from pasted import free_port, sh_blocks, wait_healthy
 
 from specview import cli
 from specview.core.arms.compare import compare_arms
@@ -33,10 +31,6 @@ PROMPT = "Name three colours of the rainbow."
 
 
 # -- the Markdown, read back ------------------------------------------------------------------------------------
-def sh_blocks(body: str) -> list[str]:
-    return [t.content for t in MarkdownIt("commonmark").parse(body) if t.type == "fence" and t.info == "sh"]
-
-
 def server_lines(body: str) -> list[list[str]]:
     out = []
     for block in sh_blocks(body):
@@ -144,12 +138,6 @@ def test_what_mlx_lm_server_cannot_redo_is_named():
 
 
 # -- a run on the real mlx_lm.server, and the report's commands run as written --------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def report(t: Trace, d) -> tuple[Trace, str, str]:
     """(the saved trace read back, its issue's Markdown, the request.json specview wrote beside it)."""
     d.mkdir(exist_ok=True)
@@ -191,18 +179,7 @@ def run_commands(body: str, cwd, program: str | None = None) -> tuple[dict[str, 
             words[i + 1] = ports[words[i + 1]]
             procs.append(subprocess.Popen(words, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
         assert len(procs) == 2
-        deadline = time.monotonic() + 300
-        for port in ports.values():
-            while True:
-                assert all(p.poll() is None for p in procs), "an mlx_lm.server of the report exited"
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    pass
-                assert time.monotonic() < deadline, "the report's servers did not come up"
-                time.sleep(0.5)
+        wait_healthy(procs, ports.values(), what="mlx_lm.server", seconds=300, poll=0.5)
         script = "\n".join(b for b in sh_blocks(body) if "mlx_lm.server" not in b)
         for old, new in ports.items():
             script = script.replace(f"127.0.0.1:{old}/", f"127.0.0.1:{new}/")
