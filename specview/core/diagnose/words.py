@@ -235,6 +235,19 @@ def _gap_words(d: dict[str, Any], th: dict[str, Any]) -> str:
     return f" (its gap, {d['gap']:.4f} logits, is under the far threshold {th['far']:.3f})"
 
 
+#: quantizations whose weights are plain floats (their verify passes still round by batch shape)
+FLOAT_WEIGHTS = ("F32", "F16", "BF16", "F64")
+
+
+def _expected_words(trace: Trace) -> str:
+    """Why a proven near-tie is no bug, in the words of the target's weights (a quantized or a float file)."""
+    quant = str(((trace.models or {}).get("target") or {}).get("quantization") or "").upper()
+    if quant in FLOAT_WEIGHTS:
+        return (f"Float weights ({quant}) round by batch shape too: llama.cpp multiplies several rows with "
+                "other kernels than one row, summing in another order. This is not a bug in the speculative loop.")
+    return "This is expected on quantized targets and is not a bug in the speculative loop."
+
+
 def explain(d: dict[str, Any], trace: Trace) -> str:
     verdict, rule = d["verdict"], d["rule"]
     ctrl = _controls_sentence(d.get("controls"))
@@ -264,8 +277,7 @@ def explain(d: dict[str, Any], trace: Trace) -> str:
                 f"token {d['fork']} ({a} against {b}) comes from the verify pass computing several rows at once, "
                 f"whose rounding differs from one row at a time: the argmax flipped on a near-tie.{numbers}"
                 f"{_snapshots_proven(sv)}"
-                f"{departure_sentence(d.get('departure'))} This "
-                f"is expected on quantized targets and is not a bug in the speculative loop.{ctrl}")
+                f"{departure_sentence(d.get('departure'))} {_expected_words(trace)}{ctrl}")
     if rule == "snapshot-restore-unproven":
         return (f"{pre}The serial-verify control, {serial_form_words(sv.get('form'))}, reproduces vanilla token for "
                 f"token, but it proves only the rollback paths it walked ({mechanisms_words(sv.get('rollbacks'))}). "
