@@ -57,9 +57,11 @@ def run(target: str, *, timeout: float = CHILD_SECONDS, memory_mb: int = MEMORY_
     import tempfile
 
     try:
-        with tempfile.TemporaryDirectory(prefix="specview-hostile-") as cwd:  # hypothesis keeps its files there
-            res = subprocess.run([sys.executable, str(Path(__file__)), target], env=env, capture_output=True,
-                                 text=True, timeout=timeout, cwd=cwd)
+        # hypothesis keeps its files in the child's cwd, and every temporary file the child makes goes under
+        # it too (TMPDIR), so all of it goes when the child does
+        with tempfile.TemporaryDirectory(prefix="specview-hostile-") as cwd:
+            res = subprocess.run([sys.executable, str(Path(__file__)), target], env=dict(env, TMPDIR=cwd),
+                                 capture_output=True, text=True, timeout=timeout, cwd=cwd)
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(f"{target}: the bounded child ran past {timeout} s\n{exc.stderr or ''}") from None
     assert res.returncode == 0, f"{target} failed (exit status {res.returncode}):\n{res.stdout}\n{res.stderr}"
