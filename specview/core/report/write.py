@@ -133,6 +133,73 @@ def _folder(out_dir: str | os.PathLike[str]) -> Path:
     return out
 
 
+def _classify(src: Any) -> tuple[str, Any]:
+    """(kind, the object) of a report's input: "trace", "kernels", "locate", "quality" or "matrix"."""
+    from ..kernels.map import KernelMap
+    from ..locate.find import Located
+    from ..matrix import validate_matrix
+    from ..quality import QualityResult
+
+    if isinstance(src, Trace):
+        return "trace", src
+    if isinstance(src, KernelMap):
+        return "kernels", src
+    if isinstance(src, Located):
+        return "locate", src
+    if isinstance(src, QualityResult):
+        return "quality", src
+    if isinstance(src, dict):
+        validate_matrix(src)
+        return "matrix", src
+    return read_input(src)
+
+
+def _kernel_map(kernel_map: Any, kind: str) -> tuple[Any, str | None]:
+    """(the KernelMap, its file) a report of ``kind`` cites, or (None, None) when none was given."""
+    if kernel_map is None:
+        return None, None
+    if kind in ("kernels", "locate", "quality"):
+        what = {"kernels": "kernel map already", "locate": "locate", "quality": "quality run"}[kind]
+        raise SpecviewError(f"--kernel-map: the input is a {what}; its report takes no kernel map")
+    from ..kernels.evidence import load_kernel_map
+    from ..kernels.map import KernelMap
+
+    if isinstance(kernel_map, KernelMap):
+        return kernel_map, None
+    return load_kernel_map(kernel_map, what="--kernel-map"), str(kernel_map)
+
+
+def _write_pictures(obj: Any, kind: str, out: Path, name: str, plots: PlotRenderer | None,
+                    card: CardRenderer | None, card_path: Any, written: dict[str, Path]
+                    ) -> tuple[dict[str, bytes], dict[str, str], str | None]:
+    """Write a trace's (or a locate's) plots and a trace's fork card into ``out``: (the PNGs by key, their file
+    names by key, the card's path relative to ``out`` or None), each file also recorded in ``written``."""
+    wanted = ("locate",) if kind == "locate" else PLOT_CAPTIONS
+    pngs = {k: v for k, v in (plots(obj) if plots is not None else {}).items() if k in wanted}
+    files = {}
+    for key, png in pngs.items():
+        fname = f"{name}-{key}.png"
+        try:
+            (out / fname).write_bytes(png)
+        except OSError as exc:
+            raise SpecviewError(f"-o {out}: cannot write {fname} ({exc})") from None
+        written[key] = out / fname
+        files[key] = fname
+    card_ref = None
+    if card is not None and kind == "trace":
+        cp = Path(card_path) if card_path is not None else out / CARD_FILE
+        png = card(obj)
+        if png:
+            png = _with_summary(png, obj)
+            try:
+                cp.write_bytes(png)
+            except OSError as exc:
+                raise SpecviewError(f"--card {cp}: cannot write the fork card ({exc})") from None
+            written["card"] = cp
+            card_ref = Path(os.path.relpath(cp.resolve(), out.resolve())).as_posix()
+    return pngs, files, card_ref
+
+
 def write_report(src: str | os.PathLike[str] | Trace | dict | Any, out_dir: str | os.PathLike[str], *,
                  name: str = "report", plots: PlotRenderer | None = None, card: CardRenderer | None = None,
                  card_path: str | os.PathLike[str] | None = None,
@@ -151,65 +218,15 @@ def write_report(src: str | os.PathLike[str] | Trace | dict | Any, out_dir: str 
     """
     from ..kernels.map import KernelMap
     from ..locate.find import Located
-    from ..matrix import validate_matrix
-    from ..quality import QualityResult
 
-    if isinstance(src, Trace):
-        kind, obj = "trace", src
-    elif isinstance(src, KernelMap):
-        kind, obj = "kernels", src
-    elif isinstance(src, Located):
-        kind, obj = "locate", src
-    elif isinstance(src, QualityResult):
-        kind, obj = "quality", src
-    elif isinstance(src, dict):
-        validate_matrix(src)
-        kind, obj = "matrix", src
-    else:
-        kind, obj = read_input(src)
-    if "/" in name or "\\" in name or name in ("", ".", ".."):
-        raise SpecviewError(f"--name {name!r}: give a plain file name, without a folder")
-    kmap, map_file = None, None
-    if kernel_map is not None:
-        if kind in ("kernels", "locate", "quality"):
-            what = {"kernels": "kernel map already", "locate": "locate", "quality": "quality run"}[kind]
-            raise SpecviewError(f"--kernel-map: the input is a {what}; its report takes no kernel map")
-        from ..kernels.evidence import load_kernel_map
-
-        if isinstance(kernel_map, KernelMap):
-            kmap, map_file = kernel_map, None
-        else:
-            kmap, map_file = load_kernel_map(kernel_map, what="--kernel-map"), str(kernel_map)
-    out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SpecviewError(f"-o {out}: cannot create the folder ({exc})") from None
+    kind, obj = _classify(src)
+    _plain_name(name)
+    kmap, map_file = _kernel_map(kernel_map, kind)
+    out = _folder(out_dir)
     written: dict[str, Path] = {}
+    section = None
     if kind in ("trace", "locate"):
-        wanted = ("locate",) if kind == "locate" else PLOT_CAPTIONS
-        pngs = {k: v for k, v in (plots(obj) if plots is not None else {}).items() if k in wanted}
-        files = {}
-        for key, png in pngs.items():
-            fname = f"{name}-{key}.png"
-            try:
-                (out / fname).write_bytes(png)
-            except OSError as exc:
-                raise SpecviewError(f"-o {out}: cannot write {fname} ({exc})") from None
-            written[key] = out / fname
-            files[key] = fname
-        card_ref = None
-        if card is not None and kind == "trace":
-            cp = Path(card_path) if card_path is not None else out / CARD_FILE
-            png = card(obj)
-            if png:
-                png = _with_summary(png, obj)
-                try:
-                    cp.write_bytes(png)
-                except OSError as exc:
-                    raise SpecviewError(f"--card {cp}: cannot write the fork card ({exc})") from None
-                written["card"] = cp
-                card_ref = Path(os.path.relpath(cp.resolve(), out.resolve())).as_posix()
+        pngs, files, card_ref = _write_pictures(obj, kind, out, name, plots, card, card_path, written)
         if kind == "locate":
             file = None if isinstance(src, Located) else str(src)
             html_text, md_text = locate_html(obj, file, pngs), locate_markdown(obj, file, files)
