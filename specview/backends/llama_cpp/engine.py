@@ -35,6 +35,8 @@ _KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8
              "bf16": 30}
 _FLASH = {"auto": -1, "off": 0, "on": 1}
 DEFAULT_N_CTX = 4096
+#: the most bytes of logits one pass returns through the engine's own buffer (see LlamaEngine._rows_out)
+_SMALL_COPY = 1 << 16
 #: recurrent states a snapshot context keeps until a run plans more (llama.cpp's default draft n_max)
 DEFAULT_RS_DEPTH = 3
 
@@ -117,6 +119,8 @@ class LlamaEngine(ModelEngine):
             b.seq_id[i][0] = 0
         self._n_vocab = model.n_vocab
         self._row_bytes = model.n_vocab * 4
+        self._small_rows = _SMALL_COPY // self._row_bytes  # logits rows _rows_out's buffer holds (0: none)
+        self._small: tuple[Any, int, np.ndarray] | None = None  # that buffer: (ctypes array, address, view)
         model.contexts += 1
 
     def _open(self) -> None:
@@ -162,8 +166,13 @@ class LlamaEngine(ModelEngine):
 
     # -- evaluation ------------------------------------------------------------
     def eval(self, tokens: Sequence[int], rows: Sequence[int]) -> np.ndarray:
-        tokens, rows = self.checked(tokens, rows)
         n = len(tokens)
+        t = tokens[0] if n == 1 else None
+        if (type(t) is int and 0 <= t < self._n_vocab and len(rows) == 1 and rows[0] in (0, -1)
+                and self.n_past < self._n_ctx):
+            tokens, rows = (t,), (0,)  # one token, one row: what checked() gives it, without its lists
+        else:
+            tokens, rows = self.checked(tokens, rows)
         ll = self._ll
         b = self._batch
         pos0 = self.n_past
@@ -185,15 +194,33 @@ class LlamaEngine(ModelEngine):
             self.eval_seconds += time.perf_counter() - t0
             raise EvalError(f"llama_decode failed with status {rc} at position {pos0} ({n} tokens)")
         memory.decoded(tokens)
-        out = np.empty((len(rows), self._n_vocab), dtype=np.float32)
-        size, base, ctx = self._row_bytes, out.ctypes.data, self.ctx
-        get = ll.llama_get_logits_ith
-        for j, r in enumerate(rows):
-            ctypes.memmove(base + j * size, get(ctx, r), size)
+        out = self._rows_out(rows)
         self.eval_seconds += time.perf_counter() - t0
         self.n_evals += 1
         self.n_past = pos0 + n
         return out
+
+    def _rows_out(self, rows: Sequence[int]) -> np.ndarray:
+        """The logits of ``rows`` of the last pass, as a new ``(len(rows), n_vocab)`` array.
+
+        Rows that fit in :data:`_SMALL_COPY` bytes (a small vocabulary's) go through a buffer whose address is
+        known once, then are copied out of it: there an array's ``.ctypes.data`` would cost more than the copy.
+        Larger ones go straight into the new array."""
+        k = len(rows)
+        size, ctx, get, move = self._row_bytes, self.ctx, self._ll.llama_get_logits_ith, ctypes.memmove
+        if not 0 < k <= self._small_rows:
+            out = np.empty((k, self._n_vocab), dtype=np.float32)
+            base = out.ctypes.data
+            for j, r in enumerate(rows):
+                move(base + j * size, get(ctx, r), size)
+            return out
+        if self._small is None:
+            buf = (ctypes.c_float * (self._small_rows * self._n_vocab))()
+            self._small = (buf, ctypes.addressof(buf), np.frombuffer(buf, dtype=np.float32).reshape(-1, self._n_vocab))
+        _, base, view = self._small
+        for j, r in enumerate(rows):
+            move(base + j * size, get(ctx, r), size)
+        return view[:k].copy()
 
     def truncate(self, n: int) -> Rollback | None:
         if n < 0 or n > self.n_past:
