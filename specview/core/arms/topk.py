@@ -17,6 +17,11 @@ def topk(row: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=row.dtype)
     if k < n:
         part = np.argpartition(row, n - k)[n - k:]
+        edge = row[part].min()  # the k-th largest value (NaN when a NaN was picked: left as picked)
+        if np.count_nonzero(row == edge) > np.count_nonzero(row[part] == edge):
+            # more ids tie at the edge than fit: argpartition kept arbitrary ones, keep the lowest
+            above = np.flatnonzero(row > edge)
+            part = np.concatenate([above, np.flatnonzero(row == edge)[: k - above.size]])
     else:
         part = np.arange(n)
     vals = row[part]
