@@ -141,10 +141,15 @@ class ModelDrafter(Drafter):
         # cannot drop positions (a hybrid) keeps what that rollback needs (a checkpoint, kept states)
         self.engine.prepare_rollback(n_max - 1)
         out: list[int] = []
+        # with no p_min to compare, the draft is the top token alone: the argmax (the lowest id of a tie, as
+        # the top-10 picks it), unless the row holds a NaN, which the top-10's own order handles
+        argmax = self.p_min <= 0.0
         while True:
-            tok, p = top_softmax(row, 10)
-            if p < self.p_min:
-                break
+            tok = int(row.argmax()) if argmax else -1
+            if tok < 0 or row[tok] != row[tok]:
+                tok, p = top_softmax(row, 10)
+                if p < self.p_min:
+                    break
             out.append(tok)
             if len(out) >= n_max:
                 break
