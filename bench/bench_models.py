@@ -6,7 +6,9 @@ Builds a temporary home with ``--models`` GGUF files spread over LM Studio, olla
 Hugging Face hub layouts, each a header only (a ``--vocab``-token vocabulary and a small tensor table,
 no weights: a scan reads nothing else), then prints:
   * the baseline: walking the same tree and stat-ing every file (what any scan costs at least);
-  * a cold scan (no header cache: every header read), and per model;
+  * a cold scan (no header cache: every header read), and per model: once with the headers read one by one
+    (``SPECVIEW_SCAN_PROCESSES=1``), once as a scan decides (in processes of their own, with two cores or
+    more), checked to find the same models;
   * the gguf package's GGUFReader on one file, for comparison with specview's bounded reader on it;
   * a warm scan (the header cache answers), median of --repeats (goal: under 1 s for 300 models);
   * the same store made hostile (a FIFO named x.gguf, a FIFO in place of an ollama manifest, a sparse
@@ -150,6 +152,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from specview.core import models as M
+    from specview.core.models import reads
 
     home = Path(tempfile.mkdtemp(prefix="specview-bench-models-"))
     try:
@@ -169,13 +172,25 @@ def main() -> int:
         walk = time.perf_counter() - t0
         print(f"baseline: walking the tree and stat-ing its {n_files} files  {walk * 1000:8.1f} ms")
 
-        t0 = time.perf_counter()
-        cold = M.scan(home=home, env=env, cache=True)  # the header cache is empty: every header is read
+        t0 = time.perf_counter()  # the header cache is empty: every header is read, one by one
+        serial = M.scan(home=home, env={**env, "SPECVIEW_CACHE": str(home / "cache-serial"),
+                                        "SPECVIEW_SCAN_PROCESSES": "1"}, cache=True)
+        ts = time.perf_counter() - t0
+        found = sum(m.source != "demo" for m in serial.models)  # (the shipped demo file is found too)
+        assert found == args.models and not serial.problems, (found, serial.problems[:3])
+        print(f"cold scan, headers read one by one        {ts * 1000:8.1f} ms  "
+              f"({ts / args.models * 1000:.2f} ms per model, {ts / max(walk, 1e-9):.0f}x the walk)")
+
+        lines: list[str] = []
+        t0 = time.perf_counter()  # as a scan decides: in processes when there are cores for them
+        cold = M.scan(home=home, env=env, cache=True, progress=lines.append)
         tc = time.perf_counter() - t0
-        found = sum(m.source != "demo" for m in cold.models)  # (the shipped demo file is found too)
-        assert found == args.models and not cold.problems, (found, cold.problems[:3])
-        print(f"cold scan (header reads only, no cache)   {tc * 1000:8.1f} ms  "
-              f"({tc / args.models * 1000:.2f} ms per model, {tc / max(walk, 1e-9):.0f}x the walk)")
+        assert cold.models == serial.models and cold.problems == serial.problems
+        how = next((ln.split(" in ", 1)[1] for ln in lines if ln.startswith("reading ") and " in " in ln),
+                   "1 process (no pool)")
+        print(f"cold scan, headers read in {how:<14} {tc * 1000:8.1f} ms  "
+              f"({tc / args.models * 1000:.2f} ms per model, {ts / tc:.2f}x faster than one by one; "
+              f"{reads.usable_cpus()} usable cores)")
 
         import gguf
 

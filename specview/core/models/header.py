@@ -236,27 +236,44 @@ class HeaderCache:
         if self.dirty >= self.SAVE_EVERY:
             self.save(prune=False)
 
-    def read(self, path: Path, name: str, source: str) -> ModelInfo:
-        """The header of ``path`` (cached when its size and mtime are unchanged); raises ModelHeaderError."""
+    def lookup(self, path: Path, name: str, source: str) -> tuple[tuple[int, int], ModelInfo | None]:
+        """``path``'s (size, mtime) and its cached header (None: not cached, it must be read); raises
+        ModelHeaderError when it cannot be stat-ed or its cached read failed."""
         key = str(path)
         try:
-            size, mtime = stamp(path)
+            st = stamp(path)
         except OSError as exc:
             raise ModelHeaderError(key, f"cannot be read ({exc.strerror or exc})") from None
         e = self.entries.get(key)
-        if isinstance(e, dict) and e.get("size") == size and e.get("mtime") == mtime:
+        if isinstance(e, dict) and e.get("size") == st[0] and e.get("mtime") == st[1]:
             try:
                 if "error" in e:
                     raise ModelHeaderError(key, str(e["error"]))
-                return replace(ModelInfo.from_dict(e["info"]), name=name, source=source)
+                return st, replace(ModelInfo.from_dict(e["info"]), name=name, source=source)
             except (TypeError, KeyError, AttributeError):
                 pass  # an entry of another shape: read again
+        return st, None
+
+    def record(self, path: Path, st: tuple[int, int], info: ModelInfo | None = None, why: str | None = None) -> None:
+        """Remember the read of ``path`` at stamp ``st``: its header ``info``, or ``why`` it failed."""
+        entry: dict[str, Any] = {"size": st[0], "mtime": st[1]}
+        if info is not None:
+            entry["info"] = info.to_dict()
+        else:
+            entry["error"] = why
+        self._put(str(path), entry)
+
+    def read(self, path: Path, name: str, source: str) -> ModelInfo:
+        """The header of ``path`` (cached when its size and mtime are unchanged); raises ModelHeaderError."""
+        st, info = self.lookup(path, name, source)
+        if info is not None:
+            return info
         try:
             info = _read(path, name, source)
         except ModelHeaderError as exc:
-            self._put(key, {"size": size, "mtime": mtime, "error": exc.why})
+            self.record(path, st, why=exc.why)
             raise
-        self._put(key, {"size": size, "mtime": mtime, "info": info.to_dict()})
+        self.record(path, st, info)
         return info
 
     def save(self, *, prune: bool = True) -> None:

