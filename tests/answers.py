@@ -2,7 +2,8 @@
 
 The arms' texts are one token per character, ``The answer is 945.``; a planted
 item's speculative text has the answer's last digit changed, so the two fork
-there.  A cell that drafts nothing (spec type ``none``) answers right on both
+there.  Each step's margin follows its character (:data:`MARGINS`), so a near-tie density computed
+from the texts alone checks the one counted from the traces.  A cell that drafts nothing (spec type ``none``) answers right on both
 arms.  :meth:`AnswerRunner.diagnose` calls the fork of ``state_item`` a state
 bug and every other a near-tie.  Both the matrix tests and the Quality tab's
 use it, so what a planted item scores is decided in one place.
@@ -18,9 +19,18 @@ from specview.core.quality.score import prompt_for
 from specview.core.trace import ArmResult, Step, Trace
 
 
+#: the top-1/top-2 margin (logits, and nats: the row holds two logits) of a step, by its character's class: a
+#: digit is a near-tie in every fixed band, a letter only in the 2.0-logit one, anything else in none
+MARGINS = {"digit": 0.1, "letter": 1.0, "other": 3.0}
+
+
+def margin_of(ch: str) -> float:
+    return MARGINS["digit" if ch.isdigit() else "letter" if ch.isalpha() else "other"]
+
+
 def arm(name: str, text: str) -> ArmResult:
-    steps = [Step(index=i, token=ord(ch), piece=ch, pos=4 + i, top_ids=[ord(ch), 0], top_logits=[1.0, 0.9],
-                  margin=0.1) for i, ch in enumerate(text)]
+    steps = [Step(index=i, token=ord(ch), piece=ch, pos=4 + i, top_ids=[ord(ch), 0],
+                  top_logits=[1.0, 1.0 - margin_of(ch)], margin=margin_of(ch)) for i, ch in enumerate(text)]
     return ArmResult(name=name, tokens=[s.token for s in steps], steps=steps, text=text, gen_ms=10.0,
                      stop_reason="eos", drafter=None if name == "vanilla" else "x")
 

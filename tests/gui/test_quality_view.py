@@ -18,13 +18,14 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QMessageBox
 
-from answers import AnswerRunner
+from answers import AnswerRunner, margin_of, wrong
 
 from specview.core import verdicts
 from specview.core.quality import QualityResult, load_suite, mcnemar_exact
 from specview.core.registry import Backend, register_backend, unregister_backend
 from specview.gui.quality import ExecuteConfirm, OutcomeTable
-from specview.gui.quality.tables import DISCORDANT, ITEM_COLUMNS, counts
+from specview.core.diagnose.ties import FIXED_BANDS
+from specview.gui.quality.tables import DISCORDANT, ITEM_COLUMNS, TIE_COLUMNS, counts
 
 ENGINE = "quality-gui-fake"
 N_ITEMS = 7
@@ -133,6 +134,48 @@ def test_the_table_adds_up_and_matches_the_result(engine, make_window, qtbot, tm
     assert w.act_export.isEnabled() and w.report_source() == ("quality run", tab.result)
     written = w.export_report(tmp_path / "report")
     assert written is not None and res.items[STATE_ITEM].item_id in written["html"].read_text()
+
+
+def test_the_near_tie_density_shown_is_the_one_the_answers_texts_give(engine, make_window, qtbot, tmp_path: Path):
+    """Each step's margin follows its character (tests/answers.py), so the near-tie steps per band are counted here
+    from the two arms' texts alone; the tab's table must say the same, and an older result without counts says
+    why it has none."""
+    w = window(make_window)
+    run_suite(w, qtbot, tmp_path)
+    tab = w.quality_tab
+    suite = load_suite("arithmetic", n=N_ITEMS, seed=0)
+    texts = {"vanilla": [f"The answer is {it.answer}." for it in suite.items],
+             "speculative": [f"The answer is {wrong(it.answer) if i in PLANTED else it.answer}."
+                             for i, it in enumerate(suite.items)]}
+    assert not tab.ties.isHidden() and tab.ties.rowCount() == len(FIXED_BANDS)
+    rows = tab.ties.texts()
+    for r, (band, row) in enumerate(zip(FIXED_BANDS, rows)):
+        assert row[0] == band.name and band.source in tab.ties.item(r, 0).toolTip()
+        for arm, col in (("vanilla", 1), ("speculative", 2)):
+            steps = sum(len(t) for t in texts[arm])
+            near = sum(margin_of(ch) <= band.width for t in texts[arm] for ch in t)
+            assert row[col].startswith(f"{near} of {steps} steps ("), (band.name, arm, row[col])
+        # every planted fork is at the answer's last digit, a 0.1 margin: a near-tie in every band
+        assert row[3].startswith(f"{len(PLANTED)} of {len(PLANTED)} at a near-tie")
+        assert row[4].startswith(f"{len(PLANTED)} of {len(PLANTED)} at a near-tie")
+    assert [tab.ties.horizontalHeaderItem(c).text() for c in range(tab.ties.columnCount())] == list(TIE_COLUMNS)
+    assert f"{N_ITEMS} item(s)" in tab.ties_note.text()
+    # the bands differ on this run: letters are near-ties only in the 2.0-logit band
+    assert rows[0][1].split(" of ")[0] == rows[1][1].split(" of ")[0] != rows[2][1].split(" of ")[0]
+
+    # a result written before the counts were kept: no table, and the note says why and what to do
+    saved = json.loads(tab.source.read_text())
+    for item in saved["items"]:
+        item.pop("ties", None)
+    saved.pop("near_ties", None)
+    old = tmp_path / "old" / "quality.json"
+    old.parent.mkdir()
+    old.write_text(json.dumps(saved))
+    other = make_window()
+    assert other.quality_tab.open(old)
+    assert other.quality_tab.ties.isHidden() and other.quality_tab.ties.rowCount() == 0
+    note = other.quality_tab.ties_note.text()
+    assert "not counted" in note and f"{N_ITEMS} item(s)" in note and "run the suite again" in note
 
 
 def test_double_click_opens_the_items_own_trace(engine, make_window, qtbot, tmp_path: Path):

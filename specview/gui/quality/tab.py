@@ -32,8 +32,8 @@ from ...core.jsonfile import declares_schema
 from ..worker import JobFinished, JobRequest, Progress, WorkerHost
 from .confirm import ExecuteConfirm, checked_sandbox, probe
 from .form import QualityForm
-from .tables import ItemsTable, OutcomeTable
-from .words import headline, rate_words
+from .tables import ItemsTable, NearTieTable, OutcomeTable
+from .words import headline, rate_words, ties_note
 
 TAB_TIP = ("task outcomes: a suite of tasks with checkable answers through both arms; whether any fork changes an "
            "answer (McNemar's exact test), each arm's pass rate, and the fork of every changed answer")
@@ -45,7 +45,7 @@ def is_quality_file(path: str | os.PathLike[str]) -> bool:
 
 
 class QualityTab(QWidget):
-    """The suite form, the 2x2 table with the test and the rates, and the items."""
+    """The suite form, the 2x2 table with the test and the rates, the near-tie density, and the items."""
 
     sigVerdict = Signal(str, str, str)  # rich text, kind, tool tip
     sigStatus = Signal(str)
@@ -105,6 +105,13 @@ class QualityTab(QWidget):
         self.rates.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
         mid.addWidget(self.rates, 1)
         lay.addLayout(mid)
+        self.ties = NearTieTable()
+        lay.addWidget(self.ties)
+        self.ties_note = QLabel()
+        self.ties_note.setObjectName("quality_ties_note")
+        self.ties_note.setWordWrap(True)
+        self.ties_note.setTextFormat(Qt.TextFormat.PlainText)
+        lay.addWidget(self.ties_note)
         self.items = ItemsTable()
         lay.addWidget(self.items, 1)
 
@@ -322,6 +329,8 @@ class QualityTab(QWidget):
                                       f"McNemar's exact test on the {res.table.only_vanilla + res.table.only_speculative}"
                                       " discordant items (the changed answers; the tinted cells)"]
                                      + ([f"{errors} item(s) could not run (outside the table)"] if errors else [])))
+        self.ties.set_summary(res.near_ties)
+        self.ties_note.setText(ties_note(res, running=running))
         self.items.set_items(res.items, self.source.parent if self.source is not None else None)
         if not running:  # the form says what was run, so Run suite runs it again
             self.form.show_suite(res.suite)

@@ -10,6 +10,11 @@ its id, each arm's pass or fail, whether the texts were identical, the fork's
 token, the text around it and its diagnosis; a changed answer is tinted, one whose fork is a state
 bug in the state colour and bold.  Double-click (or Enter) emits
 ``sigOpenTrace`` with the item's saved trace.
+
+:class:`NearTieTable` shows a result's near-tie density
+(:func:`~specview.core.quality.near_ties.summarise`): per tie band, each arm's
+near-tie steps with their 95% interval, and how many of the forks (of the changed
+answers) fell at a near-tie, in the CLI's and the report's words.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTableWidget, QTableWidgetItem, QWidget
 
 from ...core import verdicts
+from ...core.quality.near_ties import TABLE_HEADERS as TIE_COLUMNS, table_rows as tie_rows
 from ...core.report.escape import visible
 from .words import fork_token, item_tooltip, passed, verdict_text
 
@@ -99,6 +105,42 @@ class OutcomeTable(QTableWidget):
         return int(self.item(row, col).text())
 
 
+class NearTieTable(QTableWidget):
+    """One row per tie band: each arm's near-tie steps, and the forks at a near-tie; hidden with nothing counted."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(0, len(TIE_COLUMNS), parent)
+        self.setObjectName("quality_near_ties")
+        self.setHorizontalHeaderLabels(list(TIE_COLUMNS))
+        self.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
+        self.verticalHeader().setVisible(False)
+        self.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.horizontalHeader().setStretchLastSection(True)
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.set_summary(None)
+
+    def set_summary(self, summary: dict[str, Any] | None) -> None:
+        """Show a ``near_ties`` summary (None, or one that counted no item: the table is hidden)."""
+        rows = tie_rows(summary) if summary and summary.get("items") else []
+        self.setRowCount(len(rows))
+        for r, (row, band) in enumerate(zip(rows, summary["bands"] if rows else [])):
+            tip = (f"{band['name']}: a step is a near-tie when its top-1/top-2 margin is at most {band['width']} "
+                   f"{band['unit']} (the band of {band['source']})")
+            for c, text in enumerate(row):
+                cell = _cell(text, bold=c == 0, tip=tip)
+                cell.setTextAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter)
+                self.setItem(r, c, cell)
+        self.resizeColumnsToContents()
+        self.resizeRowsToContents()
+        self.setFixedHeight(self.horizontalHeader().height() + sum(self.rowHeight(r) for r in range(len(rows))) + 4)
+        self.setVisible(bool(rows))
+
+    def texts(self) -> list[list[str]]:
+        """The cells shown, row by row (read back from the widget)."""
+        return [[self.item(r, c).text() for c in range(self.columnCount())] for r in range(self.rowCount())]
+
+
 class ItemsTable(QTableWidget):
     """One row per item; double-click or Enter opens its trace (``sigOpenTrace``)."""
 
@@ -167,4 +209,5 @@ class ItemsTable(QTableWidget):
         return super().eventFilter(obj, event)
 
 
-__all__ = ["COLS", "CONTEXT_COL", "DISCORDANT", "ITEM_COLUMNS", "ItemsTable", "OutcomeTable", "ROWS", "counts"]
+__all__ = ["COLS", "CONTEXT_COL", "DISCORDANT", "ITEM_COLUMNS", "ItemsTable", "NearTieTable", "OutcomeTable", "ROWS",
+           "TIE_COLUMNS", "counts"]

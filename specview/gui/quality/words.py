@@ -5,7 +5,9 @@ ever changes an answer.  The headline answers it from McNemar's exact p on the
 discordant items ("no evidence speculation changes answers (p = 1.00)" /
 "speculation changes answers: p = 0.002"), each arm's pass rate comes with its
 95% Wilson interval, and a changed answer whose fork was diagnosed a state bug
-is named: that is a bug, not a near-tie.
+is named: that is a bug, not a near-tie.  Beside them, how many steps were
+near-ties in each tie band and where the forks fell (:func:`ties_note` says what
+was counted, or why nothing was).
 """
 
 from __future__ import annotations
@@ -55,6 +57,21 @@ def rate_words(arm: str, rate: Any) -> str:
     return f"{arm} passes {rate_text(rate)}" if rate.n else f"{arm}: no item yet"
 
 
+def ties_note(res: Any, *, running: bool = False) -> str:
+    """What the near-tie table counted (:func:`~specview.core.quality.near_ties.intro`), or why it is empty: no
+    item finished yet, or a result recorded before the counts were kept (run the suite again to count them)."""
+    from ...core.quality.near_ties import intro
+
+    nt = res.near_ties
+    if nt.get("items"):
+        return intro(nt)
+    if nt.get("uncounted"):
+        return (f"Near-tie density: not counted. The {nt['uncounted']} item(s) of this result were recorded "
+                "without each step's margin (a result written by an older specview); run the suite again to "
+                "count how many steps were near-ties and where the forks fell.")
+    return "Near-tie density: " + ("counted as items finish." if running else "no item ran, so nothing to count.")
+
+
 def passed(score: Any) -> str:
     return "pass" if score.passed else "fail"
 
@@ -97,4 +114,4 @@ def item_tooltip(o: Any) -> str:
 
 
 __all__ = ["ALPHA", "changed_at_state", "fork_token", "headline", "item_tooltip", "p_words", "passed", "rate_words",
-           "verdict_text"]
+           "ties_note", "verdict_text"]
