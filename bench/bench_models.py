@@ -190,7 +190,7 @@ def main() -> int:
                    "1 process (no pool)")
         print(f"cold scan, headers read in {how:<14} {tc * 1000:8.1f} ms  "
               f"({tc / args.models * 1000:.2f} ms per model, {ts / tc:.2f}x faster than one by one; "
-              f"{reads.usable_cpus()} usable cores)")
+              f"{reads.usable_cores()} usable cores)")
 
         import gguf
 

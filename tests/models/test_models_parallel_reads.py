@@ -186,14 +186,14 @@ def test_the_variable_asks_for_processes_or_is_named_when_wrong(raw, want, probl
 
 
 def test_how_many_processes_a_scan_decides(monkeypatch):
-    monkeypatch.setattr(reads, "usable_cpus", lambda: 4)
+    monkeypatch.setattr(reads, "usable_cores", lambda: 4)
     assert reads.processes_for(reads.THRESHOLD - 1) == 1  # too few reads to pay for a process
     assert reads.processes_for(reads.THRESHOLD) == min(4, reads.THRESHOLD // reads.SHARE)
     assert reads.processes_for(1000) == 4
     assert reads.processes_for(5, want=3) == 3 and reads.processes_for(2, want=8) == 2
-    monkeypatch.setattr(reads, "usable_cpus", lambda: 64)
+    monkeypatch.setattr(reads, "usable_cores", lambda: 64)
     assert reads.processes_for(1000) == reads.MAX_PROCESSES
-    monkeypatch.setattr(reads, "usable_cpus", lambda: 1)
+    monkeypatch.setattr(reads, "usable_cores", lambda: 1)
     assert reads.processes_for(1000) == 1
     monkeypatch.setattr(sys, "frozen", True, raising=False)
     assert reads.processes_for(1000, want=4) == 1  # a frozen app's executable is no Python to spawn

@@ -16,13 +16,13 @@ header reader needs.
 
 from __future__ import annotations
 
-import os
 import sys
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..config import usable_cores
 from . import header
 from .info import ModelHeaderError, ModelInfo, Problem, ProgressFn
 
@@ -67,14 +67,6 @@ def wanted_processes(env: Mapping[str, str]) -> tuple[int | None, Problem | None
     return (n or None), None
 
 
-def usable_cpus() -> int:
-    """The cores this process may run on (its CPU affinity where the OS has one)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-
-
 def processes_for(n_reads: int, want: int | None = None) -> int:
     """How many processes read ``n_reads`` headers: ``want`` when given (never more than the reads), else
     a pool only for :data:`THRESHOLD` reads or more and more than one core, of at most :data:`MAX_PROCESSES`
@@ -85,7 +77,7 @@ def processes_for(n_reads: int, want: int | None = None) -> int:
         return max(1, min(want, n_reads))
     if n_reads < THRESHOLD:
         return 1
-    return max(1, min(usable_cpus(), MAX_PROCESSES, n_reads // SHARE))
+    return max(1, min(usable_cores(), MAX_PROCESSES, n_reads // SHARE))
 
 
 class _Reads:
