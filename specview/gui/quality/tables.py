@@ -105,17 +105,22 @@ class OutcomeTable(QTableWidget):
         return int(self.item(row, col).text())
 
 
+def _listing(table: QTableWidget, name: str, columns: tuple[str, ...]) -> None:
+    """Make ``table`` a read-only listing named ``name`` with these column headers and no row numbers."""
+    table.setObjectName(name)
+    table.setHorizontalHeaderLabels(list(columns))
+    table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+    table.verticalHeader().setVisible(False)
+    table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+
+
 class NearTieTable(QTableWidget):
     """One row per tie band: each arm's near-tie steps, and the forks at a near-tie; hidden with nothing counted."""
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(0, len(TIE_COLUMNS), parent)
-        self.setObjectName("quality_near_ties")
-        self.setHorizontalHeaderLabels(list(TIE_COLUMNS))
-        self.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        _listing(self, "quality_near_ties", TIE_COLUMNS)
         self.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
-        self.verticalHeader().setVisible(False)
-        self.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.horizontalHeader().setStretchLastSection(True)
         self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.set_summary(None)
@@ -148,15 +153,10 @@ class ItemsTable(QTableWidget):
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(0, len(ITEM_COLUMNS), parent)
-        self.setObjectName("quality_items")
-        self.setHorizontalHeaderLabels(list(ITEM_COLUMNS))
-        self.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        _listing(self, "quality_items", ITEM_COLUMNS)
         self.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
-        self.verticalHeader().setVisible(False)
-        h = self.horizontalHeader()
-        h.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        h.setSectionResizeMode(CONTEXT_COL, QHeaderView.ResizeMode.Stretch)
+        self.horizontalHeader().setSectionResizeMode(CONTEXT_COL, QHeaderView.ResizeMode.Stretch)
         self.base: Path | None = None
         self.cellDoubleClicked.connect(lambda row, _col: self.open_row(row))
         self.installEventFilter(self)
