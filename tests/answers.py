@@ -2,8 +2,9 @@
 
 The arms' texts are one token per character, ``The answer is 945.``; a planted
 item's speculative text has the answer's last digit changed, so the two fork
-there.  Each step's margin follows its character (:data:`MARGINS`), so a near-tie density computed
-from the texts alone checks the one counted from the traces.  A cell that drafts nothing (spec type ``none``) answers right on both
+there.  Each step's margin follows its character (:data:`MARGINS`), so a
+near-tie density computed from the texts alone checks the one counted from the
+traces.  A cell that drafts nothing (spec type ``none``) answers right on both
 arms.  :meth:`AnswerRunner.diagnose` calls the fork of ``state_item`` a state
 bug and every other a near-tie.  Both the matrix tests and the Quality tab's
 use it, so what a planted item scores is decided in one place.

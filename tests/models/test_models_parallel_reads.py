@@ -111,7 +111,7 @@ def _gone(timeout: float = 20.0) -> list:
     return multiprocessing.active_children()
 
 
-def test_a_reader_killed_mid_scan_loses_no_model(store, serial, tmp_path, monkeypatch):
+def test_a_reader_killed_mid_scan_loses_no_model(tmp_path, monkeypatch):
     """A spawned reader dies on one file (as a native crash would): the pool breaks, and what it had not read
     is read in the scan's own process, the file it died on included."""
     import dying
