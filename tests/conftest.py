@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -68,6 +69,18 @@ def _demo(quant: str) -> Path:
 def demo_paths():
     """Paths of the demo model's quantizations (derived into the cache on first use)."""
     return {q: _demo(q) for q in ("F16", "Q8_0", "Q4_K_M", "Q4_0")}
+
+
+@pytest.fixture(autouse=True)
+def _collect_on_the_main_thread():
+    """Where the app's tests have turned automatic garbage collection off (``tests/gui/conftest.py``: as the app
+    does, so that no widget is freed by another thread's collection), each test's teardown collects what the
+    interpreter would have by now, here on the main thread."""
+    yield
+    if not gc.isenabled():
+        from specview.gui.qtcompat import collect_due
+
+        collect_due()
 
 
 # -- a CPU whose repacked kernels crash (the AMX bug) ------------------------------------------------

@@ -8,6 +8,7 @@ import sys
 from PySide6.QtCore import QTimer
 
 from .app import application
+from .qtcompat import MainThreadCollector
 from .settings import default_settings_path
 from .window import MainWindow
 
@@ -23,8 +24,16 @@ def run_app(*, path: str | None = None, theme: str | None = None, run: bool = Fa
     trace within ``smoke_timeout`` seconds exits 3.
     """
     app = application(argv=sys.argv[:1])
-    if smoke:
-        return _smoke(app, smoke, smoke_tokens, smoke_timeout)
+    collector = MainThreadCollector()  # no Qt object is freed by a worker thread's garbage collection
+    try:
+        if smoke:
+            return _smoke(app, smoke, smoke_tokens, smoke_timeout)
+        return _window(app, path=path, theme=theme, run=run, preload=preload, fresh=fresh)
+    finally:
+        collector.stop()
+
+
+def _window(app, *, path: str | None, theme: str | None, run: bool, preload: bool, fresh: bool) -> int:
     settings_path = default_settings_path()
     if fresh and settings_path.exists():
         settings_path = settings_path.with_name("gui.fresh.json")

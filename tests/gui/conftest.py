@@ -1,5 +1,5 @@
-"""Fixtures for the desktop app's tests: offscreen Qt, windows whose worker threads are joined at teardown,
-and synthetic traces built from the real dataclasses."""
+"""Fixtures for the desktop app's tests: offscreen Qt, garbage collected on the GUI thread only (as in the app),
+windows whose worker threads are joined at teardown, and synthetic traces built from the real dataclasses."""
 
 from __future__ import annotations
 
@@ -67,6 +67,19 @@ def synthetic_trace(n: int = 40, fork: int | None = 25, *, n_max: int = 3, diagn
         comparison=compare_arms(v, s),
         diagnosis=diagnosis,
     )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _gc_on_the_gui_thread(qapp):
+    """From a lane's first app test on, garbage is collected as the app collects it
+    (:class:`specview.gui.qtcompat.MainThreadCollector`): on the GUI thread, never in the model worker's or the
+    scan's thread, where a collected widget is freed off the GUI thread.  Between its timer's ticks the lane's later
+    tests, app tests or not, collect what is due at each teardown (``tests/conftest.py``)."""
+    from specview.gui.qtcompat import MainThreadCollector
+
+    collector = MainThreadCollector()
+    yield collector
+    collector.stop()
 
 
 @pytest.fixture
