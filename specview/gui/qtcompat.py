@@ -90,13 +90,9 @@ class MainThreadCollector:
         self._was_enabled = gc.isenabled()
         self.timer = QTimer()
         self.timer.setInterval(interval_ms)
-        self.timer.timeout.connect(self.collect_due)
+        self.timer.timeout.connect(collect_due)
         gc.disable()
         self.timer.start()
-
-    def collect_due(self) -> int:
-        """Collect what is due now, on this thread (:func:`collect_due`)."""
-        return collect_due()
 
     @property
     def running(self) -> bool:
@@ -109,4 +105,3 @@ class MainThreadCollector:
         if self._was_enabled:
             gc.enable()
         return found
-
