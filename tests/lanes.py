@@ -20,10 +20,19 @@ process that runs tests (a lane, or a run without xdist) keeps a one-line file t
 ``<lane>.<pid>``, saying ``running <pid> <since> <node id>`` while a test runs and
 ``idle <pid> <since>`` between tests, and removes it when it ends normally.  A file left by a
 process that is gone names the test that killed it.  ``.ci/run``'s deadline watchdog prints them.
+
+The files go out costliest first (longest processing time first), by the seconds each took in a
+measured run: the ``lane_costs`` ini option names that table (``tests/lane_costs.json``, written by
+``scripts/lane-costs.py`` from pytest's JUnit XML); a file the table does not name counts
+``PER_TEST`` seconds a test.  xdist's own order is by test count, which hands out last the few-test
+files that load a model or start a server, and a file of minutes started last leaves the other
+lane idle that long at the run's end.  Only the order depends on the table: a stale one makes a run
+no less complete, only its end less even.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -31,6 +40,30 @@ from pathlib import Path
 import pytest
 
 LANES_DIR_ENV = "SPECVIEW_LANES_DIR"
+COSTS_INI = "lane_costs"
+PER_TEST = 0.5  # seconds a test, for a file the cost table does not name (most tests take less)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini(COSTS_INI, "a JSON table of seconds per test file (scripts/lane-costs.py): costliest files run first",
+                  default="")
+
+
+def load_costs(config: pytest.Config) -> dict[str, float]:
+    """The ``lane_costs`` table: test file (as in a node id) to seconds; empty where the option is unset."""
+    name = config.getini(COSTS_INI)
+    if not name:
+        return {}
+    path = config.rootpath / name
+    try:
+        seconds = json.loads(path.read_text())["seconds"]
+        costs = {str(f): float(s) for f, s in seconds.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise pytest.UsageError(
+            f"{path} (the {COSTS_INI} ini option) is not a table of seconds per test file "
+            f"({type(exc).__name__}: {exc}); write it again with scripts/lane-costs.py, or unset the option"
+        ) from None
+    return costs
 
 
 # -- scheduling ------------------------------------------------------------------------------------
@@ -41,7 +74,21 @@ def _file_lanes_class():
 
     class FileLanes(LoadFileScheduling):
         """``--dist loadfile`` (one test file to one lane, so its module fixtures are set up once)
-        that survives a lane's death."""
+        that survives a lane's death and hands out the costliest file first."""
+
+        def __init__(self, config, log=None):
+            super().__init__(config, log)
+            self.costs = load_costs(config)
+
+        def cost(self, scope: str) -> float:
+            return self.costs.get(scope, PER_TEST * len(self.workqueue[scope]))
+
+        def _assign_work_unit(self, node):
+            # the next file a lane gets is the costliest still waiting, wherever the queue has it
+            # (xdist's order, or a file a dead lane gave back); ties keep the queue's order
+            heaviest = max(self.workqueue, key=self.cost)
+            self.workqueue.move_to_end(heaviest, last=False)
+            super()._assign_work_unit(node)
 
         def remove_node(self, node):
             workload = self.assigned_work.pop(node)
