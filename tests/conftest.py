@@ -143,7 +143,9 @@ def pytest_collection_modifyitems(config, items):
     """Mark ``machine`` every test that loads the real (quantized) demo model or reads a machine decision: the
     ones whose outcome could depend on what the crash probe found, which CI runs once more with the crash planted
     (``SPECVIEW_REPACK_PROBE=crashed python -m pytest -m machine``).  The tiny test models are F32, which llama.cpp
-    never repacks, so a test that loads only those and reads no decision cannot tell the two machines apart."""
+    never repacks, so a test that loads only those and reads no decision cannot tell the two machines apart; nor
+    can a demo test marked ``decides_nothing``, which runs only the MLX engines (they decide nothing for a
+    machine) and asserts that its traces record no decision, in a file that names none of ``MACHINE_WORDS``."""
     sources: dict[str, bool] = {}
     for item in items:
         path = str(getattr(item, "path", item.fspath))
@@ -153,5 +155,7 @@ def pytest_collection_modifyitems(config, items):
             except OSError:
                 text = ""
             sources[path] = any(w in text for w in MACHINE_WORDS)
-        if sources[path] or item.get_closest_marker("demo") is not None or "demo_paths" in getattr(item, "fixturenames", ()):
+        loads_demo = item.get_closest_marker("demo") is not None or "demo_paths" in getattr(item, "fixturenames", ())
+        # a demo test on the MLX engines, which decide nothing for a machine, asserts so and stays out
+        if sources[path] or (loads_demo and item.get_closest_marker("decides_nothing") is None):
             item.add_marker(pytest.mark.machine)

@@ -140,6 +140,7 @@ def test_planted_rollback_bug_in_the_server_is_a_state_bug(models, tmp_path):
 
 # -- the CLI, offline, on the demo MLX folders -------------------------------------------------------------
 @pytest.mark.demo
+@pytest.mark.decides_nothing
 def test_cli_run_on_the_demo_folders_and_its_report(tmp_path):
     out = tmp_path / "trace.json"
     env = dict(os.environ, HF_HUB_OFFLINE="1")
@@ -154,6 +155,7 @@ def test_cli_run_on_the_demo_folders_and_its_report(tmp_path):
     bits, group, _ = DEMO_MLX[DEMO_TARGET.split(":", 1)[1]]  # the MLX folder that stands for the demo target
     tgt = trace.models["target"]
     assert trace.config["backend"] == "mlx-server" and (tgt["quant_bits"], tgt["quant_group_size"]) == (bits, group)
+    assert not trace.config.get("decided"), trace.config.get("decided")  # the same run on every CPU
     assert len(trace.vanilla.tokens) == len(trace.speculative.tokens) == 4 or "eos" in (
         trace.vanilla.stop_reason, trace.speculative.stop_reason)
     assert trace.prompt["chat"] and trace.extra["server"]["vanilla"]["usage"]["prompt_tokens"] == len(
