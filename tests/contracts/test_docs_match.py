@@ -46,7 +46,7 @@ FOREIGN = {
                                "--num-draft-tokens", "--prefill-step-size", "--prompt-cache-size",
                                "--quantized-kv-start", "--trust-remote-code"},
     "pip": {"--force-reinstall", "--no-cache-dir", "--no-binary", "--no-deps"},
-    "pytest (pytest-xdist)": {"--dist"},
+    "pytest (pytest-xdist)": {"--dist", "--junitxml"},
     "llama-perplexity": {"--kl-divergence"},
     "vulkaninfo": {"--summary"},
     "the build and bench scripts": {"--force", "--table", "--size"},
