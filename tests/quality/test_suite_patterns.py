@@ -20,7 +20,13 @@ from specview.core.quality.suites import Item
 LONG = "a" * 4999 + "!"
 
 
-@pytest.mark.parametrize("pattern", [r"(a+)+$", r"(a|aa)+$", r"^(a|a?)+$"])
+#: patterns whose search of ``LONG`` takes longer than PATTERN_TIMEOUT on any CPU: a backtracking of exponential (or,
+#: for ``(a+)+$``, high-polynomial: 1.3 s at 1,000 characters on a Zen 5 EPYC) cost in the reply's length.  A merely
+#: quadratic one is no test of the bound: ``^(a|a?)+$`` searches these 5,000 characters in 0.95 s on that CPU.
+CATASTROPHIC = [r"(a+)+$", r"(a|aa)+$", r"^(a|a)+$"]
+
+
+@pytest.mark.parametrize("pattern", CATASTROPHIC)
 def test_a_catastrophic_pattern_on_a_long_reply_returns_an_error_naming_item_and_pattern(pattern: str) -> None:
     item = Item(id="greedy-1", prompt="say a lot of a", answer=pattern, match="regex")
     s = score(item, LONG)
