@@ -116,6 +116,12 @@ def setting(
     return field(default=default, metadata=meta)
 
 
+#: llama.cpp's load log names each weight buffer (``load_tensors:   CPU_REPACK model buffer size =  56.95 MiB``);
+#: these are the repacked ones, whose batched kernels differ from the plain buffer's (CPU_REPACK: ggml-cpu's
+#: interleaved layouts; AMX: its AMX tiles).  A model's ``weight_buffers`` fact names the ones its load used.
+REPACKED_BUFFERS = ("CPU_REPACK", "AMX")
+
+
 @dataclass(frozen=True)
 class EngineSettings:
     """Context settings, named after llama.cpp's flags."""

@@ -114,7 +114,7 @@ def settings_rows(trace: Any) -> list[tuple[str, str]]:
             ("flash attn / KV / GPU layers", f"{eng.get('flash_attn', 'n/a')} / {eng.get('kv_type', 'n/a')} / "
                                              f"{eng.get('gpu_layers', 'n/a')}"),
             ("max tokens / chat template", f"{cfg.get('max_tokens')} / {'yes' if cfg.get('chat') else 'no'}")]
-    rows.append(("weight repack", repack_text(cfg)))
+    rows.append(("weight repack", repack_text(cfg, getattr(trace, "models", None))))
     if env.get("cpu"):
         feats = cpu_features_text(env)
         rows.append(("CPU", f"{env['cpu']} ({feats})" if feats else str(env["cpu"])))

@@ -167,3 +167,25 @@ def test_demo_names_resolve_to_derived_files():
     assert demo.resolve("demo:Q4_1") == demo.shipped_path()
     rows = {r["name"]: r for r in demo.available()}
     assert rows["demo:Q8_0"]["status"] == "cached" and rows["demo:Q4_1"]["status"] == "shipped"
+
+
+def test_a_trace_records_where_its_weights_were_held(session, demo_paths):
+    """Each model's ``weight_buffers``: the weights' buffers as llama.cpp's load logged them. The plain ones hold the
+    whole file's tensors (the file less its header and vocabulary), a repacked one (CPU_REPACK, AMX) appears only
+    where the run did not decide against repacking, and the Q4_0 drafter's match a load through the door."""
+    from specview.backends.llama_cpp.plant import REPACKED_BUFFERS
+
+    t = session.run(cfg(demo_paths, "Q4_K_M", max_tokens=4))
+    no_repack = t.config["engine"]["no_repack"]
+    for role, quant in (("target", "Q4_K_M"), ("draft", "Q4_0")):
+        buffers = t.models[role]["weight_buffers"]
+        plain = sum(mib for name, mib in buffers.items() if name not in REPACKED_BUFFERS)
+        mib = demo_paths[quant].stat().st_size / 2 ** 20
+        assert 0.9 * mib < plain < mib, (role, buffers, mib)
+        if no_repack:
+            assert not set(buffers) & set(REPACKED_BUFFERS), (role, buffers)
+    m = door.model(demo_paths["Q4_0"], gpu_layers=0)
+    try:
+        assert t.models["draft"]["weight_buffers"] == {k: round(v, 2) for k, v in m.weight_buffers.items()}
+    finally:
+        m.close()

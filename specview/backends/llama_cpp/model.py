@@ -191,6 +191,8 @@ class LlamaModel:
             "gpu_layers": self.gpu_layers,
             "no_repack": self.no_repack,
             "layers_on": dict(self.layer_devices),
+            # where the weights live, MiB each: CPU_REPACK / AMX are repacked layouts, whose batched kernels differ
+            "weight_buffers": {k: round(v, 2) for k, v in self.weight_buffers.items()},
             "load_seconds": round(self.load_seconds, 3),
         }
 

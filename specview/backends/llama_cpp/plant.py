@@ -15,15 +15,13 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from ...core.config import REPACKED_BUFFERS
 from ...core.errors import SpecviewError
 
 #: plants the probe's result (``crashed`` or ``ok``) on any CPU; unset: the probe decides where it is needed
 PLANT_VARIABLE = "SPECVIEW_REPACK_PROBE"
 PLANT_VALUES = ("crashed", "ok")
 PROBE_TOKENS = 4
-#: llama.cpp's load log names each weight buffer: ``load_tensors:   CPU_REPACK model buffer size =  56.95 MiB``;
-#: these are the repacked ones (CPU_REPACK: ggml-cpu's interleaved layouts; AMX: its AMX tiles)
-REPACKED_BUFFERS = ("CPU_REPACK", "AMX")
 
 
 def repacked_buffer_line(line: str) -> bool:

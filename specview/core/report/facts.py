@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..llama_flags import llama_commands, ngl_text
+from ..config import REPACKED_BUFFERS
 from ..resolve import decided
 from ..verdicts import COLOURS, WORDS, category
 from .escape import num, text, visible
@@ -169,7 +170,7 @@ def config_facts(trace: Any) -> list[tuple[str, str]]:
         ("KV cache type", g(eng, "kv_type")),
         ("GPU layers", ngl_text(eng.get("gpu_layers")) if _small_int(eng.get("gpu_layers")) else "n/a"),
         ("threads", text(eng.get("threads")) or "all cores"),
-        ("weight repack", repack_text(cfg)),
+        ("weight repack", repack_text(cfg, getattr(trace, "models", None))),
     ]
     feats = cpu_features_text(obj(trace.environment))
     if feats:
@@ -181,13 +182,30 @@ def config_facts(trace: Any) -> list[tuple[str, str]]:
     return rows
 
 
-def repack_text(cfg: dict[str, Any]) -> str:
+def repack_text(cfg: dict[str, Any], models: Any = None) -> str:
     """How the run held its weights: repacked (llama.cpp's default) or not (``--no-repack``), and why
-    (a trace's ``config`` block: the machine's reason is in its ``decided`` block)."""
+    (a trace's ``config`` block: the machine's reason is in its ``decided`` block); with the trace's ``models``,
+    what repacking on did: which model's weights went into a repacked buffer, or that none did (a type or a CPU
+    ggml-cpu repacks nothing for, a GPU's host buffer), which a reader of "on" cannot tell."""
     if obj(cfg.get("engine")).get("no_repack") is not True:
-        return "on (llama.cpp's default)"
+        return "on (llama.cpp's default)" + _repacked(obj(models))
     why = decided(cfg, "no_repack")
     return f"off (--no-repack): {text(why)}" if why else "off (--no-repack, as asked)"
+
+
+def _repacked(models: dict[str, Any]) -> str:
+    """": target 7.6 MiB in CPU_REPACK, draft 57.0 MiB in CPU_REPACK" from the models' ``weight_buffers``, ", but no
+    weights were repacked" where they name no repacked buffer, and "" where no model recorded its buffers."""
+    said, recorded = [], False
+    for role in ("target", "draft"):
+        buffers = obj(obj(models.get(role)).get("weight_buffers"))
+        recorded = recorded or bool(buffers)
+        parts = [f"{num(buffers[b], '.1f', unit=' MiB')} in {b}" for b in REPACKED_BUFFERS if b in buffers]
+        if parts:
+            said.append(f"{role} {', '.join(parts)}")
+    if said:
+        return ": " + "; ".join(said)
+    return ", but no weights were repacked" if recorded else ""
 
 
 def cpu_features_text(env: dict[str, Any]) -> str:
@@ -207,12 +225,15 @@ def model_facts(trace: Any) -> list[tuple[str, str, str]]:
     """(fact, target, draft) rows."""
     t = obj(trace.models.get("target"))
     d = obj(trace.models.get("draft"))
-    keys = [("file", "file"), ("quantization", "quantization"), ("architecture", "architecture"),
+    keys = [("file", "file"), ("quantization", "quantization"), ("weights held in", "weight_buffers"),
+            ("architecture", "architecture"),
             ("name", "name"), ("parameters", "n_params"), ("file size", "file_size"), ("vocabulary", "n_vocab"),
             ("vocab fingerprint", "vocab_fingerprint"), ("description", "description")]
     rows = []
     for label, k in keys:
         a, b = t.get(k), d.get(k)
+        if k == "weight_buffers":
+            a, b = buffers_text(a), buffers_text(b)
         if a is None and b is None:
             continue
         if k in ("file_size", "n_params"):
@@ -221,6 +242,17 @@ def model_facts(trace: Any) -> list[tuple[str, str, str]]:
             b = num(b / 1e6, ".1f", unit=unit) if _small_number(b) else b
         rows.append((label, "-" if a is None else text(a), "-" if b is None else text(b)))
     return rows
+
+
+def buffers_text(value: Any) -> Any:
+    """A model's ``weight_buffers`` ({"CPU_REPACK": 56.95, ...}, MiB) as "CPU_REPACK 57.0 MiB, CPU_Mapped 28.4 MiB";
+    anything else a file holds there as it is (None stays None)."""
+    if not isinstance(value, dict):
+        return value
+    if not value:
+        return None
+    parts = [f"{text(name)} {num(mib, '.1f', unit=' MiB')}" for name, mib in list(value.items())[:8]]
+    return ", ".join(parts) + (", …" if len(value) > 8 else "")
 
 
 def _small_number(x: Any) -> bool:
