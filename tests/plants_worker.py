@@ -9,7 +9,11 @@ engine in the worker count: the target's, the drafter's, both arms'):
 * ``segv``  a read of address 0 through ctypes (a real segmentation fault),
 * ``abort`` ``os.abort()`` (what a failed GGML_ASSERT does),
 * ``exit``  ``os._exit(3)`` (a library that exits the process),
-* ``hang``  a pass that never returns.
+* ``hang``  a pass that never returns,
+* ``slow``  a pass that takes 50 ms more (the worker still streams what it computes).
+
+With ``SPECVIEW_PLANT_GATE=PATH`` only the passes made while the file PATH exists count: a test makes the runs
+it needs whole, then creates the file, and the plant strikes that many passes into the next run, on any CPU.
 
 It also holds module-level functions the tests send to a worker as a job or
 a probe: being in the planted engine's module, a probe's death is read with
@@ -45,7 +49,8 @@ class PlantedEngine(LlamaEngine):
         plant = _plant()
         if plant is not None:
             kind, after, width = plant
-            if len(tokens) >= width:
+            gate = os.environ.get("SPECVIEW_PLANT_GATE")
+            if len(tokens) >= width and (not gate or os.path.exists(gate)):
                 PlantedEngine.passes += 1
             if PlantedEngine.passes > after and len(tokens) >= width:
                 from specview.core import activity
@@ -59,6 +64,8 @@ class PlantedEngine(LlamaEngine):
                     os._exit(3)
                 elif kind == "hang":
                     time.sleep(3600)
+                elif kind == "slow":
+                    time.sleep(0.05)
         return super().eval(tokens, rows)
 
 
