@@ -55,7 +55,7 @@ def test_repacking_on_says_which_weights_were_repacked_or_that_none_were():
     repacked = {"target": {"weight_buffers": {"CPU_Mapped": 98.87, "CPU_REPACK": 7.59}},
                 "draft": {"weight_buffers": {"CPU_Mapped": 85.3, "CPU_REPACK": 56.95}}}
     assert _config_rows(False, repacked)["weight repack"] == \
-        "on (llama.cpp's default): target 7.6 MiB in CPU_REPACK; draft 57.0 MiB in CPU_REPACK"
+        "on (llama.cpp's default): target 7.6 MiB, draft 57.0 MiB in CPU_REPACK"
     hosted = {"target": {"weight_buffers": {"Vulkan0": 130.1, "CPU_Mapped": 6.3}}, "draft": None}
     assert _config_rows(False, hosted)["weight repack"] == "on (llama.cpp's default), but no weights were repacked"
     # a trace from before the record, or a model that recorded none, says only what was asked
@@ -65,4 +65,4 @@ def test_repacking_on_says_which_weights_were_repacked_or_that_none_were():
     assert _config_rows(True, repacked)["weight repack"] == "off (--no-repack, as asked)"
     amx = {"target": {"weight_buffers": {"AMX": "x", "CPU_REPACK": 1.0}}}
     assert _config_rows(False, amx)["weight repack"] == \
-        "on (llama.cpp's default): target 1.0 MiB in CPU_REPACK, n/a in AMX"
+        "on (llama.cpp's default): target 1.0 MiB in CPU_REPACK; target n/a in AMX"

@@ -194,18 +194,17 @@ def repack_text(cfg: dict[str, Any], models: Any = None) -> str:
 
 
 def _repacked(models: dict[str, Any]) -> str:
-    """": target 7.6 MiB in CPU_REPACK, draft 57.0 MiB in CPU_REPACK" from the models' ``weight_buffers``, ", but no
-    weights were repacked" where they name no repacked buffer, and "" where no model recorded its buffers."""
-    said, recorded = [], False
-    for role in ("target", "draft"):
-        buffers = obj(obj(models.get(role)).get("weight_buffers"))
-        recorded = recorded or bool(buffers)
-        parts = [f"{num(buffers[b], '.1f', unit=' MiB')} in {b}" for b in REPACKED_BUFFERS if b in buffers]
-        if parts:
-            said.append(f"{role} {', '.join(parts)}")
+    """What follows "on" from the models' ``weight_buffers``: ": target 7.6 MiB, draft 57.0 MiB in CPU_REPACK";
+    ", but no weights were repacked" where they name no repacked buffer; "" where no model recorded its buffers."""
+    buffers = {role: obj(obj(models.get(role)).get("weight_buffers")) for role in ("target", "draft")}
+    said = []
+    for b in REPACKED_BUFFERS:
+        held = [f"{role} {num(bufs[b], '.1f', unit=' MiB')}" for role, bufs in buffers.items() if b in bufs]
+        if held:
+            said.append(f"{', '.join(held)} in {b}")
     if said:
         return ": " + "; ".join(said)
-    return ", but no weights were repacked" if recorded else ""
+    return ", but no weights were repacked" if any(buffers.values()) else ""
 
 
 def cpu_features_text(env: dict[str, Any]) -> str:
