@@ -11,6 +11,8 @@ from typing import Iterable, Sequence
 
 from markdown_it import MarkdownIt
 
+from specview.backends.local_server.process import pdeathsig_preexec
+
 
 def sh_blocks(body: str) -> list[str]:
     """The contents of the Markdown's ```sh fences, in order."""
@@ -38,3 +40,22 @@ def wait_healthy(procs: Sequence[subprocess.Popen], ports: Iterable[str | int], 
                 pass
             assert time.monotonic() - t0 < seconds, "the report's servers did not come up"
             time.sleep(poll)
+
+
+def start_server(argv: Sequence[str], env: dict[str, str]) -> subprocess.Popen:
+    """One of the report's servers, started as specview starts its own: in a process group of its own and killed by
+    the kernel when this process dies, so a lane that is killed mid-test leaves no server behind."""
+    return subprocess.Popen(list(argv), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                            start_new_session=True, preexec_fn=pdeathsig_preexec())
+
+
+def stop_servers(procs: Sequence[subprocess.Popen]) -> None:
+    """Terminate the servers, and kill any that has not exited 20 s later."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

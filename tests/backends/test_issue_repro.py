@@ -19,7 +19,7 @@ from dataclasses import replace
 
 import pytest
 from forks import CANDIDATES
-from pasted import free_port, sh_blocks, wait_healthy
+from pasted import free_port, sh_blocks, start_server, stop_servers, wait_healthy
 from markdown_it import MarkdownIt
 from test_server import find_binary
 
@@ -109,20 +109,13 @@ class Servers:
             port = free_port()
             self.port[int(words[i + 1])] = port
             argv = [binary, *words[1:i + 1], str(port), *words[i + 2:]]
-            self.procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
+            self.procs.append(start_server(argv, env))
 
     def wait(self, seconds: float = 180.0) -> None:
         wait_healthy(self.procs, self.port.values(), what="llama-server", seconds=seconds)
 
     def close(self) -> None:
-        for p in self.procs:
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_servers(self.procs)
 
 
 def send(words: list[str], ports: dict[int, int], files: dict[str, str]) -> tuple[str, dict]:

@@ -17,7 +17,7 @@ import subprocess
 import urllib.request
 
 import pytest
-from pasted import free_port, sh_blocks, wait_healthy
+from pasted import free_port, sh_blocks, start_server, stop_servers, wait_healthy
 
 from specview import cli
 from specview.core.arms.compare import compare_arms
@@ -177,7 +177,7 @@ def run_commands(body: str, cwd, program: str | None = None) -> tuple[dict[str, 
             i = words.index("--port")
             ports[words[i + 1]] = str(free_port())
             words[i + 1] = ports[words[i + 1]]
-            procs.append(subprocess.Popen(words, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
+            procs.append(start_server(words, env))
         assert len(procs) == 2
         wait_healthy(procs, ports.values(), what="mlx_lm.server", seconds=300, poll=0.5)
         script = "\n".join(b for b in sh_blocks(body) if "mlx_lm.server" not in b)
@@ -186,14 +186,7 @@ def run_commands(body: str, cwd, program: str | None = None) -> tuple[dict[str, 
         cp = subprocess.run(["bash", "-e", "-c", script], cwd=cwd, capture_output=True, text=True, timeout=900)
         assert cp.returncode == 0, cp.stderr
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_servers(procs)
     got = {name: json.loads((cwd / f"{name}.json").read_text())
            for name in ("vanilla", "speculative", "speculative-0draft")}
     return got, cp.stdout.strip().splitlines()

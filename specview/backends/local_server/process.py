@@ -169,8 +169,8 @@ def _install_handlers() -> None:
     _HANDLERS_INSTALLED = True
 
 
-def _make_preexec() -> Callable[[], None] | None:
-    """On Linux: have the kernel SIGKILL the server when the thread that started it dies."""
+def pdeathsig_preexec() -> Callable[[], None] | None:
+    """On Linux: a ``preexec_fn`` that has the kernel SIGKILL the child when the thread that started it dies."""
     if not sys.platform.startswith("linux"):
         return None
     import ctypes
@@ -266,7 +266,7 @@ class LocalServer:
         try:
             self.proc = subprocess.Popen(
                 self.command(), stdin=subprocess.DEVNULL, stdout=self._log_fh, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=_make_preexec(), close_fds=True, env=self.env,
+                start_new_session=True, preexec_fn=pdeathsig_preexec(), close_fds=True, env=self.env,
             )
         except OSError as exc:
             self._cleanup_log()
