@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..llama_flags import llama_commands, ngl_text
 from ..config import REPACKED_BUFFERS
+from ..llama_flags import llama_commands, ngl_text
 from ..resolve import decided
 from ..verdicts import COLOURS, WORDS, category
 from .escape import num, text, visible
