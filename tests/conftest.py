@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,18 @@ def _lane_threads() -> None:
 
 
 _lane_threads()
+
+
+def pytest_configure(config):
+    """One folder for the whole run (made by the controller, before it starts the lanes, which inherit it), where
+    tests/forks.py's searches say which candidate forked: a later search of the same kind tries it first."""
+    from forks import HINTS_ENV
+
+    if getattr(config, "workerinput", None) is None and not os.environ.get(HINTS_ENV):
+        folder = tempfile.mkdtemp(prefix="specview-test-forks-")
+        os.environ[HINTS_ENV] = folder
+        config.add_cleanup(lambda: (shutil.rmtree(folder, ignore_errors=True), os.environ.pop(HINTS_ENV, None)))
+
 
 sys.path.insert(0, str(Path(__file__).parent))
 

@@ -16,17 +16,34 @@ passes take different kernel paths on every CPU build specview knows of
 different orders; BF16 and F16 weights through llamafile's tinyBLAS); a run
 stops being tried as soon as one forks, so a machine where the first candidate
 forks pays for one short run.
+
+Within one test run, a search that found its fork leaves the candidate's name
+in ``$SPECVIEW_TEST_FORK_HINTS`` (a folder ``tests/conftest.py`` makes for the
+run; its lanes inherit it), and the next search of the same kind (the same
+engine, thread count, candidates, overrides and planted probe) tries that
+candidate first.  On a machine whose fork comes from a late candidate (no
+repacked weights: an AMX Xeon, or CI's planted-crash pass) only the first search
+pays for the identical runs before it.  The hint orders and decides nothing:
+every search runs its candidates itself and returns a fork it saw, and a hinted
+candidate that does not fork is followed by the rest in their order.  Greedy
+runs of one build on one machine repeat exactly, so where the two searches
+differ in nothing the key leaves out, the hinted candidate is the first in order
+that forks: the fork a search without the hint finds.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from specview.core.config import DEMO_DRAFT, EngineSettings, RunConfig
+from specview.core.config import DEMO_DRAFT, EngineSettings, RunConfig, default_threads
 from specview.core.prompts import builtin_prompts
 from specview.core.trace import Trace
 
@@ -99,21 +116,61 @@ class NoFork(AssertionError):
     """None of the candidates forked on this machine."""
 
 
+#: the folder one test run's fork searches share (see the module docstring); unset, no search leaves or reads hints
+HINTS_ENV = "SPECVIEW_TEST_FORK_HINTS"
+
+
+def _hint_file(kind: str | None, threads: int, candidates: Sequence[Candidate],
+               overrides: dict[str, Any]) -> Path | None:
+    folder = os.environ.get(HINTS_ENV)
+    if not folder or kind is None:
+        return None
+    key = json.dumps([kind, threads or default_threads(), os.environ.get("SPECVIEW_REPACK_PROBE", ""),
+                      sorted((k, repr(v)) for k, v in overrides.items()), [c.describe() for c in candidates]])
+    return Path(folder) / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.txt"
+
+
+def _hinted_first(hint: Path | None, candidates: Sequence[Candidate]) -> list[Candidate]:
+    """The candidates in their order, the one an earlier search of this kind found forking moved to the front."""
+    order = list(candidates)
+    try:
+        name = hint.read_text(encoding="utf-8").strip() if hint is not None else ""
+    except OSError:
+        name = ""
+    first = [c for c in order if c.describe() == name]
+    return first + [c for c in order if c.describe() != name]
+
+
+def _leave_hint(hint: Path | None, cand: Candidate) -> None:
+    if hint is None:
+        return
+    tmp = hint.with_name(f"{hint.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(cand.describe() + "\n", encoding="utf-8")
+        os.replace(tmp, hint)  # a lane reading it meanwhile sees the old hint or the new one, never half
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
 def search(run: Callable[[RunConfig], Trace], candidates: Sequence[Candidate] = CANDIDATES, *,
-           threads: int = 0, **overrides: Any) -> Fork:
+           threads: int = 0, kind: str | None = None, **overrides: Any) -> Fork:
     """The first candidate whose speculative arm differs from vanilla; :class:`NoFork` naming all tried if none does.
 
     ``run`` runs a config and returns its trace (``Session().run``);
     ``overrides`` change every candidate's config the same way.  A candidate
     whose arms stop short of each other without differing (an end-of-text
-    token) counts as identical.
+    token) counts as identical.  ``kind`` names what ``run`` runs on (a
+    Session, llama-server): searches of one kind share their hints (the module
+    docstring); without it, the candidates are tried in their order.
     """
+    hint = _hint_file(kind, threads, candidates, overrides)
     tried: list[str] = []
-    for cand in candidates:
+    for cand in _hinted_first(hint, candidates):
         cfg = cand.config(threads=threads, **overrides)
         trace = run(cfg)
         fm = trace.comparison.first_mismatch
         if fm is not None and fm.vanilla_token is not None and fm.speculative_token is not None:
+            _leave_hint(hint, cand)
             return Fork(cand, cfg, trace, tried)
         tried.append(f"{cand.describe()}: identical over {len(trace.vanilla.tokens)} tokens")
     raise NoFork(
@@ -129,6 +186,28 @@ def find_fork(session: Any, candidates: Sequence[Candidate] = CANDIDATES, *, thr
               **overrides: Any) -> Fork:
     """:func:`search` on a :class:`~specview.core.session.Session`; a test fails (not errors) when nothing forks."""
     try:
-        return search(session.run, candidates, threads=threads, **overrides)
+        return search(session.run, candidates, threads=threads, kind=type(session).__qualname__, **overrides)
     except NoFork as exc:
         pytest.fail(str(exc), pytrace=False)
+
+
+def on_server(cfg: RunConfig, binary: str) -> RunConfig:
+    """A candidate's run on llama-server ``binary`` (a 512-token context: every candidate fits)."""
+    return replace(cfg, backend="llama-server", engine=replace(cfg.engine, n_ctx=512, server_bin=binary))
+
+
+def find_server_fork(runner: Any, binary: str, *, threads: int = 1,
+                     each: Callable[[Trace], None] | None = None) -> Fork:
+    """:func:`search` through a ``ServerRunner`` on llama-server ``binary``; the fork's config is the server run's.
+    ``each`` is called with every candidate's trace (to check what holds for any run)."""
+    def run(cfg: RunConfig) -> Trace:
+        trace = runner.run(on_server(cfg, binary))
+        if each is not None:
+            each(trace)
+        return trace
+
+    try:
+        fork = search(run, threads=threads, kind="llama-server")
+    except NoFork as exc:
+        pytest.fail(f"on llama-server {binary}: {exc}", pytrace=False)
+    return replace(fork, cfg=on_server(fork.cfg, binary))

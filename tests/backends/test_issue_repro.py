@@ -15,10 +15,9 @@ import re
 import shlex
 import subprocess
 import urllib.request
-from dataclasses import replace
 
 import pytest
-from forks import CANDIDATES
+from forks import find_server_fork
 from pasted import free_port, sh_blocks, start_server, stop_servers, wait_healthy
 from markdown_it import MarkdownIt
 from test_server import find_binary
@@ -37,20 +36,10 @@ def reported(tmp_path_factory):
     """(trace, the issue's Markdown, the request file's text) for the first candidate that forks on llama-server."""
     binary = find_binary()
     runner = ServerRunner()
-    tried = []
     try:
-        for cand in CANDIDATES:
-            c = cand.config(threads=1)
-            cfg = replace(c, backend="llama-server", engine=replace(c.engine, n_ctx=512, server_bin=binary))
-            t = runner.run(cfg)
-            fm = t.comparison.first_mismatch
-            if fm is not None and fm.vanilla_token is not None and fm.speculative_token is not None:
-                runner.diagnose(t, cfg)
-                break
-            tried.append(f"{cand.describe()}: identical over {len(t.vanilla.tokens)} tokens")
-        else:
-            pytest.fail("no candidate of tests/forks.py forks on llama-server at one thread here; tried:\n  "
-                        + "\n  ".join(tried), pytrace=False)
+        fork = find_server_fork(runner, binary)
+        t = fork.trace
+        runner.diagnose(t, fork.cfg)
     finally:
         runner.close()
     d = tmp_path_factory.mktemp("issue")

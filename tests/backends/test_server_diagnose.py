@@ -15,9 +15,7 @@ import json
 
 import pytest
 
-from dataclasses import replace
-
-from forks import CANDIDATES
+from forks import find_server_fork
 
 from specview.backends.llama_server import ServerRunner
 from specview.core.diagnose import far_threshold, format_verdict
@@ -33,20 +31,13 @@ def forked():
     """(runner, cfg, trace) of the first candidate of tests/forks.py that forks on llama-server here."""
     binary = find_binary()
     runner = ServerRunner()
-    tried = []
+
+    def undiagnosed(t):
+        assert t.diagnosis is None  # a run never diagnoses by itself (--no-diagnose relies on it)
+
     try:
-        for cand in CANDIDATES:
-            c = cand.config(threads=1)
-            cfg = replace(c, backend="llama-server", engine=replace(c.engine, n_ctx=512, server_bin=binary))
-            t = runner.run(cfg)
-            assert t.diagnosis is None  # a run never diagnoses by itself (--no-diagnose relies on it)
-            fm = t.comparison.first_mismatch
-            if fm is not None and fm.vanilla_token is not None and fm.speculative_token is not None:
-                yield runner, cfg, t
-                return
-            tried.append(f"{cand.describe()}: identical over {len(t.vanilla.tokens)} tokens")
-        pytest.fail("no candidate of tests/forks.py forks on llama-server at one thread here; tried:\n  "
-                    + "\n  ".join(tried), pytrace=False)
+        fork = find_server_fork(runner, binary, each=undiagnosed)
+        yield runner, fork.cfg, fork.trace
     finally:
         runner.close()
 
