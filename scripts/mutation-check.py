@@ -4,15 +4,19 @@
 Each mutation is a small textual patch of one source file (the exact text it replaces must be
 found once, or the mutation is reported as stale) and the few fast tests that exist to catch it
 (fake engines, tiny GGUF models, stand-in servers): the test functions that fail on it, not their
-whole files, so neither the baseline nor a mutation's run pays for tests that cannot kill it.  The checked-out files (``git ls-files``) are
-copied to a temporary folder; the named tests first run there unmutated and must pass; then, for
-each mutation in turn, the patch is applied, the same tests run with ``PYTHONPATH`` pointing at
-the copy, and they must fail.  One line per mutation says which test killed it and how long it
-took.  The exit status is 0 when every mutation was killed, 1 when one survived (or a baseline
-failed, or a patch no longer applies).
+whole files, so neither the baseline nor a mutation's run pays for tests that cannot kill it.  The
+checked-out files (``git ls-files``) are copied to a temporary folder, one copy a job; the named
+tests first run there unmutated and must pass; then each mutation is applied to one copy, the same
+tests run with ``PYTHONPATH`` pointing at that copy, and they must fail; the copy is restored before
+its next mutation.  The jobs (one a core, as the suite's lanes) run side by side and each test run
+gets its share of the cores (``$SPECVIEW_THREADS``), so no mutation sees another's patch.  One line
+per mutation, as it ends, says which test killed it and how long it took.  The exit status is 0
+when every mutation was killed, 1 when one survived (or a baseline failed, or a patch no longer
+applies).
 
     python scripts/mutation-check.py            # every mutation
     python scripts/mutation-check.py -k resume  # those whose name contains "resume"
+    python scripts/mutation-check.py --jobs 1   # one at a time
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -271,11 +277,13 @@ def copy_tree(dst: Path) -> None:
         shutil.copy2(src, target)
 
 
-def run_tests(tree: Path, tests: tuple[str, ...], timeout: float) -> tuple[int, str, float]:
+def run_tests(tree: Path, tests: tuple[str, ...], timeout: float, threads: int) -> tuple[int, str, float]:
     env = dict(os.environ, PYTHONPATH=str(tree) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                PYTHONDONTWRITEBYTECODE="1", GGML_NO_BACKTRACE="1", QT_QPA_PLATFORM="offscreen")
+    env.setdefault("SPECVIEW_THREADS", str(threads))  # the jobs share the cores, as the suite's lanes do
+    # each copy's runs keep their temporary files in the copy (pytest empties --basetemp as it starts)
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--no-header", "-rfE",
-           "-o", "addopts=", *tests]
+           "-o", "addopts=", f"--basetemp={tree / '.pytest-tmp'}", *tests]
     t0 = time.perf_counter()
     try:
         cp = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
@@ -290,56 +298,89 @@ def first_failure(output: str) -> str:
     return m.group(1) if m else "?"
 
 
+def cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def mutate(tree: Path, m: Mutation, timeout: float, threads: int) -> tuple[bool, str]:
+    """Apply ``m`` to ``tree``, run its tests, restore the file: (killed, the line that says so)."""
+    f = tree / m.path
+    original = f.read_text(encoding="utf-8")
+    counts = [original.count(old) for old, _ in m.patches]
+    if counts != [1] * len(counts):
+        return False, f"STALE     {m.name}: the texts to replace are found {counts} times in {m.path}"
+    mutated = original
+    for old, new in m.patches:
+        mutated = mutated.replace(old, new)
+    f.write_text(mutated, encoding="utf-8")
+    try:
+        rc, out, secs = run_tests(tree, m.tests, timeout, threads)
+    finally:
+        f.write_text(original, encoding="utf-8")
+    if rc == 1:
+        return True, f"killed    {m.name}  [{first_failure(out)}] ({secs:.1f} s)"
+    if rc == 0:
+        return False, f"SURVIVED  {m.name}: {', '.join(m.tests)} still pass ({secs:.1f} s)"
+    return False, f"ERROR     {m.name}: pytest exited {rc} ({secs:.1f} s)\n{out[-2000:]}"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-k", default="", help="only the mutations whose name contains this text")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per test run (default 300)")
+    ap.add_argument("--jobs", type=int, default=0, help="mutations run side by side (default: one a core)")
     args = ap.parse_args(argv)
     chosen = [m for m in MUTATIONS if args.k.lower() in m.name.lower()]
     if not chosen:
         print(f"no mutation matches {args.k!r}", file=sys.stderr)
         return 2
+    if args.jobs < 0:
+        print(f"--jobs {args.jobs}: give a number of jobs, or 0 for one a core", file=sys.stderr)
+        return 2
+    jobs = max(1, min(args.jobs or cores(), len(chosen)))
+    threads = max(1, cores() // jobs)
     t_start = time.perf_counter()
-    bad = 0
     with tempfile.TemporaryDirectory(prefix="specview-mutants-") as tmp:
-        tree = Path(tmp)
-        copy_tree(tree)
-        where = subprocess.run([sys.executable, "-c", "import specview; print(specview.__file__)"], cwd=tree,
-                               env=dict(os.environ, PYTHONPATH=str(tree)), capture_output=True, text=True).stdout
-        if not where.startswith(str(tree)):
+        trees = [Path(tmp) / f"tree{i}" for i in range(jobs)]
+        for tree in trees:
+            copy_tree(tree)
+        where = subprocess.run([sys.executable, "-c", "import specview; print(specview.__file__)"], cwd=trees[0],
+                               env=dict(os.environ, PYTHONPATH=str(trees[0])), capture_output=True, text=True).stdout
+        if not where.startswith(str(trees[0])):
             print(f"the copy's specview is not the one imported ({where.strip()}): the check would test nothing")
             return 1
-        # the baseline: every named test passes on the unmutated copy
+        # the baseline: every named test passes on the unmutated copies (split between them)
         suites = sorted({t for m in chosen for t in m.tests})
-        rc, out, secs = run_tests(tree, tuple(suites), args.timeout)
-        if rc != 0:
-            print(f"BASELINE FAILED ({secs:.1f} s): the tests must pass before a mutation can be judged\n{out[-3000:]}")
-            return 1
-        print(f"baseline: {len(suites)} test targets pass unmutated ({secs:.1f} s)")
-        for m in chosen:
-            f = tree / m.path
-            original = f.read_text(encoding="utf-8")
-            counts = [original.count(old) for old, _ in m.patches]
-            if counts != [1] * len(counts):
-                print(f"STALE     {m.name}: the texts to replace are found {counts} times in {m.path}")
-                bad += 1
-                continue
-            mutated = original
-            for old, new in m.patches:
-                mutated = mutated.replace(old, new)
-            f.write_text(mutated, encoding="utf-8")
+        # (never an empty part: pytest given no test runs the whole suite)
+        parts = [tuple(suites[i::jobs]) for i in range(min(jobs, len(suites)))]
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(jobs) as pool:
+            results = list(pool.map(lambda i: run_tests(trees[i], parts[i], args.timeout, threads), range(len(parts))))
+        for rc, out, _ in results:
+            if rc != 0:
+                print(f"BASELINE FAILED ({time.perf_counter() - t0:.1f} s): the tests must pass before a mutation "
+                      f"can be judged\n{out[-3000:]}")
+                return 1
+        print(f"baseline: {len(suites)} test targets pass unmutated ({time.perf_counter() - t0:.1f} s, "
+              f"{len(parts)} job{'s' if len(parts) > 1 else ''})")
+        free = list(trees)
+        lock = threading.Lock()
+
+        def one(m: Mutation) -> bool:
+            with lock:
+                tree = free.pop()
             try:
-                rc, out, secs = run_tests(tree, m.tests, args.timeout)
+                killed, line = mutate(tree, m, args.timeout, threads)
             finally:
-                f.write_text(original, encoding="utf-8")
-            if rc == 1:
-                print(f"killed    {m.name}  [{first_failure(out)}] ({secs:.1f} s)")
-            elif rc == 0:
-                print(f"SURVIVED  {m.name}: {', '.join(m.tests)} still pass ({secs:.1f} s)")
-                bad += 1
-            else:
-                print(f"ERROR     {m.name}: pytest exited {rc} ({secs:.1f} s)\n{out[-2000:]}")
-                bad += 1
+                with lock:
+                    free.append(tree)
+            with lock:
+                print(line, flush=True)
+            return killed
+
+        with ThreadPoolExecutor(jobs) as pool:
+            killed = list(pool.map(one, chosen))
+    bad = killed.count(False)
     total = time.perf_counter() - t_start
     print(f"{len(chosen) - bad} of {len(chosen)} mutations killed in {total:.0f} s")
     return 1 if bad else 0

@@ -49,7 +49,7 @@ FOREIGN = {
     "pytest (pytest-xdist)": {"--dist", "--junitxml"},
     "llama-perplexity": {"--kl-divergence"},
     "vulkaninfo": {"--summary"},
-    "the build and bench scripts": {"--force", "--table", "--size"},
+    "the build, bench and mutation-check scripts": {"--force", "--table", "--size", "--jobs"},
 }
 
 FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)")
