@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
 import re
 import shutil
 import subprocess
@@ -363,18 +364,18 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
         print(f"baseline: {len(suites)} test targets pass unmutated ({time.perf_counter() - t0:.1f} s, "
               f"{len(parts)} job{'s' if len(parts) > 1 else ''})")
-        free = list(trees)
-        lock = threading.Lock()
+        free: queue.SimpleQueue[Path] = queue.SimpleQueue()  # the copies no mutation holds
+        for tree in trees:
+            free.put(tree)
+        printing = threading.Lock()
 
         def one(m: Mutation) -> bool:
-            with lock:
-                tree = free.pop()
+            tree = free.get()
             try:
                 killed, line = mutate(tree, m, args.timeout, threads)
             finally:
-                with lock:
-                    free.append(tree)
-            with lock:
+                free.put(tree)
+            with printing:
                 print(line, flush=True)
             return killed
 
