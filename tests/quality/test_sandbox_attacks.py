@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import tracemalloc
@@ -238,6 +239,31 @@ def test_as_root_the_sample_keeps_no_capability() -> None:
     if fences.read_capability:
         pytest.skip("the interpreter is out of user nobody's reach and there is no mount namespace to expose it "
                     "in: the report says the sample keeps CAP_DAC_READ_SEARCH")
+    assert int(status["CapEff"], 16) == int(status["CapPrm"], 16) == int(status["CapBnd"], 16) == 0, status
+    assert fences.capabilities_dropped
+
+
+def test_as_root_from_a_venv_under_tmp_the_sample_keeps_no_capability(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A venv's ``python`` is a symlink to its base interpreter. With the venv under /tmp, which the sample's
+    tmpfs covers, the interpreter's trees must be the ones read before the mounts: read after them, the link
+    no longer resolves, the covered venv looks out of nobody's reach and the sample kept CAP_DAC_READ_SEARCH."""
+    if os.getuid() != 0:
+        pytest.skip("as a user the sample has no capabilities to drop (see the user-namespace test)")
+    base = os.path.realpath(sys.executable)
+    where = tempfile.mkdtemp(prefix="specview-venv-", dir="/tmp")
+    try:
+        subprocess.run([base, "-m", "venv", "--without-pip", where], check=True, timeout=120)
+        venv_python = os.path.join(where, "bin", "python")
+        assert os.path.islink(venv_python) and os.path.realpath(venv_python) != venv_python
+        monkeypatch.setattr(sys, "executable", venv_python)
+        res = run("print(open('/proc/self/status').read())\n", guard=False)
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+    assert res.passed, res
+    status = dict(line.split(":\t", 1) for line in res.output.splitlines() if line.startswith("Cap"))
+    fences = res.fences
+    assert fences is not None and fences.uid != 0
+    assert not fences.read_capability, fences
     assert int(status["CapEff"], 16) == int(status["CapPrm"], 16) == int(status["CapBnd"], 16) == 0, status
     assert fences.capabilities_dropped
 

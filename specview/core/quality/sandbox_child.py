@@ -115,9 +115,21 @@ def _mount_tmpfs(where, size_mb, mode="0700"):
     return None if r == 0 else _errno_text()
 
 
+def _read_interpreter_trees():
+    return tuple(sorted({sys.prefix, sys.base_prefix, sys.exec_prefix,
+                         os.path.dirname(os.path.realpath(sys.executable))}))
+
+
+#: read when this file starts, before any mount: a venv's ``python`` is a symlink to its base interpreter,
+#: and where the venv lies under a folder the sample's tmpfs covers (/tmp), ``realpath`` read after the
+#: mounts no longer reaches the base and names the covered venv instead
+_INTERPRETER_TREES = _read_interpreter_trees()
+
+
 def interpreter_trees():
-    """The interpreter's own trees (what a sample must read to import the standard library)."""
-    return sorted({sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))})
+    """The interpreter's own trees (what a sample must read to import the standard library), as they were
+    before the sample's mounts."""
+    return list(_INTERPRETER_TREES)
 
 
 def _blocker(tree):
@@ -257,8 +269,7 @@ class _PathBeneath(ctypes.Structure):
 def readable_paths():
     """What a sample may read besides its folder: the interpreter's own trees, the system's libraries, its
     own /proc (a fresh one: the namespace's processes only) and a few devices; not /etc, /home or /root."""
-    trees = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable)),
-             "/usr", "/lib", "/lib64", "/bin", "/proc"}
+    trees = {*interpreter_trees(), "/usr", "/lib", "/lib64", "/bin", "/proc"}
     files = {"/etc/localtime", "/etc/ld.so.cache", "/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"}
     return sorted(p for p in trees if os.path.isdir(p)), sorted(p for p in files if os.path.exists(p))
 
