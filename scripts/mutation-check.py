@@ -258,6 +258,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         "        self.engine.prepare_rollback(0)",
         (_DRAFT_ROLLBACK,),
     ),
+    Mutation(
+        "desktop app: a sample of model-written code imports what the app carries (numpy, specview)",
+        "specview/core/sample_python.py",
+        "    sys.meta_path.insert(0, StandardLibraryOnly)",
+        "    sys.meta_path.append(StandardLibraryOnly)",
+        ("tests/quality/test_sample_python.py::test_the_frozen_app_runs_a_sample_as_python_i_s_does",),
+    ),
 )
 
 

@@ -16,6 +16,7 @@ import os
 import sys
 
 from . import __version__
+from .core.sample_python import SAMPLE_ARG  # the first argument that makes the frozen app a sample's interpreter
 from .core.worker.shared import WORKER_ARG  # the first argument that makes the frozen app an engine worker
 
 COMMANDS = {
@@ -77,6 +78,11 @@ def main(argv: list[str] | None = None) -> int:
         from .core.worker.child import entry
 
         entry(argv[1:])
+        return 0
+    if argv[:1] == [SAMPLE_ARG]:  # the frozen app started as the sandbox's python -I -S -c (specview.core.quality)
+        from .core.sample_python import run as run_python
+
+        run_python(argv[1:])
         return 0
     if not argv:
         argv = ["gui"]

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SpecviewError
+from ..sample_python import SAMPLE_ARG
 from .fences import PROMISED, SAMPLE_ENV as _ENV, Fences
 
 #: the child's program, the text of these files run with ``-c`` so it needs no readable path of its own
@@ -366,6 +367,15 @@ def _literal(text: str) -> Any:
         return None
 
 
+def interpreter() -> list[str]:
+    """How a sample's interpreter starts, before the code it runs: ``python -I -S -c`` (no site-packages, no
+    PYTHON* variables, no script folder on sys.path), or where this is the frozen app, which has no ``python``,
+    the app with :data:`~specview.core.sample_python.SAMPLE_ARG`, which gives the sample the same."""
+    if getattr(sys, "frozen", False):
+        return [sys.executable, SAMPLE_ARG]
+    return [sys.executable, "-I", "-S", "-c"]
+
+
 def _start(folder: Path, guard: bool, probe: bool, limits: Limits, off: tuple[str, ...],
            nonce: str) -> tuple[subprocess.Popen[bytes], int]:
     """The launcher, in a new session, with the control pipe's write end and the nonce's pipe; returns it and the
@@ -379,7 +389,7 @@ def _start(folder: Path, guard: bool, probe: bool, limits: Limits, off: tuple[st
     env = {**_ENV, "HOME": str(folder), "TMPDIR": str(folder)}
     try:
         code_fd, size = _child_code()
-        proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _BOOT, f"{code_fd}:{size}", repr(cfg)],
+        proc = subprocess.Popen([*interpreter(), _BOOT, f"{code_fd}:{size}", repr(cfg)],
                                 cwd=folder, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, pass_fds=(ctl_w, nonce_r, code_fd), start_new_session=True,
                                 close_fds=True)
