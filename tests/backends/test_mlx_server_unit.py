@@ -135,6 +135,20 @@ def test_the_program(tmp_path, monkeypatch):
         "mlx_lm", "server"] or found[0].endswith("mlx_lm.server")
 
 
+def test_the_desktop_app_never_runs_itself_as_a_python(tmp_path, monkeypatch):
+    """The frozen app's executable is the app: ``-m mlx_lm server`` would start a second window, not a server."""
+    monkeypatch.delenv(ENV_BIN, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no mlx_lm.server on it
+    monkeypatch.setattr(sys, "frozen", True, raising=False)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "specview"))
+    with pytest.raises(ServerError, match=r"no mlx_lm.server found on PATH.*--server-bin"):
+        find_server_program()
+    prog = tmp_path / "mlx_lm.server"
+    prog.write_text("#!/bin/sh\n")
+    prog.chmod(0o755)
+    assert find_server_program() == [str(prog)]  # the one beside the app's executable, or on PATH
+
+
 def test_the_backend_is_registered_and_describes_itself():
     require_module("mlx.core")
     require_module("mlx_lm")

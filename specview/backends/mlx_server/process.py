@@ -83,6 +83,9 @@ def find_server_program(explicit: str | None = None) -> list[str]:
     found = shutil.which("mlx_lm.server")
     if found:
         return [found]
+    if getattr(sys, "frozen", False):  # the desktop app: its executable is not a Python that runs -m mlx_lm
+        raise ServerError("no mlx_lm.server found on PATH: install mlx-lm where a Python of yours runs it (pip "
+                          f"install mlx-lm), or give the program with --server-bin PATH (or ${ENV_BIN})")
     if importlib.util.find_spec("mlx_lm") is not None:
         return [sys.executable, "-m", "mlx_lm", "server"]
     raise ServerError("no mlx_lm.server found: install mlx-lm (pip install 'specview[mlx]'), or give the "
