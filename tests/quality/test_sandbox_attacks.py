@@ -243,20 +243,44 @@ def test_as_root_the_sample_keeps_no_capability() -> None:
     assert fences.capabilities_dropped
 
 
-def test_as_root_from_a_venv_under_tmp_the_sample_keeps_no_capability(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A venv's ``python`` is a symlink to its base interpreter. With the venv under /tmp, which the sample's
-    tmpfs covers, the interpreter's trees must be the ones read before the mounts: read after them, the link
-    no longer resolves, the covered venv looks out of nobody's reach and the sample kept CAP_DAC_READ_SEARCH."""
+#: what a sample run from an interpreter under /tmp reports: its capabilities, whether it sees its interpreter and
+#: a file beside that interpreter's tree, and whether it may write into the tree
+UNDER_TMP = """\
+import errno, os, sys
+print(open('/proc/self/status').read())
+tree = os.path.dirname(sys.executable)
+print('interpreter', os.path.exists(sys.executable))
+print('beside', os.path.exists(os.path.join(os.path.dirname(os.path.dirname(tree)), 'beside.txt')))
+try:
+    open(os.path.join(tree, 'planted'), 'w')
+    print('write', 'done')
+except OSError as e:
+    print('write', errno.errorcode[e.errno])
+"""
+
+
+@pytest.mark.parametrize("how", ["symlinks", "copies"])
+def test_as_root_from_an_interpreter_under_tmp_the_sample_keeps_no_capability(how: str,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """An interpreter under /tmp, which the sample's tmpfs covers: a venv (its ``python`` a symlink to the base
+    interpreter, or a copy of it), as the desktop app unpacked there is. The interpreter's trees are read before
+    the mounts (read after them, a symlink no longer resolves) and a tree inside /tmp is bound back, read-only:
+    otherwise the covered tree looks out of nobody's reach and the sample kept CAP_DAC_READ_SEARCH, and the app
+    could not read its own archive. Nothing else of /tmp comes back with it."""
     if os.getuid() != 0:
         pytest.skip("as a user the sample has no capabilities to drop (see the user-namespace test)")
     base = os.path.realpath(sys.executable)
     where = tempfile.mkdtemp(prefix="specview-venv-", dir="/tmp")
+    os.chmod(where, 0o755)
     try:
-        subprocess.run([base, "-m", "venv", "--without-pip", where], check=True, timeout=120)
-        venv_python = os.path.join(where, "bin", "python")
-        assert os.path.islink(venv_python) and os.path.realpath(venv_python) != venv_python
+        Path(where, "beside.txt").write_text("not the sample's\n")
+        subprocess.run([base, "-m", "venv", "--without-pip", f"--{how}", os.path.join(where, "venv")], check=True,
+                       timeout=120)
+        venv_python = os.path.join(where, "venv", "bin", "python")
+        assert os.path.islink(venv_python) == (how == "symlinks")
         monkeypatch.setattr(sys, "executable", venv_python)
-        res = run("print(open('/proc/self/status').read())\n", guard=False)
+        res = run(UNDER_TMP, guard=False, fences_off=("landlock",))  # the read-only bind holds without Landlock
+        planted = os.path.exists(os.path.join(where, "venv", "bin", "planted"))
     finally:
         shutil.rmtree(where, ignore_errors=True)
     assert res.passed, res
@@ -266,6 +290,12 @@ def test_as_root_from_a_venv_under_tmp_the_sample_keeps_no_capability(monkeypatc
     assert not fences.read_capability, fences
     assert int(status["CapEff"], 16) == int(status["CapPrm"], 16) == int(status["CapBnd"], 16) == 0, status
     assert fences.capabilities_dropped
+    said = dict(line.split(" ", 1) for line in res.output.splitlines() if line.split(" ", 1)[0] in
+                ("interpreter", "beside", "write"))
+    # a symlinked venv's tree is the base interpreter's, outside /tmp: the venv itself stays covered
+    assert said == {"interpreter": "True" if how == "copies" else "False", "beside": "False",
+                    "write": "EROFS" if how == "copies" else "ENOENT"}, res.output
+    assert not planted
 
 
 @pytest.mark.parametrize("off", [("landlock",), BARE], ids=["no-landlock", "bare"])

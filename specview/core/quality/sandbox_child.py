@@ -45,7 +45,8 @@ import sys
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
-MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE, MNT_DETACH = 2, 4, 4096, 1 << 14, 1 << 18, 2
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 1 << 14, 1 << 18
+MNT_DETACH = 2
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_KEEPCAPS, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 4, 8, 24, 38
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH = 1, 2
@@ -171,9 +172,50 @@ def expose_interpreter():
     return True
 
 
+def _under(path, folder):
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def keep_interpreter(scratch):
+    """Descriptors of the interpreter's trees that lie in a scratch folder the sample's tmpfs is about to cover
+    (the desktop app unpacked under /tmp), taken before it does: :func:`bind_back` puts them back."""
+    kept = {}
+    for tree in interpreter_trees():
+        if any(_under(tree, s) for s in scratch) and not any(_under(tree, t) for t in kept):
+            try:
+                kept[tree] = os.open(tree, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                pass
+    return kept
+
+
+def bind_back(kept):
+    """Each kept tree bound back, read-only, where it was, under the fresh tmpfs: the interpreter reads its own
+    files (the app's archive, its libraries) and the sample sees nothing else of that folder.  The trees bound."""
+    done = []
+    old = os.umask(0o022)  # the folders made on the way are enterable by the sample's user
+    try:
+        for tree, fd in sorted(kept.items()):
+            try:
+                os.makedirs(tree, mode=0o755, exist_ok=True)
+                if _libc.mount(f"/proc/self/fd/{fd}".encode(), tree.encode(), None,
+                               ctypes.c_ulong(MS_BIND | MS_REC), None) == 0:
+                    _libc.mount(b"none", tree.encode(), None,
+                                ctypes.c_ulong(MS_REMOUNT | MS_BIND | MS_RDONLY | MS_REC), None)
+                    done.append(tree)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+    finally:
+        os.umask(old)
+    return done
+
+
 def private_mounts(folder, disk_mb, program, expose):
-    """A mount namespace: tmpfs over the scratch folders and as the sample's folder, a fresh /proc, and (as
-    root, ``expose``) :func:`expose_interpreter`.
+    """A mount namespace: tmpfs over the scratch folders and as the sample's folder, a fresh /proc, the
+    interpreter's trees that were in a scratch folder bound back (:func:`bind_back`), and (as root,
+    ``expose``) :func:`expose_interpreter`.
 
     The sample's files then live in memory capped at ``disk_mb`` and vanish
     with the namespace; the program is written into the new folder.
@@ -183,16 +225,18 @@ def private_mounts(folder, disk_mb, program, expose):
         return {"folder_quota": False, "proc": False, "why": why}
     _libc.mount(b"none", b"/", None, ctypes.c_ulong(MS_REC | MS_PRIVATE), None)
     exposed = expose_interpreter() if expose else None
-    for scratch in ("/tmp", "/var/tmp", "/dev/shm"):
-        if os.path.isdir(scratch) and not os.path.islink(scratch):
-            _mount_tmpfs(scratch, disk_mb, "1777")
+    scratch = [s for s in ("/tmp", "/var/tmp", "/dev/shm") if os.path.isdir(s) and not os.path.islink(s)]
+    kept = keep_interpreter(scratch)
+    for s in scratch:
+        _mount_tmpfs(s, disk_mb, "1777")
+    rebound = bind_back(kept)
     os.makedirs(folder, mode=0o700, exist_ok=True)  # where the folder was under a folder now covered
     why = _mount_tmpfs(folder, disk_mb)
     os.chdir(folder)  # the cwd still pointed at the directory under the mount
     proc = _libc.mount(b"proc", b"/proc", b"proc", ctypes.c_ulong(MS_NOSUID | MS_NODEV), None) == 0
     with open(os.path.join(folder, "sample.py"), "w", encoding="utf-8") as f:
         f.write(program)
-    return {"folder_quota": why is None, "proc": proc, "why": why or "", "exposed": exposed}
+    return {"folder_quota": why is None, "proc": proc, "why": why or "", "exposed": exposed, "rebound": rebound}
 
 
 def _reachable(tree):
