@@ -63,7 +63,9 @@ spirv=()
     && spirv=(-DSPIRV-Headers_DIR="$(cd "$include/../share/cmake/SPIRV-Headers" && pwd)")
 glslc="$(command -v glslc || true)"
 [[ -n "$glslc" ]] || { say "glslc (the GLSL to SPIR-V compiler) is not installed: apt-get install glslc"; exit 3; }
-libvulkan="$(ldconfig -p | awk '$1 == "libvulkan.so.1" {print $NF; exit}')"
+# awk reads to the end: one that exits at the first match can close the pipe while ldconfig still writes,
+# and under pipefail ldconfig's SIGPIPE (status 141) would stop the script (1 run in 10 here)
+libvulkan="$(ldconfig -p | awk '$1 == "libvulkan.so.1" && !found {print $NF; found = 1}')"
 [[ -n "$libvulkan" ]] || { say "the Vulkan loader (libvulkan.so.1) is not installed: apt-get install libvulkan1"; exit 3; }
 
 mkdir -p "$ROOT"

@@ -43,7 +43,8 @@ class StandardLibraryOnly:
 
 def forget_the_app() -> None:
     """Drop every module outside the standard library that this process imported before the sample (the app's
-    own, the bundle's loaders keep theirs: their finders hold them), and refuse such imports from now on."""
+    own; PyInstaller's ``pyimod*`` loaders stay, as the bundle's importer runs on them), and refuse such imports
+    from now on."""
     for name in [n for n in sys.modules if not _standard(n) and not n.startswith("pyimod") and n != "__main__"]:
         del sys.modules[name]
     sys.meta_path.insert(0, StandardLibraryOnly)
