@@ -161,15 +161,21 @@ def expose_interpreter():
             if top not in covered and _mount_tmpfs(top, 1, "0755") is not None:
                 return False
             covered.add(top)
-            os.makedirs(tree, mode=0o755, exist_ok=True)
-            if _libc.mount(f"/proc/self/fd/{fd}".encode(), tree.encode(), None,
-                           ctypes.c_ulong(MS_BIND | MS_REC), None) != 0:
+            if not _bind(fd, tree):
                 _libc.umount2(top.encode(), MNT_DETACH)  # the folder as it was: the capability then stays
                 return False
             exposed.append(tree)
         finally:
             os.close(fd)
     return True
+
+
+def _bind(fd, tree):
+    """The folder open as ``fd`` (O_PATH, taken before a mount hid it) bound at ``tree``, made where it is
+    missing; whether the bind held."""
+    os.makedirs(tree, mode=0o755, exist_ok=True)
+    return _libc.mount(f"/proc/self/fd/{fd}".encode(), tree.encode(), None, ctypes.c_ulong(MS_BIND | MS_REC),
+                       None) == 0
 
 
 def _under(path, folder):
@@ -197,9 +203,7 @@ def bind_back(kept):
     try:
         for tree, fd in sorted(kept.items()):
             try:
-                os.makedirs(tree, mode=0o755, exist_ok=True)
-                if _libc.mount(f"/proc/self/fd/{fd}".encode(), tree.encode(), None,
-                               ctypes.c_ulong(MS_BIND | MS_REC), None) == 0:
+                if _bind(fd, tree):
                     _libc.mount(b"none", tree.encode(), None,
                                 ctypes.c_ulong(MS_REMOUNT | MS_BIND | MS_RDONLY | MS_REC), None)
                     done.append(tree)
