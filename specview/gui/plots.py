@@ -93,7 +93,15 @@ class TimedPlot(pg.PlotWidget):
         if pi.legend is not None:
             pi.legend.setVisible(not empty)
         if empty:
-            pi.getViewBox().setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
+            # an axis linked to another plot's is that plot's to set: a unit range pushed through the link
+            # would take the other plot's auto-range away and leave it showing two tokens of a whole run
+            vb = pi.getViewBox()
+            ranges = {"xRange": (0, 1), "yRange": (0, 1)}
+            for axis, key in ((vb.XAxis, "xRange"), (vb.YAxis, "yRange")):
+                if vb.linkedView(axis) is not None:
+                    del ranges[key]
+            if ranges:
+                vb.setRange(**ranges, padding=0)
 
     def set_hint(self, text: str | None) -> None:
         """The words shown while the plot is empty (None: the plot's own)."""
@@ -435,6 +443,7 @@ class MarginPlot(TimedPlot):
             self.n_vanilla = -1
         else:
             self.n_speculative = -1
+        self._x_max = None  # the next frame sets the run's x range again, whatever the last run left
 
     def _spec_pen(self, n: int) -> None:
         """The speculative arm's wider stroke (both arms show where they agree) while the points are few
@@ -473,7 +482,10 @@ class MarginPlot(TimedPlot):
                 top = max(top, float(np.nanmax(a)))
         vb = self.getPlotItem().getViewBox()
         if x_max is None:
+            # fitted now, not at the next paint: until then a resize of the linked track plot, or anything
+            # else that turns the auto-range off, would keep the streamed run's range (and clip the curves)
             vb.enableAutoRange(axis="x", enable=True)
+            vb.updateAutoRange()
             self._y_top = top * 1.32  # a free band at the top for the legend and the fork label
             vb.setYRange(0, self._y_top, padding=0.02)
             return

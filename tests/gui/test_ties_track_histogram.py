@@ -118,3 +118,30 @@ def test_the_rates_panel_names_each_settings_near_ties(qtbot, tmp_path):
     assert f"near-ties: {b['in_band']} of {g['ties']['positions']} compared positions" in panel.selection.text()
     tip = panel.tree.topLevelItem(0).toolTip(0)
     assert "near-ties" in tip and "2.0 logits" in tip and "0.125 nats" in tip
+
+
+def test_a_run_after_a_run_draws_every_margin_while_streaming_and_when_shown(view, synth, qtbot):
+    """The track plot shares the margin plot's token axis. Emptied when a run starts and resized when the
+    layout moves, it must not shrink the margins to its own unit range: every streamed token stays in view,
+    and the finished trace's curves hold every token (pyqtgraph draws only what is in view)."""
+    mp, tp = view.margin_plot, view.track_plot
+    vb = mp.getPlotItem().getViewBox()
+    n = 64
+    for _ in range(2):  # the second run starts where the first one's trace was shown
+        t = synth(n=n, fork=25)
+        v, s = mp.margins(t.vanilla.steps), mp.margins(t.speculative.steps)
+        view.clear_trace()
+        for arm, k_s in (("vanilla", 0), ("speculative", n)):
+            mp.restart(arm)
+            for k in (8, 32, n):
+                mp.set_arrays(v[:k], s[:min(k, k_s)] if arm == "speculative" else s[:0], x_max=n)
+                lo, hi = vb.viewRange()[0]
+                assert lo <= 0 and hi >= n - 1, f"{arm} arm at {k} tokens: x range {lo:.2f}..{hi:.2f}"
+                qtbot.wait(5)  # a frame is painted
+        view.show_trace(t)
+        tp.resize(tp.width(), tp.height() - 40)  # the layout moves before the next paint
+        for item in (mp.vanilla, mp.speculative):
+            x, _ = item.getData()
+            assert list(x) == list(range(n))
+        qtbot.wait(5)
+        assert vb.viewRange()[0][0] <= 0 and vb.viewRange()[0][1] >= n - 1
