@@ -18,6 +18,12 @@ pytest_plugins = ["lanes"]
 # ggml prints a backtrace through gdb on abort; in a test run that can hang instead of failing
 os.environ.setdefault("GGML_NO_BACKTRACE", "1")
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# llama.cpp's OpenMP threads otherwise spin at every barrier: an engine's threads, the app's, a llama-server's
+# and another lane's share few cores, and a spinning thread starves the one it waits for (two processes of
+# two engine threads on two cores: tests/gui/test_live.py ran 4 of its 9 tests in 420 s, against all 9 in
+# about 70 s with passive waits). Set here, not only in .ci/run, so the README's command runs as CI runs
+# it; how idle threads wait changes no number a test checks.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def _lane_threads() -> None:
