@@ -79,6 +79,12 @@ class TrackPlot(_FollowsPalette):
     def _sync_views(self) -> None:
         self.kl_view.setGeometry(self.getPlotItem().getViewBox().sceneBoundingRect())
 
+    def show_empty(self, empty: bool) -> None:
+        """Empty: the hint alone, without the KL axis on the right (it would run into the hint)."""
+        super().show_empty(empty)
+        if "kl_view" in self.__dict__:
+            self.getPlotItem().showAxis("right", not empty)
+
     def apply_palette(self, palette: QPalette) -> None:
         style_plot(self, palette)
         base = palette.color(QPalette.ColorRole.Base)
@@ -101,6 +107,8 @@ class TrackPlot(_FollowsPalette):
             self.kl.setData([], [])
             self.n, self.ties = 0, None
             pi.setTitle("")
+            self.fork_line.setVisible(False)
+            self.mark_token(None)  # no mark of the last run's fork or selection over the hint
             self.show_empty(True)
             return
         tr = pair_tracks(trace)

@@ -145,3 +145,16 @@ def test_a_run_after_a_run_draws_every_margin_while_streaming_and_when_shown(vie
             assert list(x) == list(range(n))
         qtbot.wait(5)
         assert vb.viewRange()[0][0] <= 0 and vb.viewRange()[0][1] >= n - 1
+
+
+def test_an_emptied_track_shows_its_hint_alone(view, synth):
+    """A new run empties the track: no mark of the last run's fork or selection, no KL axis over the hint."""
+    tp = view.track_plot
+    right = tp.getPlotItem().getAxis("right")
+    assert tp.empty and not right.isVisible()
+    view.show_trace(synth(n=40, fork=25))
+    view.select_token(7)
+    assert not tp.empty and right.isVisible() and tp.fork_line.isVisible() and tp.select_line.isVisible()
+    view.clear_trace()
+    assert tp.empty and tp.hint.isVisible()
+    assert not right.isVisible() and not tp.fork_line.isVisible() and not tp.select_line.isVisible()
