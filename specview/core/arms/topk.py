@@ -38,5 +38,8 @@ def top_softmax(row: np.ndarray, k: int = 10) -> tuple[int, float]:
     """
     ids, vals = topk(row, k)
     v = vals.astype(np.float64)
-    e = np.exp(v - v[0])
+    # a NaN or infinite top logit gives a NaN probability, as llama.cpp's softmax does; a NaN stops no draft
+    # there (NaN < p_min is false) nor here, so it is a value, not a warning
+    with np.errstate(invalid="ignore"):
+        e = np.exp(v - v[0])
     return int(ids[0]), float(e[0] / e.sum())
