@@ -96,10 +96,8 @@ class TimedPlot(pg.PlotWidget):
             # an axis linked to another plot's is that plot's to set: a unit range pushed through the link
             # would take the other plot's auto-range away and leave it showing two tokens of a whole run
             vb = pi.getViewBox()
-            ranges = {"xRange": (0, 1), "yRange": (0, 1)}
-            for axis, key in ((vb.XAxis, "xRange"), (vb.YAxis, "yRange")):
-                if vb.linkedView(axis) is not None:
-                    del ranges[key]
+            ranges = {key: (0, 1) for axis, key in ((vb.XAxis, "xRange"), (vb.YAxis, "yRange"))
+                      if vb.linkedView(axis) is None}
             if ranges:
                 vb.setRange(**ranges, padding=0)
 

@@ -82,8 +82,7 @@ class TrackPlot(_FollowsPalette):
     def show_empty(self, empty: bool) -> None:
         """Empty: the hint alone, without the KL axis on the right (it would run into the hint)."""
         super().show_empty(empty)
-        if "kl_view" in self.__dict__:
-            self.getPlotItem().showAxis("right", not empty)
+        self.getPlotItem().showAxis("right", not empty)
 
     def apply_palette(self, palette: QPalette) -> None:
         style_plot(self, palette)

@@ -134,7 +134,7 @@ def test_a_run_after_a_run_draws_every_margin_while_streaming_and_when_shown(vie
         for arm, k_s in (("vanilla", 0), ("speculative", n)):
             mp.restart(arm)
             for k in (8, 32, n):
-                mp.set_arrays(v[:k], s[:min(k, k_s)] if arm == "speculative" else s[:0], x_max=n)
+                mp.set_arrays(v[:k], s[:min(k, k_s)], x_max=n)
                 lo, hi = vb.viewRange()[0]
                 assert lo <= 0 and hi >= n - 1, f"{arm} arm at {k} tokens: x range {lo:.2f}..{hi:.2f}"
                 qtbot.wait(5)  # a frame is painted
