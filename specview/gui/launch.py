@@ -63,8 +63,9 @@ def _smoke(app, out: str, tokens: int, timeout: float) -> int:
     from dataclasses import replace
     from pathlib import Path
 
-    settings = Path(tempfile.mkdtemp(prefix="specview-smoke-")) / "gui.json"
-    win = MainWindow(settings_path=settings, preload=False)
+    # a throwaway settings file: the smoke run neither reads nor changes the user's, and leaves nothing behind
+    scratch = tempfile.TemporaryDirectory(prefix="specview-smoke-")
+    win = MainWindow(settings_path=Path(scratch.name) / "gui.json", preload=False)
     status = {"code": 3}
 
     def shown(trace) -> None:
@@ -88,5 +89,8 @@ def _smoke(app, out: str, tokens: int, timeout: float) -> int:
     win.show()
     QTimer.singleShot(0, lambda: win.run_config(replace(win.build_config(), max_tokens=tokens)))
     QTimer.singleShot(int(timeout * 1000), win.close)
-    app.exec()
+    try:
+        app.exec()
+    finally:
+        scratch.cleanup()
     return status["code"]

@@ -66,12 +66,17 @@ def test_the_bundled_cli_runs_the_demo_and_prints_a_verdict(bundle: Path, tmp_pa
 @pytest.mark.slow
 def test_the_bundled_app_opens_offscreen_runs_the_demo_and_writes_a_trace(bundle: Path, tmp_path: Path) -> None:
     out = tmp_path / "smoke.json"
-    res = subprocess.run([str(bundle), "gui", "--smoke", str(out), "-n", "16"], env=_env(tmp_path),
-                         capture_output=True, text=True, timeout=600)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    res = subprocess.run([str(bundle), "gui", "--smoke", str(out), "-n", "16"],
+                         env={**_env(tmp_path), "TMPDIR": str(scratch)}, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     trace = Trace.load(out)
     assert len(trace.vanilla.tokens) == 16 and len(trace.speculative.tokens) == 16
     assert trace.config["max_tokens"] == 16
+    # the throwaway settings folder and the engine worker's folder go with the run
+    left = sorted(p.name for p in scratch.glob("specview-*"))
+    assert left == [], f"the smoke run left {left} in $TMPDIR"
 
 
 def test_the_bundled_app_is_the_sandboxs_python(bundle: Path, monkeypatch: pytest.MonkeyPatch) -> None:
