@@ -50,6 +50,25 @@ def pytest_configure(config):
         config.add_cleanup(lambda: (shutil.rmtree(folder, ignore_errors=True), os.environ.pop(HINTS_ENV, None)))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _temp_files_under_basetemp(tmp_path_factory):
+    """Every temporary file of the run (this lane's and its subprocesses': engine workers, the CLI, llama-server)
+    goes under pytest's base temporary folder, which pytest keeps for the last three runs and then removes. The
+    suite crashes workers and kills servers on purpose, and what specview keeps for a user's bug report then (a
+    crashed worker's folder with its log, a killed server's log) would otherwise stay in /tmp after every run."""
+    folder = tmp_path_factory.getbasetemp() / "tmp"
+    folder.mkdir(exist_ok=True)
+    old = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(folder)
+    tempfile.tempdir = None  # gettempdir() reads $TMPDIR again
+    yield folder
+    if old is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = old
+    tempfile.tempdir = None
+
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 from tinymodel import write_tiny_llama  # noqa: E402
