@@ -52,20 +52,26 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session", autouse=True)
 def _temp_files_under_basetemp(tmp_path_factory):
-    """Every temporary file of the run (this lane's and its subprocesses': engine workers, the CLI, llama-server)
-    goes under pytest's base temporary folder, which pytest keeps for the last three runs and then removes. The
-    suite crashes workers and kills servers on purpose, and what specview keeps for a user's bug report then (a
-    crashed worker's folder with its log, a killed server's log) would otherwise stay in /tmp after every run."""
-    folder = tmp_path_factory.getbasetemp() / "tmp"
+    """Every temporary file of the run (this lane's and its subprocesses': engine workers, the CLI, llama-server),
+    and the results the app keeps of the matrices and quality runs it starts, go under pytest's base temporary
+    folder, which pytest keeps for the last three runs and then removes. The suite crashes workers and kills
+    servers on purpose, and what specview keeps for a user's bug report then (a crashed worker's folder with its
+    log, a killed server's log) would otherwise stay in /tmp after every run; a matrix would land in the data
+    folder of whoever runs the tests."""
+    base = tmp_path_factory.getbasetemp()
+    folder = base / "tmp"
     folder.mkdir(exist_ok=True)
-    old = os.environ.get("TMPDIR")
-    os.environ["TMPDIR"] = str(folder)
+    # where the app keeps the matrices and quality runs it starts (a user's data folder otherwise)
+    moved = {"TMPDIR": str(folder), "SPECVIEW_RESULTS": str(base / "results")}
+    old = {k: os.environ.get(k) for k in moved}
+    os.environ.update(moved)
     tempfile.tempdir = None  # gettempdir() reads $TMPDIR again
     yield folder
-    if old is None:
-        os.environ.pop("TMPDIR", None)
-    else:
-        os.environ["TMPDIR"] = old
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
     tempfile.tempdir = None
 
 

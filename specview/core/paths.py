@@ -1,9 +1,15 @@
-"""Where specview keeps what it derives: demo quantizations, built binaries, MLX copies."""
+"""Where specview keeps what it derives (demo quantizations, built binaries, MLX copies), its settings, and the
+results of the matrices and quality runs the app starts."""
 
 from __future__ import annotations
 
 import os
+import re
+import tempfile
+import time
 from pathlib import Path
+
+from .errors import SpecviewError
 
 
 def cache_dir() -> Path:
@@ -24,3 +30,29 @@ def settings_dir() -> Path:
     from platformdirs import user_config_dir
 
     return Path(user_config_dir("specview", appauthor=False))
+
+
+def results_dir() -> Path:
+    """Where the app keeps the matrices and quality runs it starts without an output folder: ``$SPECVIEW_RESULTS``,
+    else ``results`` in the platform's user data folder for specview."""
+    env = os.environ.get("SPECVIEW_RESULTS")
+    if env:
+        return Path(env).expanduser()
+    from platformdirs import user_data_dir
+
+    return Path(user_data_dir("specview", appauthor=False)) / "results"
+
+
+def new_results_folder(kind: str, label: str = "") -> Path:
+    """A new, empty folder for one run's results, ``<results_dir>/<kind>/<UTC time>-<label>-<unique>``: sorted by
+    name it lists the runs in the order they started. Raises :class:`SpecviewError` naming the folder when it
+    cannot be made."""
+    parent = results_dir() / kind
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", label).strip("-.")[:40]
+    prefix = time.strftime("%Y%m%d-%H%M%S-", time.gmtime()) + (f"{slug}-" if slug else "")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    except OSError as exc:
+        raise SpecviewError(f"cannot make a results folder in {parent}: {exc.strerror or exc}; "
+                            "set $SPECVIEW_RESULTS to a writable folder") from None

@@ -5,6 +5,7 @@ Real llama.cpp on the tiny models the tests write (tests/tinymodel.py), one thre
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
@@ -170,6 +171,35 @@ def test_run_matrix_streams_cells_from_the_worker(tiny_dir, make_window, qtbot, 
         double_click(qtbot, w.matrix_view, r, c)
     assert_shows_cell(w, blk2.args[0], cell)
     assert cell["identical"] and cell["n_drafted"] == 0
+
+
+def test_a_matrix_without_an_output_folder_is_kept_in_the_results_folder(tiny_dir, make_window, qtbot, tmp_path,
+                                                                        monkeypatch):
+    """Run > preset and Run > matrix name no folder: the matrix and its traces go to a new folder under the results
+    folder ($SPECVIEW_RESULTS, else the user's data folder), which outlives the app, and the verdict says where."""
+    monkeypatch.setenv("SPECVIEW_RESULTS", str(tmp_path / "results"))
+    w = make_window()
+    spec = tiny_spec(tiny_dir, targets=[str(tiny_dir / "target.gguf")], drafters=["none"], n_max=[1])
+    with qtbot.waitSignal(w.sigMatrixFinished, timeout=RUN_TIMEOUT) as blk:
+        req = w.run_matrix(spec)
+        assert req is not None
+    folders = list((tmp_path / "results" / "matrix").iterdir())
+    assert len(folders) == 1 and req.out == str(folders[0] / "matrix.json")
+    assert load_matrix(req.out)["cells"] == blk.args[0].doc["cells"]
+    assert len(list((folders[0] / "traces").glob("*.json"))) == 1
+    assert req.out in w.verdict.toolTip()
+
+
+def test_a_results_folder_that_cannot_be_made_is_an_error_not_a_run(tiny_dir, make_window, tmp_path, monkeypatch):
+    blocked = tmp_path / "results"
+    blocked.write_text("a file where the folder should be\n")
+    monkeypatch.setenv("SPECVIEW_RESULTS", str(blocked))
+    w = make_window()
+    before = w.host.current
+    assert w.run_matrix(tiny_spec(tiny_dir)) is None
+    assert not w.busy and w.host.current is before and w.matrix_tab.request is None
+    shown = html.unescape(w.verdict.text())
+    assert f"cannot make a results folder in {blocked / 'matrix'}: Not a directory" in shown
 
 
 def test_escape_cancels_a_running_matrix(tiny_dir, make_window, qtbot, tmp_path):

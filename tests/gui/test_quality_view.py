@@ -11,6 +11,7 @@ answered No runs nothing.
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 import pytest
@@ -287,6 +288,33 @@ def test_a_matrix_over_a_task_suite_shows_its_answers_beside_its_forks(qtbot, tm
     assert sum("ANSWER CHANGED" in t for t in texts) == 1  # the state fork's
     assert sum("answer changed" in t for t in texts) == b - 1
     assert sum("answer same" in t for t in texts) == 2 * N_ITEMS - b
+
+
+def test_a_suite_without_an_output_folder_is_kept_in_the_results_folder(engine, make_window, qtbot,
+                                                                        tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("SPECVIEW_RESULTS", str(tmp_path / "results"))
+    w = window(make_window)
+    tab = w.quality_tab
+    with qtbot.waitSignal(tab.sigFinished, timeout=TIMEOUT) as blk:
+        assert tab.start(load_suite("arithmetic", n=N_ITEMS, seed=0)) is not None
+    folders = list((tmp_path / "results" / "quality").iterdir())
+    assert len(folders) == 1 and folders[0].name.split("-")[2] == "arithmetic"
+    kept = QualityResult.load(folders[0] / "quality.json")
+    assert [o.item_id for o in kept.items] == [o.item_id for o in blk.args[0].result.items]
+    assert len(kept.items) == N_ITEMS
+
+
+def test_a_results_folder_that_cannot_be_made_is_an_error_not_a_suite(engine, make_window, tmp_path: Path,
+                                                                     monkeypatch):
+    blocked = tmp_path / "results"
+    blocked.write_text("a file where the folder should be\n")
+    monkeypatch.setenv("SPECVIEW_RESULTS", str(blocked))
+    w = window(make_window)
+    tab = w.quality_tab
+    before = w.host.current
+    assert tab.start(load_suite("arithmetic", n=N_ITEMS, seed=0)) is None
+    assert w.host.current is before and not w.busy and tab.request is None and calls() == []
+    assert f"Quality: cannot make a results folder in {blocked / 'quality'}" in html.unescape(w.verdict.text())
 
 
 def test_escape_cancels_a_running_suite_and_keeps_the_finished_items(engine, make_window, qtbot, tmp_path: Path):

@@ -9,7 +9,6 @@ the window shows them in its verdict bar and status line.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from PySide6.QtWidgets import QFileDialog, QWidget
 
 from ...core.errors import SpecviewError
 from ...core.jsonfile import declares_schema
+from ...core.paths import new_results_folder, results_dir
 from ..controls import engine_problem
 from ..verdict_bar import matrix_verdict
 from ..worker import MatrixCell, MatrixFinished, MatrixRequest, WorkerHost
@@ -46,9 +46,10 @@ class MatrixTab(MatrixView):
               allow_weak: bool = False) -> MatrixRequest | None:
         """Run ``spec`` on the worker (cancelling whatever runs there); the grid fills as cells finish.
 
-        The matrix JSON and each cell's trace are written to ``out_dir`` (a fresh
-        temporary folder by default), so a finished cell opens side by side
-        without running again.  A matrix over a code suite that runs its code
+        The matrix JSON and each cell's trace are written to ``out_dir`` (by
+        default a new folder under the results folder,
+        :func:`~specview.core.paths.results_dir`, which outlives the app), so a
+        finished cell opens side by side without running again.  A matrix over a code suite that runs its code
         (``quality.execute``) is refused where this machine's sandbox lacks a
         promised fence, unless ``allow_weak`` (``specview matrix
         --allow-weak-sandbox``); its spec records the sandbox.
@@ -67,7 +68,12 @@ class MatrixTab(MatrixView):
         if problem is not None:
             self.sigError.emit(f"the {spec.backend} engine is not available: {problem}", "")
             return None
-        folder = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="specview-matrix-"))
+        try:
+            preset = getattr(spec, "preset", None) or {}
+            folder = Path(out_dir) if out_dir is not None else new_results_folder("matrix", preset.get("name", ""))
+        except SpecviewError as exc:
+            self.sigError.emit(str(exc), "")
+            return None
         out = folder / "matrix.json"
         req = MatrixRequest(spec, out=str(out), traces_dir=str(folder / "traces"))
         n = len(expand(spec))
@@ -129,7 +135,9 @@ class MatrixTab(MatrixView):
 
     def choose_file(self) -> None:
         """Ask for a matrix file and open it (the tab's Open matrix… button, File ▸ Open Matrix…)."""
-        path, _ = QFileDialog.getOpenFileName(self, "Open a specview matrix", str(Path.cwd()),
+        kept = results_dir() / "matrix"  # where the matrices run from the app are, if any ran
+        start = kept if kept.is_dir() else Path.cwd()
+        path, _ = QFileDialog.getOpenFileName(self, "Open a specview matrix", str(start),
                                               "specview matrices (*.json);;All files (*)")
         if path:
             self.open(path)

@@ -6,8 +6,10 @@ on the runner of the Run panel's engine with the Run panel's settings
 cancels whatever runs there, a run or matrix submitted later cancels it in turn,
 Esc cancels it between forward passes (the finished items are kept), and each
 finished item streams into the tables with the progress and the ETA.  Each
-item's result and trace are written to a fresh folder (``quality.json`` and
-``traces/``), so a finished item opens side by side without running again.
+item's result and trace are written to a new folder under the results folder
+(``quality.json`` and ``traces/``; :func:`~specview.core.paths.results_dir`),
+so a finished item opens side by side without running again, in this session
+or a later one.
 
 A suite that runs model-written code asks first (:class:`.confirm.ExecuteConfirm`);
 No leaves nothing run.  The tab says what happens through its signals; the
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import html
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLabel, QProgressBar, QT
 from ...core.config import RunConfig
 from ...core.errors import SpecviewError
 from ...core.jsonfile import declares_schema
+from ...core.paths import new_results_folder
 from ..worker import JobFinished, JobRequest, Progress, WorkerHost
 from .confirm import ExecuteConfirm, checked_sandbox, probe
 from .form import QualityForm
@@ -165,7 +167,8 @@ class QualityTab(QWidget):
         a No runs nothing and returns None.  Where this machine's sandbox lacks a promised fence the code runs
         only with the confirmation's checkbox ticked (or ``allow_weak``, the app's ``--allow-weak-sandbox``),
         else nothing runs and the error names what is missing; the result records the sandbox and whether it
-        was allowed weak.  Results go to ``out_dir`` (a fresh temporary folder by default).
+        was allowed weak.  Results go to ``out_dir`` (by default a new folder under the results folder,
+        :func:`~specview.core.paths.results_dir`, which outlives the app).
         """
         from ...core.quality import RESULT_FILE, QualityError, load_suite, run_quality
 
@@ -194,7 +197,11 @@ class QualityTab(QWidget):
                 sandbox = checked_sandbox(allow_weak)
             except SpecviewError as exc:
                 return self._refused(suite, f"Quality: {exc}")
-        folder = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="specview-quality-"))
+        try:
+            folder = Path(out_dir) if out_dir is not None else new_results_folder("quality", suite.name)
+        except SpecviewError as exc:
+            self.sigError.emit(f"Quality: {exc}", "")
+            return None
         diagnose = "discordant" if self.diagnose() else "none"
         execute = bool(suite.needs_execute)
 
