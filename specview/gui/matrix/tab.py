@@ -49,10 +49,11 @@ class MatrixTab(MatrixView):
         The matrix JSON and each cell's trace are written to ``out_dir`` (by
         default a new folder under the results folder,
         :func:`~specview.core.paths.results_dir`, which outlives the app), so a
-        finished cell opens side by side without running again.  A matrix over a code suite that runs its code
-        (``quality.execute``) is refused where this machine's sandbox lacks a
-        promised fence, unless ``allow_weak`` (``specview matrix
-        --allow-weak-sandbox``); its spec records the sandbox.
+        finished cell opens side by side without running again.  A matrix over
+        a code suite that runs its code (``quality.execute``) is refused where
+        this machine's sandbox lacks a promised fence, unless ``allow_weak``
+        (``specview matrix --allow-weak-sandbox``); its spec records the
+        sandbox.
         """
         from ...core.matrix import MatrixRun, expand
         from ...core.quality.execute import sandbox_record
@@ -69,8 +70,8 @@ class MatrixTab(MatrixView):
             self.sigError.emit(f"the {spec.backend} engine is not available: {problem}", "")
             return None
         try:
-            preset = getattr(spec, "preset", None) or {}
-            folder = Path(out_dir) if out_dir is not None else new_results_folder("matrix", preset.get("name", ""))
+            label = (spec.preset or {}).get("name", "")  # a preset's name; a matrix of one's own has none
+            folder = Path(out_dir) if out_dir is not None else new_results_folder("matrix", label)
         except SpecviewError as exc:
             self.sigError.emit(str(exc), "")
             return None
