@@ -12,35 +12,31 @@ from pathlib import Path
 from .errors import SpecviewError
 
 
-def cache_dir() -> Path:
-    """``$SPECVIEW_CACHE``, else the platform's user cache folder for specview."""
-    env = os.environ.get("SPECVIEW_CACHE")
+def _folder(variable: str, platform_folder: str, below: str = "") -> Path:
+    """``$variable`` when set, else ``below`` in platformdirs' ``platform_folder`` ("user_cache_dir", ...) for
+    specview."""
+    env = os.environ.get(variable)
     if env:
         return Path(env).expanduser()
-    from platformdirs import user_cache_dir
+    import platformdirs
 
-    return Path(user_cache_dir("specview", appauthor=False))
+    return Path(getattr(platformdirs, platform_folder)("specview", appauthor=False)) / below
+
+
+def cache_dir() -> Path:
+    """``$SPECVIEW_CACHE``, else the platform's user cache folder for specview."""
+    return _folder("SPECVIEW_CACHE", "user_cache_dir")
 
 
 def settings_dir() -> Path:
     """The app's settings folder (``$SPECVIEW_CONFIG_DIR`` overrides it, as the tests do)."""
-    env = os.environ.get("SPECVIEW_CONFIG_DIR")
-    if env:
-        return Path(env).expanduser()
-    from platformdirs import user_config_dir
-
-    return Path(user_config_dir("specview", appauthor=False))
+    return _folder("SPECVIEW_CONFIG_DIR", "user_config_dir")
 
 
 def results_dir() -> Path:
     """Where the app keeps the matrices and quality runs it starts without an output folder: ``$SPECVIEW_RESULTS``,
     else ``results`` in the platform's user data folder for specview."""
-    env = os.environ.get("SPECVIEW_RESULTS")
-    if env:
-        return Path(env).expanduser()
-    from platformdirs import user_data_dir
-
-    return Path(user_data_dir("specview", appauthor=False)) / "results"
+    return _folder("SPECVIEW_RESULTS", "user_data_dir", "results")
 
 
 def new_results_folder(kind: str, label: str = "") -> Path:

@@ -69,8 +69,8 @@ class MatrixTab(MatrixView):
         if problem is not None:
             self.sigError.emit(f"the {spec.backend} engine is not available: {problem}", "")
             return None
+        label = (spec.preset or {}).get("name", "")  # a preset's name; a matrix of one's own has none
         try:
-            label = (spec.preset or {}).get("name", "")  # a preset's name; a matrix of one's own has none
             folder = Path(out_dir) if out_dir is not None else new_results_folder("matrix", label)
         except SpecviewError as exc:
             self.sigError.emit(str(exc), "")
