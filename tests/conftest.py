@@ -41,11 +41,12 @@ _lane_threads()
 
 def pytest_configure(config):
     """One folder for the whole run (made by the controller, before it starts the lanes, which inherit it), where
-    tests/forks.py's searches say which candidate forked: a later search of the same kind tries it first."""
-    from forks import HINTS_ENV
+    tests/forks.py's searches say which candidate forked: a later search of the same kind tries it first. It is
+    named by the controller's process id, so a run killed before its clean-up leaves it for the next run to remove."""
+    from forks import HINTS_ENV, new_hints_folder
 
     if getattr(config, "workerinput", None) is None and not os.environ.get(HINTS_ENV):
-        folder = tempfile.mkdtemp(prefix="specview-test-forks-")
+        folder = new_hints_folder()
         os.environ[HINTS_ENV] = folder
         config.add_cleanup(lambda: (shutil.rmtree(folder, ignore_errors=True), os.environ.pop(HINTS_ENV, None)))
 

@@ -120,6 +120,35 @@ class NoFork(AssertionError):
 HINTS_ENV = "SPECVIEW_TEST_FORK_HINTS"
 
 
+HINTS_PREFIX = "specview-test-forks-"
+
+
+def new_hints_folder(parent: str | None = None) -> str:
+    """A new folder for one test run's hints, ``specview-test-forks-<pid>-<random>`` under ``parent`` (the temporary
+    folder), after removing those whose run's process is gone: a run killed from outside (SIGTERM, SIGKILL) never
+    reached its own clean-up, and the next run takes it away.  A folder whose process still runs (another test run
+    at the same time) is left alone."""
+    import shutil
+    import tempfile
+
+    parent = parent or tempfile.gettempdir()
+    for old in Path(parent).glob(f"{HINTS_PREFIX}*-*"):
+        pid = old.name[len(HINTS_PREFIX):].partition("-")[0]
+        if pid.isdigit() and old.is_dir() and not old.is_symlink() and not _process_alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{HINTS_PREFIX}{os.getpid()}-", dir=parent)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def _hint_file(kind: str | None, threads: int, candidates: Sequence[Candidate],
                overrides: dict[str, Any]) -> Path | None:
     folder = os.environ.get(HINTS_ENV)

@@ -4,10 +4,13 @@ forking, and still finds the fork it would find without the hint."""
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
-from forks import CANDIDATES, HINTS_ENV, NoFork, search
+from forks import CANDIDATES, HINTS_ENV, HINTS_PREFIX, NoFork, new_hints_folder, search
 
 
 class Runs:
@@ -86,3 +89,24 @@ def test_no_kind_or_no_folder_means_no_hints(hints, monkeypatch):
 def test_the_run_has_one_hints_folder_its_lanes_share():
     folder = os.environ.get(HINTS_ENV)
     assert folder and os.path.isdir(folder), "tests/conftest.py makes the run's folder before the lanes start"
+    m = re.fullmatch(rf"{HINTS_PREFIX}(\d+)-\w+", os.path.basename(folder))
+    assert m, f"{folder}: named by the process that made it, so a later run can tell when it is gone"
+    os.kill(int(m.group(1)), 0)  # the run's controller: alive while its lanes run
+
+
+def test_a_killed_runs_folder_is_removed_by_the_next_run(tmp_path):
+    """A run stopped from outside never reaches its clean-up; the next run removes a folder whose process is gone
+    and leaves alone one whose process runs (another run at the same time) and anything not named as its own."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    dead = tmp_path / f"{HINTS_PREFIX}{int(gone.stdout)}-abc_123"
+    live = tmp_path / f"{HINTS_PREFIX}{os.getppid()}-def456"
+    other = [tmp_path / f"{HINTS_PREFIX}x1y2z3", tmp_path / f"{HINTS_PREFIX}notapid-1", tmp_path / "unrelated"]
+    for d in (dead, live, *other):
+        d.mkdir()
+        (d / "hint.txt").write_text("Q4_K_M\n", encoding="utf-8")
+    made = new_hints_folder(str(tmp_path))
+    assert not dead.exists()
+    assert live.is_dir() and all(d.is_dir() for d in other)
+    assert os.path.dirname(made) == str(tmp_path) and os.path.basename(made).startswith(f"{HINTS_PREFIX}{os.getpid()}-")
+    assert sorted(os.listdir(tmp_path)) == sorted([os.path.basename(made), *(d.name for d in (live, *other))])
