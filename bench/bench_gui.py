@@ -109,7 +109,7 @@ class Clock:
 def bench_updates(app, win, big):
     """Frame costs with the big trace loaded, as a long run streams its last tokens."""
     from specview.core.config import RunConfig
-    from specview.gui.worker import ArmStarted, RunRequest, StepsEvent
+    from specview.gui.messages import ArmStarted, RunRequest, StepsEvent
 
     v, s = big.vanilla, big.speculative
     tail = TOKENS_PER_FRAME * FRAMES

@@ -1,6 +1,6 @@
 """A run as it streams: buffer the worker's batches, draw them at a frame rate the machine can afford.
 
-The worker sends tokens in batches (:class:`~specview.gui.worker.StepsEvent`);
+The worker sends tokens in batches (:class:`~specview.gui.messages.StepsEvent`);
 this controller appends them to its buffers and marks the view dirty.  A frame
 timer draws what is new: the panes' text, both plots, the fork mark.  Drawing
 is throttled by a frame budget: one frame's updates plus the painting since the
@@ -22,7 +22,7 @@ from ..core.trace import Round, Step
 from .panes import PaintClock, PanePair
 from .plotdata import Series
 from .plots import AcceptancePlot, MarginPlot
-from .worker import ArmStarted, RunRequest, StepsEvent
+from .messages import ArmStarted, RunRequest, StepsEvent
 
 FRAME_MS = 33  # streaming redraws: about 30 a second when drawing is cheap
 DRAW_SHARE = 0.02  # at most this share of wall time goes to drawing while a run streams

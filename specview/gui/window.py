@@ -34,8 +34,9 @@ from .settings import read_settings, remember, restore_geometry, write_settings
 from .theme import apply_theme
 from .verdict_bar import crash_text, diagnosis_tooltip, speed_text, trace_verdict
 from .window_ui import AUTO_RUN_MS, build_ui, connect_worker
-from .worker import (ArmStarted, Derived, DeriveRequest, MatrixRequest, PreloadRequest, Progress, RunFailed, RunFinished,
-                     RunRequest, RunStarted, WorkerHost)
+from .messages import (ArmStarted, Derived, DeriveRequest, MatrixRequest, PreloadRequest, Progress, RunFailed,
+                       RunFinished, RunRequest, RunStarted)
+from .worker import WorkerHost
 
 VERDICT_EVERY_S = 0.25  # the verdict bar's running count is rewritten at most this often
 APP_SETTINGS = ("diagnose", "auto_run")

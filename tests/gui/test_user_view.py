@@ -10,7 +10,7 @@ import pytest
 
 from specview.core.config import RunConfig
 from specview.gui.verdict_bar import parse_try_link
-from specview.gui.worker import ArmStarted, RunRequest, StepsEvent
+from specview.gui.messages import ArmStarted, RunRequest, StepsEvent
 
 
 def shown(make_window, qtbot, *, size=(1300, 700)):

@@ -1,7 +1,7 @@
 """The Kernel map tab's backend check at every verify width: the Run panel's target, on its engine and
 settings, against the reference (the CPU, or one thread on a CPU-only build), widths 1 to n_max + 1.
 
-It runs as a job on the model worker (:class:`~specview.gui.worker.JobRequest`) and shows, per width, the
+It runs as a job on the model worker (:class:`~specview.gui.messages.JobRequest`) and shows, per width, the
 figures ``specview check --widths`` prints (:func:`specview.core.diagnose.reference.width_table`).
 """
 
@@ -20,7 +20,8 @@ from ...core.diagnose.reference import WIDTH_HEADERS, check_texts, widths_upto, 
 from ...core.errors import SpecviewError
 from ...core.prompts import builtin_prompts
 from ...core.registry import get_backend
-from ..worker import JobFinished, JobRequest, WorkerHost
+from ..messages import JobFinished, JobRequest
+from ..worker import WorkerHost
 
 #: greedy tokens the reference adds after the prompt: the positions checked at every width
 CONTINUATION = 32

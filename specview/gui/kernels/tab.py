@@ -1,8 +1,8 @@
 """The Kernel map tab: compute a kernel map on the model worker, open and save one, and prescribe from it.
 
 The map and the prescription run on the model worker's Session
-(:class:`~specview.gui.worker.KernelMapRequest`,
-:class:`~specview.gui.worker.PrescriptionRequest`), like a run or a matrix:
+(:class:`~specview.gui.messages.KernelMapRequest`,
+:class:`~specview.gui.messages.PrescriptionRequest`), like a run or a matrix:
 submitting one cancels whatever runs there, and a run or matrix submitted
 later cancels it in turn.  The engine and its settings are the Run panel's
 (``config()``, the window's :meth:`build_config`), because the map must be
@@ -39,14 +39,8 @@ from ...core.kernels.text import parse_widths, ranges, settings_label
 from ...core.prompts import builtin_prompts
 from ...core.trace import json_safe, write_atomic
 from ..controls import backend_facts
-from ..worker import (
-    KernelMapFinished,
-    KernelMapRequest,
-    PrescriptionFinished,
-    PrescriptionRequest,
-    Progress,
-    WorkerHost,
-)
+from ..messages import KernelMapFinished, KernelMapRequest, PrescriptionFinished, PrescriptionRequest, Progress
+from ..worker import WorkerHost
 from .check import BackendCheckPanel
 from .form import DEMO_MAP_TARGETS, MapForm, PrescriptionPanel, show_field_error
 from .view import KernelMapView, row_claim

@@ -20,7 +20,8 @@ from ...core.jsonfile import declares_schema
 from ...core.paths import new_results_folder, results_dir
 from ..controls import engine_problem
 from ..verdict_bar import matrix_verdict
-from ..worker import MatrixCell, MatrixFinished, MatrixRequest, WorkerHost
+from ..messages import MatrixCell, MatrixFinished, MatrixRequest
+from ..worker import WorkerHost
 from .view import MatrixView
 
 TAB_TIP = ("a reproducer matrix: which targets, drafters and n_max fork; double-click a cell to open it side by side; "

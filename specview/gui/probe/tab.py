@@ -1,6 +1,6 @@
 """The Probe tab: ``specview probe`` in the app, its table filled row by row as each trigger is proven.
 
-The probe runs as a job on the model worker (:class:`~specview.gui.worker.JobRequest`) for the Run panel's
+The probe runs as a job on the model worker (:class:`~specview.gui.messages.JobRequest`) for the Run panel's
 target and engine settings: the in-process half on that engine, the llama-server half (when asked for) on the
 Run panel's server binary.  A saved report (``specview probe --json``) opens here too.
 """
@@ -22,7 +22,8 @@ from ...core.errors import SpecviewError
 from ...core.jsonfile import declares_schema
 from ...core.probe.result import IDENTICAL, NEAR_TIE, STATE, ProbeReport, TriggerResult
 from ...core.verdicts import COLOURS
-from ..worker import JobFinished, JobRequest, WorkerHost
+from ..messages import JobFinished, JobRequest
+from ..worker import WorkerHost
 
 TAB_TIP = ("The known triggers of real rollback and state bugs (zero-draft after accepted drafts, whole rejections, "
            "deep rollbacks, a neighbour request, the context's edge, a long run, n-gram loops, every rollback mode), "

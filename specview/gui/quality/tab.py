@@ -1,6 +1,6 @@
 """The Quality tab: does speculative decoding change answers?  A task suite run through both arms, on the worker.
 
-The suite runs as a job on the model worker (:class:`~specview.gui.worker.JobRequest`),
+The suite runs as a job on the model worker (:class:`~specview.gui.messages.JobRequest`),
 on the runner of the Run panel's engine with the Run panel's settings
 (``config()``, the window's :meth:`build_config`), like a matrix: submitting it
 cancels whatever runs there, a run or matrix submitted later cancels it in turn,
@@ -31,7 +31,8 @@ from ...core.config import RunConfig
 from ...core.errors import SpecviewError
 from ...core.jsonfile import declares_schema
 from ...core.paths import new_results_folder
-from ..worker import JobFinished, JobRequest, Progress, WorkerHost
+from ..messages import JobFinished, JobRequest, Progress
+from ..worker import WorkerHost
 from .confirm import ExecuteConfirm, checked_sandbox, probe
 from .form import QualityForm
 from .tables import ItemsTable, NearTieTable, OutcomeTable
