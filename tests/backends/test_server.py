@@ -22,7 +22,7 @@ import pytest
 from require import missing
 
 from specview.backends.llama_server import ServerError, ServerRunner, binary as sb
-from specview.backends.llama_server import backend as sbe
+from specview.backends.llama_server import runner as sbe
 from specview.core.config import EngineSettings, RunConfig
 from specview.core.registry import get_backend
 from specview.core.session import Session

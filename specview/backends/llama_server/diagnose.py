@@ -36,7 +36,7 @@ from ..local_server.process import LocalServer
 from .protocol import (arm_from_stream, completion_body, held_back_ids, stream_completion, top_from_entry,
                        vanilla_by_requests)
 
-# the runner and its plan (specview.backends.llama_server.backend) are passed in, never imported here
+# the runner and its plan (specview.backends.llama_server.runner) are passed in, never imported here
 ServerRunner = Any
 Plan = Any
 
