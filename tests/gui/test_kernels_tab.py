@@ -27,7 +27,7 @@ from specview.core.registry import Backend, register_backend, unregister_backend
 from specview.core.inprocess import InProcessBackend
 from specview.core.session import Session
 from specview.gui.kernels import cell_look, is_kernel_map_file, row_claim
-from specview.gui.kernels.view import (
+from specview.gui.kernels.words import (
     CONTROL_FAILED,
     IDENTICAL,
     INK,

@@ -43,7 +43,8 @@ from ..messages import KernelMapFinished, KernelMapRequest, PrescriptionFinished
 from ..worker import WorkerHost
 from .check import BackendCheckPanel
 from .form import DEMO_MAP_TARGETS, MapForm, PrescriptionPanel, show_field_error
-from .view import KernelMapView, row_claim
+from .view import KernelMapView
+from .words import row_claim
 
 TAB_TIP = ("the kernel map: which verify widths this build computes bit-identically to single-token passes, "
            "per target; and the settings that proves lossless")
