@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import signal
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -505,10 +504,3 @@ def format_grid(doc: dict[str, Any]) -> str:
     widths = [max(len(x[i]) for x in [head] + rows) for i in range(len(head))]
     fmt = lambda row: "  ".join(x.ljust(w) for x, w in zip(row, widths)).rstrip()  # noqa: E731
     return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])
-
-
-if __name__ == "__main__":  # pragma: no cover
-    import importlib
-
-    # looked up at run time: a static import of the CLI from a command would make the two packages a cycle
-    sys.exit(importlib.import_module("specview.cli").main(["matrix", *sys.argv[1:]]))
