@@ -49,8 +49,8 @@ from ..core.registry import (
     backend_problem,
     get_backend,
 )
-from .model_offers import ModelOffers
-from .model_picker import ModelPicker
+from .models.offers import ModelOffers
+from .models.picker import ModelPicker
 from .setting_control import SettingControl
 from .settings import default_run
 
@@ -205,7 +205,7 @@ class RunControls(QWidget):
         self.draft.sigChanged.connect(lambda _v: (self.offers.check(), self._changed("draft")))
         self.draft.sigDeriveWanted.connect(lambda c: self.sigDeriveWanted.emit(c, "draft"))
         form.addRow("Draft model", self.draft)
-        #: the found models in the pickers; only the drafters that fit the target (see model_offers)
+        #: the found models in the pickers; only the drafters that fit the target (see models/offers.py)
         self.offers = ModelOffers(self.target, self.draft, self.spec_type, self)
 
     def _build_prompt(self, form: QFormLayout) -> None:

@@ -16,7 +16,7 @@ from PySide6.QtWidgets import QFileDialog
 from ..core.matrix.preset import preset_names
 from .about import show_about_setup
 from .card import export_card_dialog
-from .model_menu import build_models_menu
+from .models.menu import build_models_menu
 from .theme import THEMES
 
 

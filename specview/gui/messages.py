@@ -11,7 +11,7 @@ from typing import Any
 
 from ..core.config import RunConfig
 from ..core.trace import Round, Step, Trace
-from . import models as gmodels
+from .models import choices as gmodels
 
 _ids = itertools.count(1)
 

@@ -22,7 +22,7 @@ from ..core.config import EngineSettings, RunConfig, settings_class
 from ..core.errors import SpecviewError
 from ..core.prompts import builtin_prompts
 from ..core.trace import Trace
-from . import models as gmodels
+from .models import choices as gmodels
 from .export import export_tab_report, report_source
 from .kernels import is_kernel_map_file
 from .locate import is_locate_file, locate_link

@@ -14,7 +14,7 @@ from .locate import LocateTab
 from .matrix import MatrixTab
 from .matrix.tab import TAB_TIP
 from .quality import QualityTab
-from .model_menu import attach_discovery
+from .models.menu import attach_discovery
 from .probe import ProbeTab
 from .side_by_side import SideBySide
 from .verdict_bar import VerdictBar

@@ -38,7 +38,7 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 from ..core.errors import EngineCrashed, SpecviewError
 from ..core.registry import Runner, get_backend
 from ..core.trace import Round, Step, Trace
-from . import models as gmodels
+from .models import choices as gmodels
 from .messages import (ArmStarted, Derived, DeriveRequest, JobFinished, JobRequest, KernelMapFinished, KernelMapRequest,
                        MatrixCell, MatrixFinished, MatrixRequest, PreloadRequest, PrescriptionFinished,
                        PrescriptionRequest, Progress, RoundEvent, RunFailed, RunFinished, RunRequest, RunStarted,

@@ -20,7 +20,7 @@ from PySide6.QtTest import QTest
 
 from specview.core.arms.generate import GenOptions, run_to_end, vanilla_greedy
 from specview.core.session import Session
-from specview.gui import models as gmodels
+from specview.gui.models import choices as gmodels
 from specview.gui.panes import Tints
 
 pytestmark = pytest.mark.demo

@@ -20,7 +20,7 @@ from vocab_copy import write_with_vocab_of  # noqa: E402
 
 from specview.core.demo import shipped_path  # noqa: E402
 from specview.core.models import add_folder  # noqa: E402
-from specview.gui.model_catalog import DEMO_GROUP, size_text  # noqa: E402
+from specview.gui.models.catalog import DEMO_GROUP, size_text  # noqa: E402
 
 SCAN_TIMEOUT = 60_000
 STORE_ENV = ("XDG_CACHE_HOME", "OLLAMA_MODELS", "HF_HUB_CACHE", "HF_HOME", "LLAMA_CACHE")
@@ -87,7 +87,7 @@ MLX_FOLDERS = ("lmstudio:tinypub/Tiny-MLX", "hf:mlx-community/Tiny-4bit")
 def test_the_window_opens_on_the_demo_names_and_scans_off_the_gui_thread(make_window, qtbot, home, monkeypatch):
     import threading
 
-    from specview.gui import model_scan
+    from specview.gui.models import scan as model_scan
 
     threads = []
     real = model_scan.scan
@@ -224,7 +224,7 @@ def test_scan_problems_are_listed_and_never_stop_the_scan(make_window, qtbot, ho
 
 
 def test_adding_and_forgetting_a_models_folder_rescans(make_window, qtbot, home, tmp_path):
-    from specview.gui.model_menu import add_models_folder
+    from specview.gui.models.menu import add_models_folder
 
     w = scanned_window(make_window, qtbot)
     extra = tmp_path / "more"

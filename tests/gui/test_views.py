@@ -11,7 +11,7 @@ from PySide6.QtCore import QPointF, Qt
 from PySide6.QtGui import QTextCursor
 from PySide6.QtTest import QTest
 
-from specview.gui import models as gmodels
+from specview.gui.models import choices as gmodels
 from specview.gui.panes import Tints
 from specview.gui.side_by_side import mismatch_positions
 

@@ -123,7 +123,7 @@ def test_the_matrix_refuses_a_pair_before_any_cell(here):
 
 def test_the_apps_catalog_refuses_the_same_pairs(here):
     pytest.importorskip("PySide6")
-    from specview.gui.model_catalog import Catalog
+    from specview.gui.models.catalog import Catalog
 
     c = Catalog()
     c.set_scan(M.scan(cache=False))

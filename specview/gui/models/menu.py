@@ -1,7 +1,7 @@
 """The Models menu and the model scan's place in the window: add or forget a models folder, rescan, and the
 scan's problems (each thing it skipped, with why).
 
-:func:`attach_discovery` gives the window its :class:`~specview.gui.model_scan.ModelScanner`
+:func:`attach_discovery` gives the window its :class:`~specview.gui.models.scan.ModelScanner`
 (``w.model_scan``) and starts the first scan once the window is up, so the
 window opens at once on the demo names and lists the found models when the
 scan ends.  :func:`build_models_menu` adds the menu; its actions are stored on
@@ -18,9 +18,9 @@ from PySide6.QtCore import QTimer
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QFileDialog, QLabel, QMenu, QPlainTextEdit, QVBoxLayout
 
-from ..core.errors import SpecviewError
-from ..core.models import Scan, add_folder, remove_folder, user_folders
-from .model_scan import ModelScanner
+from ...core.errors import SpecviewError
+from ...core.models import Scan, add_folder, remove_folder, user_folders
+from .scan import ModelScanner
 
 
 def attach_discovery(w: Any) -> None:

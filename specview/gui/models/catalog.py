@@ -16,12 +16,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core.config import DEMO_DRAFTERS, DRAFT_FILE_TYPES, demo_drafter
-from ..core.demo import DEMO_QUANTS, check_demo_name, is_demo_name, shipped_path
-from ..core.errors import SpecviewError
-from ..core.models import (DRAFTER_SPEC_TYPES, NO_DRAFTER_SPEC_TYPES, ModelInfo, Scan, check_drafter, drafters_for,
+from ...core.config import DEMO_DRAFTERS, DRAFT_FILE_TYPES, demo_drafter
+from ...core.demo import DEMO_QUANTS, check_demo_name, is_demo_name, shipped_path
+from ...core.errors import SpecviewError
+from ...core.models import (DRAFTER_SPEC_TYPES, NO_DRAFTER_SPEC_TYPES, ModelInfo, Scan, check_drafter, drafters_for,
                            is_store_name, read_header, resolve_name)
-from .models import DEMO_CHOICES
+from .choices import DEMO_CHOICES
 
 DEMO_GROUP = "Demo: SmolLM2-135M-Instruct"
 #: the n-gram types a user is pointed at when no drafter fits (llama-server offers all of them, llama.cpp the first)

@@ -17,7 +17,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from ..core.models import Problem, Scan, scan
+from ...core.models import Problem, Scan, scan
 
 
 class ScanCancelled(BaseException):

@@ -18,11 +18,11 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
-from ..core.config import DRAFT_FILE_TYPES
-from ..core.demo import is_demo_name
-from ..core.models import Scan
-from .model_catalog import Catalog, DraftOffer, Entry, Group
-from .model_picker import ModelPicker
+from ...core.config import DRAFT_FILE_TYPES
+from ...core.demo import is_demo_name
+from ...core.models import Scan
+from .catalog import Catalog, DraftOffer, Entry, Group
+from .picker import ModelPicker
 
 RECENT_GROUP = "Used before"
 _FINGERPRINTS = re.compile(r" \((?:target|draft) [^()]*\)")

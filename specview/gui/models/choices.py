@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.paths import cache_dir
-from ..core.registry import backend_for_models
+from ...core.paths import cache_dir
+from ...core.registry import backend_for_models
 
 # higher precision first; a file can be derived from any file ranked above it
 PRECISION_ORDER = ("F32", "BF16", "F16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_1", "Q5_0", "Q4_K_M",

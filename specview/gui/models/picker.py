@@ -3,7 +3,7 @@
 What a model is depends on the engine (``Backend.model_kind``): a GGUF file
 ("gguf") or a model folder ("folder").  The list opens as a table grouped by
 model family and vocabulary, each row with its size, quantization and store
-(:class:`~specview.gui.model_catalog.Group`); typing filters the names by any
+(:class:`~specview.gui.models.catalog.Group`); typing filters the names by any
 part (a completer that matches inside the name).  For a model with several
 quantizations beside it, a second list flips between them; entries marked
 "derive" are written from the highest-precision copy on demand.  A line under
@@ -31,8 +31,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from . import models as gmodels
-from .model_catalog import Catalog, Entry, Group
+from . import choices as gmodels
+from .catalog import Catalog, Entry, Group
 
 #: the list's columns (the name is what the combo shows and returns)
 COLUMNS = ("name", "size", "quant", "source")
