@@ -7,7 +7,7 @@ A fake engine registered through the same door as the real ones
 from __future__ import annotations
 
 import pytest
-from conftest import synthetic_trace
+from synthetic import synthetic_trace
 from PySide6.QtWidgets import QDialog
 
 from specview.core.config import EngineSettings, RunConfig
