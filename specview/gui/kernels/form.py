@@ -177,6 +177,7 @@ class MapForm(QGroupBox):
 
         form = QFormLayout()
         form.setVerticalSpacing(4)
+        form.setHorizontalSpacing(8)  # the style's own spacing is 0 here: "Positions" would touch its box
         self.widths = QLineEdit(DEFAULT_WIDTHS_TEXT)
         self.widths.setObjectName("kernel_widths")
         self.widths.setToolTip("verify widths to map, e.g. 1-16 or 1-4,8,16; width 1 (the rollback control) is "
