@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 from ...core.config import RunConfig
 from ...core.errors import Cancelled
 from ..local_server.process import ServerError
+from .pool import with_ubatch
 from .process import LlamaServer
 from .protocol import completion_body, wait_idle
 
@@ -131,7 +132,7 @@ def alone_and_beside(runner: Any, cfg: RunConfig, *, other: Sequence[int], ubatc
     slot_ctx = max(plan.n_ctx, SLOT_CTX)
     argv = two_slot_argv(plan.vanilla_argv, plan.info, slot_ctx)
     if ubatch is not None:
-        argv = _with_ubatch(argv, ubatch)
+        argv = with_ubatch(argv, ubatch)
     srv, _ = runner.pool.get(plan.binary, argv, target=plan.target, label=f"neighbours{'-ub1' if ubatch else ''}",
                              cancel=cancel)
     api = endpoint(srv)
@@ -156,13 +157,4 @@ def alone_and_beside(runner: Any, cfg: RunConfig, *, other: Sequence[int], ubatc
     }
     if repeat_alone:
         out["alone_again"] = _answer(api, plan.tokens, n, cfg.ignore_eos, cancel)["tokens"]
-    return out
-
-
-def _with_ubatch(argv: list[str], ub: int) -> list[str]:
-    out = list(argv)
-    if "-ub" in out:
-        out[out.index("-ub") + 1] = str(ub)
-    else:
-        out += ["-ub", str(ub)]
     return out

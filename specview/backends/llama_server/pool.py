@@ -39,6 +39,16 @@ def argv_key(argv: Sequence[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def with_ubatch(argv: Sequence[str], ub: int) -> list[str]:
+    """The command line with ``-ub`` set to ``ub`` (1 for a serial verify: every pass one token)."""
+    out = list(argv)
+    if "-ub" in out:
+        out[out.index("-ub") + 1] = str(ub)
+    else:
+        out += ["-ub", str(ub)]
+    return out
+
+
 class ServerPool:
     """Live llama-servers by command line; counts every start in :attr:`starts`."""
 

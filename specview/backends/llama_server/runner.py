@@ -40,7 +40,7 @@ from ...core.resolve import Resolved
 from ...core.session import host_environment, prompt_record, round_up
 from ...core.trace import ArmResult, Trace
 from .binary import find_server_bin, server_info
-from .pool import ServerPool
+from .pool import ServerPool, argv_key, with_ubatch
 from .process import LlamaServer
 from .protocol import (TokenByToken, arm_from_response, arm_from_stream, completion_body, held_back_ids, make_step,
                        reads_request_speculation, stream_completion, vanilla_by_requests, wait_idle,
@@ -176,7 +176,7 @@ class ServerRunner(Runner):
             protocol, reason = "two-servers", TWO_SERVER_TYPES[cfg.spec_type]
         else:
             protocol, reason = "single-server", None
-        check_key = (binary, target, draft, cfg.spec_type, tuple(_without_ctx(vanilla_argv)),
+        check_key = (binary, target, draft, cfg.spec_type, argv_key(vanilla_argv),
                      tuple(split_server_args(cfg.engine.server_args)[1]))
         if protocol == "single-server" and self._checked.get(check_key):
             protocol, reason = "two-servers", self._checked[check_key]
@@ -188,7 +188,7 @@ class ServerRunner(Runner):
         """The live server for ``role`` ("speculative" or "vanilla") of ``plan``; (server, started now)."""
         argv = plan.spec_argv if role == "speculative" else plan.vanilla_argv
         if ubatch is not None:
-            argv = _with_ubatch(argv, ubatch)
+            argv = with_ubatch(argv, ubatch)
         return self.pool.get(plan.binary, argv, target=plan.target, label=self._label(plan, role, ubatch),
                              cancel=cancel)
 
@@ -266,7 +266,7 @@ class ServerRunner(Runner):
     def _vanilla_arm(self, plan: Plan, cfg: RunConfig, sserver: LlamaServer, on_event: EventFn | None,
                      cancel: Callable[[], bool], reuse: bool) -> tuple[ArmResult, dict[str, Any]]:
         key = (plan.binary, plan.target, tuple(plan.tokens), cfg.max_tokens, cfg.ignore_eos, cfg.top_k,
-               tuple(a for a in _without_ctx(plan.vanilla_argv)))
+               argv_key(plan.vanilla_argv))
         cached = self._vanilla.get(key) if reuse else None
         if cached is not None:
             arm, rec = cached
@@ -437,21 +437,6 @@ class ServerRunner(Runner):
 
 
 # -- helpers ------------------------------------------------------------------------------------
-def _without_ctx(argv: list[str]) -> list[str]:
-    from .pool import argv_key
-
-    return list(argv_key(argv))
-
-
-def _with_ubatch(argv: list[str], ub: int) -> list[str]:
-    out = list(argv)
-    if "-ub" in out:
-        out[out.index("-ub") + 1] = str(ub)
-    else:
-        out += ["-ub", str(ub)]
-    return out
-
-
 def _server_record(s: LlamaServer) -> dict[str, Any]:
     return {"args": s.command()[1:], "pid": s.pid, "label": s.label,
             "ready_seconds": None if s.ready_seconds is None else round(s.ready_seconds, 3)}
