@@ -66,6 +66,13 @@ def load_costs(config: pytest.Config) -> dict[str, float]:
     return costs
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """A broken cost table stops the run here, before any lane starts (the scheduler reads it only once the lanes
+    have started and collected, and their shutdown then cost seconds more)."""
+    if getattr(config, "workerinput", None) is None and config.getoption("dist", default=None) == "loadfile":
+        load_costs(config)
+
+
 # -- scheduling ------------------------------------------------------------------------------------
 
 

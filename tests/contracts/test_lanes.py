@@ -183,6 +183,7 @@ def test_a_broken_cost_table_is_refused_naming_it(tmp_path):
     files = {"test_a.py": PASSING.format(i=0), "costs.json": "[1, 2]"}
     _, _, out, returncode, _ = _run_suite(tmp_path, files, "lane_costs = 'costs.json'\n")
     assert returncode == 4, out[-3000:]  # pytest's usage error
+    assert "created:" not in out, f"refused before any lane starts (stopping them cost seconds): {out[-3000:]}"
     assert "costs.json (the lane_costs ini option) is not a table of seconds per test file" in out, out[-3000:]
     assert "scripts/lane-costs.py" in out, out[-3000:]
 
