@@ -45,7 +45,8 @@ def main() -> int:
     ap.add_argument("--size", default="1280x820")
     a = ap.parse_args()
     width, height = (int(x) for x in a.size.split("x"))
-    tmp = Path(tempfile.mkdtemp(prefix="shot-"))
+    scratch = tempfile.TemporaryDirectory(prefix="specview-shot-")  # settings, HOME, the tiny models: removed at the end
+    tmp = Path(scratch.name)
     os.environ["SPECVIEW_CONFIG_DIR"] = str(tmp / "config")
     if a.folder is None:
         from specview.core.paths import cache_dir
@@ -100,6 +101,7 @@ def main() -> int:
     w.model_scan.sigScanned.connect(open_popup)
     QTimer.singleShot(120_000, app.quit)
     app.exec()
+    scratch.cleanup()
     return status["code"]
 
 

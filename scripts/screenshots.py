@@ -13,7 +13,8 @@ made by ``specview matrix --suite`` or ``specview kernels`` and select its first
 its Q4_K_M row; ``locate`` opens a file made by ``specview locate --json`` and hovers its first
 differing node; ``quality`` opens a ``quality.json`` made by ``specview quality -o DIR`` in the
 Quality tab and selects its first changed answer.  Nothing is staged: what the window shows is what
-the app computed or read.  The app's settings go to a temporary file, so the user's own are untouched.
+the app computed or read.  The app's settings go to a temporary folder, removed when the shot is taken,
+so the user's own are untouched.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def main() -> int:
     app = application(argv=sys.argv[:1])
     from specview.gui.window import MainWindow
 
-    w = MainWindow(settings_path=Path(tempfile.mkdtemp(prefix="specview-shot-")) / "gui.json", preload=False)
+    settings = tempfile.TemporaryDirectory(prefix="specview-shot-")  # removed when the shot is taken
+    w = MainWindow(settings_path=Path(settings.name) / "gui.json", preload=False)
     w.auto_run.setChecked(False)
     w.resize(width, height)
     w.apply_theme(a.theme)
@@ -93,6 +95,7 @@ def main() -> int:
 
     QTimer.singleShot(300, start)
     app.exec()
+    settings.cleanup()
     return status["code"]
 
 
