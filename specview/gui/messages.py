@@ -1,6 +1,7 @@
 """What the window and its model worker say to each other: a request the window submits (cancellable where it
 runs long) and the events the worker sends back, each one small dataclass carried by one typed signal of
-:class:`~specview.gui.worker.ModelWorker`.  Qt-free, so a view that only submits or reads them needs no worker."""
+:class:`~specview.gui.worker.ModelWorker`.  Plain dataclasses (no Qt of their own), so a view that only submits or
+reads them imports no worker."""
 
 from __future__ import annotations
 
