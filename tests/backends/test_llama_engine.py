@@ -107,6 +107,11 @@ def test_missing_corrupt_and_truncated_files_give_clear_errors(tmp_path, tiny_ta
     junk.write_bytes(b"PK\x03\x04" + bytes(100))
     with pytest.raises(ModelFileError, match="not a GGUF model file"):
         door.model(junk)
+    stub = tmp_path / "stub.gguf"
+    stub.write_bytes(tiny_target.read_bytes()[:15])
+    with pytest.raises(ModelFileError, match=r"cut short \(15 bytes") as ei:
+        door.model(stub)
+    assert "not a GGUF" not in str(ei.value)
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(tiny_target.read_bytes()[:5000])
     with pytest.raises(ModelFileError, match="could not load this model") as ei:

@@ -50,10 +50,15 @@ def check_gguf_file(path: Path) -> None:
             magic = fh.read(4)
     except OSError as exc:
         raise ModelFileError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
-    if size < 32 or magic != GGUF_MAGIC:
+    if magic != GGUF_MAGIC:
         raise ModelFileError(
             f"{path}: not a GGUF model file (it starts with {magic!r}, a GGUF file starts with b'GGUF'). "
             "Convert it with llama.cpp's convert_hf_to_gguf.py, or pick another file."
+        )
+    if size < 32:
+        raise ModelFileError(
+            f"{path}: a GGUF file cut short ({size} bytes, less than its header alone); "
+            "download or copy it again, or pick another file."
         )
 
 
