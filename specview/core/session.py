@@ -22,7 +22,7 @@ from .arms.reuse import replay
 from .arms.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
 from .config import RunConfig
 from .engine import Engine, EngineSettings, check_draft_compatible
-from .arms.generate import Event, GenOptions, context_needed, run_to_end, speculative_greedy, vanilla_greedy
+from .arms.generate import Event, GenOptions, check_fits, context_needed, run_to_end, speculative_greedy, vanilla_greedy
 from .doctor import cpu_name, environment_facts, machine_facts
 from .engine import LoadedModel
 from .registry import Backend, Runner, get_backend
@@ -173,6 +173,8 @@ class Session(Runner):
             vanilla = replay(cached[0], on_event)
         else:
             veng = used = self.engine("vanilla", target, cfg.engine, n_ctx)
+            # the whole run's need before either arm: the vanilla arm alone fits where a verify pass may not
+            check_fits(veng, len(tokens), cfg.max_tokens, cfg.draft_width)
             vanilla = run_to_end(vanilla_greedy(veng, tokens, opts, cancel=cancel),
                                  (lambda ev: on_event("vanilla", ev)) if on_event else None)
             self.vanilla_runs += 1

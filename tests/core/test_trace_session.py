@@ -7,7 +7,8 @@ from dataclasses import replace
 import pytest
 
 from fakes import FakeBackend
-from specview.core.engine import SpecviewError
+from specview.core.config import EngineSettings
+from specview.core.engine import ContextOverflow, SpecviewError
 from specview.core.registry import get_backend, register_backend
 from specview.core.session import RunConfig, Session
 from specview.core.trace import TOP_LEVEL_KEYS, Trace, TraceError, write_atomic
@@ -113,6 +114,19 @@ def test_session_loads_each_model_once_and_reruns_only_the_speculative_arm(fake)
     s.run(replace(c, max_tokens=20))  # a different arm length is a different vanilla arm
     assert s.vanilla_runs == 2
     assert fake.loaded.count("0") == 1
+
+
+def test_a_context_only_the_vanilla_arm_fits_is_refused_before_either_arm_runs(fake):
+    n_prompt = len(Session().run(cfg()).prompt["tokens"])
+    s = Session()
+    vanilla_need = n_prompt + 40 + 1  # the prompt, 40 tokens, the last one's pass
+    with pytest.raises(ContextOverflow) as err:
+        s.run(cfg(engine=EngineSettings(n_ctx=vanilla_need)))
+    assert f"needs a context of {vanilla_need + 4}" in str(err.value)  # and a verify pass of n_max = 4 drafts
+    assert "plus 4 draft tokens" in str(err.value)
+    assert s.vanilla_runs == 0 and s.speculative_runs == 0  # the advice came before any arm spent its time
+    t = s.run(cfg(engine=EngineSettings(n_ctx=vanilla_need + 4)))
+    assert len(t.vanilla.tokens) == 40 and t.comparison is not None
 
 
 def test_run_config_validates_its_values(fake):

@@ -90,8 +90,9 @@ def check_fits(engine: Engine, n_prompt: int, max_tokens: int, n_max: int = 0) -
         raise ContextOverflow("the prompt is empty: give a prompt or at least one token id")
     if need > engine.n_ctx:
         raise ContextOverflow(
-            f"the prompt is {n_prompt} tokens and the run generates up to {max_tokens} "
-            f"(plus {n_max} draft tokens per verify), which needs a context of {need}, "
+            f"the prompt is {n_prompt} tokens and the run generates up to {max_tokens}"
+            + (f" (plus {n_max} draft tokens per verify)" if n_max else "")
+            + f", which needs a context of {need}, "
             f"but the context is {engine.n_ctx}. Raise --n-ctx to at least {need}, "
             "or lower --max-tokens, or shorten the prompt."
         )
