@@ -69,7 +69,29 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                 continue
         else:
             sub.add_parser(name, help=help_text, add_help=False)
+    parser.set_defaults(_commands=sub.choices)
     return parser
+
+
+def unrecognized(parser: argparse.ArgumentParser, extra: list[str]) -> str:
+    """The message for arguments ``parser`` does not take, with the nearest flag it does take for each one
+    that looks like a flag (``--n_max`` -> ``--n-max``)."""
+    import difflib
+
+    from .core.llama_flags import REMOVED_FLAGS
+
+    flags = [f for a in parser._actions for f in a.option_strings]
+    hints = []
+    for arg in extra:
+        name = arg.split("=", 1)[0]
+        if REMOVED_FLAGS.get(name) in flags:
+            hints.append(f"{name} is llama.cpp's removed name for {REMOVED_FLAGS[name]}")
+        elif name.startswith("-"):
+            near = difflib.get_close_matches(name.replace("_", "-"), flags, n=1, cutoff=0.75)
+            if near:
+                hints.append(f"{name}: did you mean {near[0]}?")
+    msg = f"unrecognized arguments: {' '.join(extra)}"
+    return msg + ("; " + "; ".join(hints) if hints else "") + f" (`{parser.prog} --help` lists what it takes)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,7 +114,10 @@ def main(argv: list[str] | None = None) -> int:
 
         argv = join_dash_values(argv)  # --server-args "--no-repack": a value that starts with a dash
     parser = build_parser(only=cmd)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # said by the command's own parser, with its usage, as argparse says a bad value
+        command = getattr(args, "_commands", {}).get(getattr(args, "command", None), parser)
+        command.error(unrecognized(command, extra))
     if not getattr(args, "command", None):
         parser.print_help()
         return EXIT_ERROR

@@ -237,7 +237,7 @@ class RunConfig:
                          label="n_max", help="most tokens drafted per round (llama.cpp's default)")
     n_min: int = setting(0, flags=("--n-min", "--spec-draft-n-min"), min=0, group="speculation", label="n_min",
                          help="drop a draft shorter than this")
-    p_min: float = setting(0.0, flags=("--p-min", "--spec-draft-p-min"), min=0.0, max=1.0, axis=True,
+    p_min: float = setting(0.0, flags=("--p-min", "--spec-draft-p-min", "--draft-p-min"), min=0.0, max=1.0, axis=True,
                            group="speculation", label="p_min",
                            help="stop drafting when the draft's top-10 softmax probability is below this; "
                            "1 drafts nothing: the zero-draft control")

@@ -25,6 +25,11 @@ UB1_REFUSED = {t: (f"{t}'s drafter is non-causal and shares the target's -ub, so
                    "(GGML_ASSERT \"non-causal attention requires n_ubatch >= n_tokens\")")
                for t in ("draft-dflash", "draft-dspark")}
 
+#: names llama.cpp removed (``common/arg.cpp``'s "removed params") and the flag that took their place
+REMOVED_FLAGS = {
+    "--draft-max": "--spec-draft-n-max", "--draft-n": "--spec-draft-n-max",
+    "--draft-min": "--spec-draft-n-min", "--draft-n-min": "--spec-draft-n-min",
+}
 #: flags specview sets itself; giving them in ``server_args`` would contradict the run
 RESERVED_SERVER_FLAGS = {
     "--host": "specview binds every server to 127.0.0.1",

@@ -84,6 +84,34 @@ def test_bad_input_exits_2_with_a_specific_message(capsys, argv, message):
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["run", "--n_max", "3"], ["specview run: error: unrecognized arguments: --n_max 3",
+                                   "--n_max: did you mean --n-max?", "`specview run --help`"]),
+        (["run", "--draft-max", "2"], ["specview run: error: unrecognized arguments: --draft-max 2",
+                                       "--draft-max is llama.cpp's removed name for --spec-draft-n-max"]),
+        (["matrix", "spec.toml"], ["specview matrix: error: unrecognized arguments: spec.toml"]),
+        (["--bogus"], ["specview: error: unrecognized arguments: --bogus", "`specview --help`"]),
+    ],
+)
+def test_an_unknown_argument_is_named_by_the_command_that_refuses_it(capsys, argv, said):
+    with pytest.raises(SystemExit) as ex:
+        main(argv)
+    err = capsys.readouterr().err
+    assert ex.value.code == 2
+    assert all(s in err for s in said), err
+    assert err.splitlines()[-1].startswith(said[0])
+    assert err.splitlines()[0].startswith("usage: " + said[0].split(":")[0])  # the usage shown is that command's
+
+
+def test_llama_cpp_s_draft_p_min_is_read_as_p_min():
+    from specview.cli import build_parser
+
+    args = build_parser(only="run").parse_args(["run", "--draft-p-min", "0.5"])
+    assert args.p_min == 0.5
+
+
 def test_a_prompt_longer_than_the_context_is_refused(capsys, tiny_dir):
     code, _, err = run(capsys, "run", "--target", str(tiny_dir / "target.gguf"), "--spec-type", "none",
                        "--prompt", "the cat " * 200, "--no-chat", "--n-ctx", "256", "-q")
