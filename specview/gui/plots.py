@@ -257,15 +257,15 @@ class AcceptancePlot(TimedPlot):
         drafted, accepted = int(d_all.sum()), int(a_all.sum())
         if rate is None and drafted:
             rate = accepted / drafted
+        verify = self._cols["index"].view() > 0  # round 0 is the prefill
         if mean is None:
-            verify = self._cols["index"].view() > 0  # round 0 is the prefill
             mean = float(a_all[verify].mean()) + 1 if verify.any() else None
         if n:
             self.summary = (f"acceptance {rate * 100:.1f}% ({accepted}/{drafted})" if rate is not None
                             else "nothing drafted")
             if mean is not None:
                 self.summary += f" · mean length {mean:.2f}"
-            self.summary += f" · {n} rounds"
+            self.summary += f" · {int(np.count_nonzero(verify))} verify rounds"  # the prefill's is no verify
             if self.n_replayed:
                 self.summary += f" · {self.n_replayed} replayed"
             if self.bin > 1:

@@ -73,6 +73,8 @@ def test_the_histogram_counts_how_far_the_drafts_survive(view, synth):
     assert list(hg.drafted.opts["height"]) == drafted and list(hg.accepted.opts["height"]) == accepted
     assert [lab.toPlainText() for lab in hg.labels] == [f"{100 * a / d:.0f}%" for a, d in zip(accepted, drafted)]
     assert f"{len(rounds)} rounds" in hg.getPlotItem().titleLabel.text
+    assert t.speculative.rounds[0].index == 0  # the prefill's round, drawn but no verify: both titles skip it
+    assert f"· {len(rounds)} verify rounds" in view.acceptance.summary
     view.clear_trace()
     assert hg.empty and view.track_plot.empty
 
