@@ -47,6 +47,11 @@ class Decision:
     value: Any
     why: str
 
+    def __post_init__(self) -> None:
+        if not (isinstance(self.why, str) and self.why.strip()):
+            raise ValueError(f"a decision of {self.setting} = {self.value!r} needs its one line of why: a value kept "
+                             "as given is no decision")
+
     def to_dict(self) -> dict[str, Any]:
         return {"value": self.value, "why": self.why}
 

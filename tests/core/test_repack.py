@@ -115,6 +115,23 @@ def test_unset_settings_take_their_plain_value_where_nothing_decides(monkeypatch
     assert r.config.engine.no_repack is False and r.decisions == ()
 
 
+def test_a_decision_says_why_and_the_demo_default_kept_is_none(monkeypatch):
+    from specview.backends.llama_cpp import backend as llama_backend
+    from specview.backends.llama_cpp.demo_pick import DemoPick
+    from specview.core.resolve import Decision
+
+    with pytest.raises(ValueError, match="needs its one line of why"):
+        Decision("target", "demo:Q4_K_M", " ")
+    monkeypatch.setattr(probe, "probe_needed", lambda flags=None: False)
+    picks = {"demo:Q4_K_M": DemoPick(target="demo:Q4_K_M"),  # the default forks here: kept, nothing to say
+             "demo:BF16": DemoPick(target="demo:BF16", reason="demo:BF16 instead of demo:Q4_K_M: (measured)")}
+    for want, pick in picks.items():
+        monkeypatch.setattr(llama_backend, "cached_pick", lambda settings, default, p=pick: p)
+        r = Runner.resolve(RunConfig(prompt="x"), default_target=True, measure=False)
+        assert r.config.target == want
+        assert r.to_dict() == ({} if not pick.reason else {"target": {"value": want, "why": pick.reason}})
+
+
 # -- the machine's default ------------------------------------------------------------------
 def test_a_crashed_probe_makes_runs_default_to_no_repack_and_say_why(crashed_here, tiny_target):
     r = resolved_from_args(_run_args("-m", str(tiny_target), "--spec-type", "ngram-simple"))

@@ -87,7 +87,7 @@ class LlamaBackend(InProcessBackend):
             settings = fill_plain(settings)
             pick = pick_demo_target(settings, default=cfg.target, progress=progress) if measure else \
                 cached_pick(settings, cfg.target)
-            if pick is not None:
+            if pick is not None and pick.reason:  # the default kept, because it can fork here, is no decision
                 out.append(Decision("target", pick.target, pick.reason))
         return out
 
