@@ -48,6 +48,20 @@ def xcb_plugin() -> Path | None:
     return p if p.exists() else None
 
 
+def window_problem() -> str | None:
+    """Why the app's window cannot be shown here, said so that a user can act on it (None: it can be).
+
+    On Linux with neither ``DISPLAY`` nor ``WAYLAND_DISPLAY`` (a server, a container, ssh without ``-X``) Qt would
+    run the app on its offscreen platform: a window nobody can see or close, and a command that never returns.
+    ``QT_QPA_PLATFORM`` set by the user (``offscreen`` for a headless check) is their choice and stands."""
+    if not _no_display() or os.environ.get("QT_QPA_PLATFORM"):
+        return None
+    return ("no display to open the window on: neither DISPLAY nor WAYLAND_DISPLAY is set (a server, a container, "
+            "or ssh without -X). Open the app on a desktop or over `ssh -X`, or use the command line, which needs "
+            "no display: `specview run` runs both arms and prints the verdict, `specview report` writes it as "
+            "HTML (QT_QPA_PLATFORM=offscreen starts the app with no window at all)")
+
+
 def _wants_xcb() -> bool:
     """Whether Qt will open its X11 platform here: asked for by name, or an X display without a Wayland one."""
     asked = os.environ.get("QT_QPA_PLATFORM", "")

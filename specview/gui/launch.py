@@ -7,7 +7,7 @@ import sys
 
 from PySide6.QtCore import QTimer
 
-from .app import application
+from .app import application, window_problem
 from .qtcompat import MainThreadCollector
 from .settings import default_settings_path
 from .window import MainWindow
@@ -23,6 +23,11 @@ def run_app(*, path: str | None = None, theme: str | None = None, run: bool = Fa
     tokens per arm, writes the trace there and exits 0; an error exits 1, and no
     trace within ``smoke_timeout`` seconds exits 3.
     """
+    problem = None if smoke else window_problem()  # the smoke test runs offscreen where there is no display
+    if problem:
+        from ..core.errors import SpecviewError
+
+        raise SpecviewError(problem)
     app = application(argv=sys.argv[:1])
     collector = MainThreadCollector()  # no Qt object is freed by a worker thread's garbage collection
     try:

@@ -103,6 +103,26 @@ def test_specview_gui_on_a_display_no_x_server_answers_ends_with_the_error(tmp_p
     assert expect in res.stderr and "Traceback" not in res.stderr
 
 
+@pytest.mark.parametrize("argv", [["gui", "--fresh", "--no-preload"], []], ids=["gui", "bare"])
+def test_with_no_display_at_all_the_app_says_so_instead_of_running_unseen(tmp_path, argv):
+    """No DISPLAY and no WAYLAND_DISPLAY (ssh without -X, a server): Qt would run the window on its offscreen
+    platform, where nobody can see or close it, and the command would never return. ``specview gui`` (and bare
+    ``specview``, which opens the app) exits 2 saying so and naming the CLI; an explicit
+    QT_QPA_PLATFORM=offscreen is the user's choice and opens the window unseen."""
+    env = {**os.environ, "SPECVIEW_CONFIG_DIR": str(tmp_path / "config"), "SPECVIEW_EXIT_WHEN_SHOWN": "1"}
+    for var in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM"):
+        env.pop(var, None)
+    res = subprocess.run([sys.executable, "-m", "specview", *argv], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 2, (res.returncode, res.stderr[-2000:])
+    assert "specview: error: no display to open the window on" in res.stderr and "specview run" in res.stderr
+    assert "window shown" not in res.stdout and "Traceback" not in res.stderr
+    if argv:
+        res = subprocess.run([sys.executable, "-m", "specview", *argv], env={**env, "QT_QPA_PLATFORM": "offscreen"},
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0 and "specview: window shown" in res.stdout, res.stderr[-2000:]
+
+
 def test_the_app_opens_a_real_x_window_and_leaves_the_server_up(tmp_path):
     """``specview gui`` on a real X server (Xvfb, which resets when its last client leaves and refuses connections
     while it does): the window is shown, twice in a row. specview's own check of the display holds its connection
