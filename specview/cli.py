@@ -5,7 +5,7 @@ when chosen.  Exit status: 0 the arms are identical (or the command
 succeeded), 1 the arms diverged, 2 an error (a bad file, a bad value, a
 missing backend), 70 an internal error (a bug in specview: one line, the
 traceback written to a file; never a status that reads as a result), 130
-interrupted.
+interrupted, 143 terminated (SIGTERM).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 
 from . import __version__
@@ -40,6 +41,9 @@ EXIT_DIVERGED = 1
 EXIT_ERROR = 2
 #: an exception specview did not expect: a bug (sysexits.h's EX_SOFTWARE), never 1, which reads as "diverged"
 EXIT_INTERNAL = 70
+#: Ctrl-C; SIGTERM (128 + 15, as a shell reports a process the signal ended)
+EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
 #: set it to print an internal error's traceback on stderr as well
 DEBUG_ENV = "SPECVIEW_DEBUG"
 
@@ -54,7 +58,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         description="Does greedy speculative decoding give exactly the text plain greedy decoding gives? "
         "specview runs both on your model, shows where they fork, and says whether it is a near-tie or a bug.",
         epilog="Exit status: 0 identical / success, 1 the arms diverged, 2 error, 70 internal error (a bug in "
-        "specview; the traceback is written to a file, or printed with SPECVIEW_DEBUG=1), 130 interrupted. "
+        "specview; the traceback is written to a file, or printed with SPECVIEW_DEBUG=1), 130 interrupted, "
+        "143 terminated (SIGTERM). "
         "Run `specview COMMAND --help` for a command's flags.",
     )
     parser.add_argument("--version", action="version", version=f"specview {__version__}")
@@ -123,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
     from .core.errors import ConfigError, SpecviewError
 
+    previous = _unwind_on_sigterm()
     try:
         return int(args.func(args) or 0)
     except ConfigError as exc:  # found after the flags were read (a token id the model does not have): name the flag
@@ -133,9 +139,12 @@ def main(argv: list[str] | None = None) -> int:
     except SpecviewError as exc:
         print(f"specview: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    except Terminated:
+        print("specview: terminated", file=sys.stderr)
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
         print("specview: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # `specview ... | head`: the reader left; say nothing more
         try:
             sys.stdout = open(os.devnull, "w")
@@ -144,6 +153,34 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except Exception as exc:  # a bug in specview: say so in one line, never with a status that means a result
         return internal_error(exc, argv)
+    finally:
+        if previous is not None and signal.getsignal(signal.SIGTERM) is _terminate:  # not one chained onto it since
+            signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, a logout, a job's time limit) while a command runs: unwound as Ctrl-C is, so the engine's
+    process is stopped and its folder removed, a command's own interrupt handling keeps what it finished, and the
+    exit status says terminated. Python's default would end the process on the spot, every ``finally`` skipped."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+def _unwind_on_sigterm():
+    """Have SIGTERM raise :class:`Terminated` while a command runs; the handler it replaced (None where this
+    cannot be done: not the main thread, or SIGTERM ignored or handled by whoever started this process)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        if signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+            return None
+        return signal.signal(signal.SIGTERM, _terminate)
+    except (ValueError, OSError):  # pragma: no cover - no signals here
+        return None
 
 
 def internal_error(exc: BaseException, argv: list[str]) -> int:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
+from typing import Callable
 
 from PySide6.QtCore import QTimer
 
@@ -60,7 +63,79 @@ def _window(app, *, path: str | None, theme: str | None, run: bool, preload: boo
         win.open_trace(path)
     elif run:
         QTimer.singleShot(0, win.run)
-    return int(app.exec() or 0)
+    received = close_on_signals(win)
+    try:
+        code = int(app.exec() or 0)
+    finally:
+        received.restore()
+    if received.signum is not None:
+        print(f"specview: {'terminated' if received.signum == signal.SIGTERM else 'interrupted'}: the window "
+              "closed as its close button does (settings saved, the engine's process stopped)", file=sys.stderr)
+        return 128 + received.signum
+    return code
+
+
+class Received:
+    """The signal that closed the window (None: none), and how to put back what :func:`close_on_signals` set."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.restore: Callable[[], None] = lambda: None
+
+
+def close_on_signals(win: MainWindow) -> Received:
+    """SIGTERM (``kill``, a logout) and SIGINT (Ctrl-C in the terminal that started the app) close the window as
+    its close button does: the settings saved, the engine's process stopped and its folder removed. Python's
+    default would end the process on the spot (SIGTERM) or raise in whatever slot runs next (SIGINT), and Qt's
+    loop runs no Python of its own to notice either: the signal wakes it through a socket. A second signal takes
+    the default again, for a close that hangs."""
+    received = Received()
+    if threading.current_thread() is not threading.main_thread():
+        return received
+    import socket
+
+    from PySide6.QtCore import QSocketNotifier
+
+    sigs = [signal.SIGTERM, signal.SIGINT]
+    rsock, wsock = socket.socketpair()
+    for sock in (rsock, wsock):
+        sock.setblocking(False)
+    try:
+        old_fd = signal.set_wakeup_fd(wsock.fileno())
+        old = {sig: signal.getsignal(sig) for sig in sigs}
+    except (ValueError, OSError):  # pragma: no cover - no signals here
+        rsock.close()
+        wsock.close()
+        return received
+
+    def drain() -> None:  # Python runs here, and with it the handler of the signal that woke the loop
+        try:
+            rsock.recv(64)
+        except OSError:
+            pass
+
+    notifier = QSocketNotifier(rsock.fileno(), QSocketNotifier.Type.Read)
+    notifier.activated.connect(drain)
+
+    def on_signal(signum: int, frame: object) -> None:
+        for sig in sigs:
+            signal.signal(sig, signal.SIG_DFL)
+        received.signum = signum
+        QTimer.singleShot(0, win.close)
+
+    for sig in sigs:
+        signal.signal(sig, on_signal)
+
+    def restore() -> None:
+        notifier.setEnabled(False)
+        for sig, handler in old.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        signal.set_wakeup_fd(old_fd)
+        rsock.close()
+        wsock.close()
+
+    received.restore = restore
+    return received
 
 
 def _smoke(app, out: str, tokens: int, timeout: float) -> int:

@@ -1,8 +1,10 @@
-"""Ctrl+C of ``specview run``: the real CLI in its own process, interrupted as a terminal would, exits 130.
+"""Ctrl+C and SIGTERM of ``specview run``: the real CLI in its own process, interrupted as a terminal would (exit
+130) or stopped by ``kill`` (exit 143).
 
-The run is long (the demo target, 4,000 tokens with no end-of-text stop), SIGINT is sent to the
-``specview`` process once it has said what it runs, and the test asserts the exit status and that
-no process the command started outlives it, wherever the engine runs (this process or a worker).
+The run is long (the demo target, 4,000 tokens with no end-of-text stop), the signal is sent to the
+``specview`` process once it has said what it runs, and the test asserts the exit status, that no
+process the command started outlives it, wherever the engine runs (this process or a worker), and
+that the worker's folder went with it.
 """
 
 from __future__ import annotations
@@ -48,14 +50,17 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process tree from /proc")
-def test_ctrl_c_of_specview_run_exits_130_and_leaves_no_process(demo_paths):
+@pytest.mark.parametrize("sig, status, said", [(signal.SIGINT, 130, "specview: interrupted"),
+                                               (signal.SIGTERM, 143, "specview: terminated")],
+                         ids=["ctrl-c", "sigterm"])
+def test_a_stopped_specview_run_exits_with_its_status_and_leaves_nothing(demo_paths, tmp_path, sig, status, said):
     cmd = [sys.executable, "-m", "specview", "run", "-m", "demo:Q4_K_M", "-md", "demo:Q4_0", "-n", "4000",
            "--ignore-eos", "-c", "4096", "-t", "1", "-p", "Write an essay on the importance of sleep for students."]
     # A terminal starts the command with SIGINT at its default action. A test run started in the background of a
     # non-interactive shell (`nohup ... &`, a CI script's `cmd &`) has SIGINT ignored, every child inherits that, and
     # Python then installs no KeyboardInterrupt handler: the command would run its 4,000 tokens deaf to Ctrl+C.
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                         env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                         env=dict(os.environ, PYTHONUNBUFFERED="1", TMPDIR=str(tmp_path)),
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         first = p.stderr.readline()
@@ -63,15 +68,16 @@ def test_ctrl_c_of_specview_run_exits_130_and_leaves_no_process(demo_paths):
         time.sleep(2.0)  # into the run: the models load and the vanilla arm starts
         assert p.poll() is None, "the 4,000-token run ended before it was interrupted"
         started = _children(p.pid)
-        os.kill(p.pid, signal.SIGINT)  # the terminal's Ctrl+C, to the command itself
+        os.kill(p.pid, sig)  # the terminal's Ctrl+C, or `kill`, to the command itself
         out, err = p.communicate(timeout=120)
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
-    assert p.returncode == 130, (p.returncode, err[-2000:])
-    assert "Traceback" not in err, err[-2000:]
+    assert p.returncode == status, (p.returncode, err[-2000:])
+    assert said in err and "Traceback" not in err, err[-2000:]
     deadline = time.monotonic() + 10
     while any(_alive(c) for c in started) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [c for c in started if _alive(c)], "a process started by specview run outlived it"
+    assert not list(tmp_path.glob("specview-worker-*")), "the engine worker's folder outlived the command"
