@@ -88,7 +88,7 @@ def close_on_signals(win: MainWindow) -> Received:
     its close button does: the settings saved, the engine's process stopped and its folder removed. Python's
     default would end the process on the spot (SIGTERM) or raise in whatever slot runs next (SIGINT), and Qt's
     loop runs no Python of its own to notice either: the signal wakes it through a socket. A second signal takes
-    the default again, for a close that hangs."""
+    the default again, for a close that hangs; a signal the app was started with ignored stays ignored."""
     received = Received()
     if threading.current_thread() is not threading.main_thread():
         return received
@@ -96,7 +96,10 @@ def close_on_signals(win: MainWindow) -> Received:
 
     from PySide6.QtCore import QSocketNotifier
 
-    sigs = [signal.SIGTERM, signal.SIGINT]
+    # a signal ignored by whoever started the app (SIGINT in a background launch: `specview gui &`) stays ignored
+    sigs = [sig for sig in (signal.SIGTERM, signal.SIGINT) if signal.getsignal(sig) != signal.SIG_IGN]
+    if not sigs:
+        return received
     rsock, wsock = socket.socketpair()
     for sock in (rsock, wsock):
         sock.setblocking(False)
