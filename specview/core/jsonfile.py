@@ -47,7 +47,7 @@ def read_json(path: str | os.PathLike[str], error: type[SpecviewError] = Specvie
     try:
         d = json.loads(raw)
     except json.JSONDecodeError as exc:
-        raise error(f"{p}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+        raise error(f"{p}: not valid JSON ({_why_not_json(raw, exc)})") from None
     except RecursionError:
         raise too_deep from None
     except ValueError as exc:  # e.g. an integer literal too long for Python to convert
@@ -55,6 +55,39 @@ def read_json(path: str | os.PathLike[str], error: type[SpecviewError] = Specvie
     if json_depth(d, limit=max_depth) > max_depth:
         raise too_deep
     return d
+
+
+_KINDS = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
+          bool: "true or false", type(None): "null"}
+
+
+def json_kind(value: Any) -> str:
+    """What a parsed JSON value is, in JSON's words ("an array"), for a message that says what a file holds."""
+    return _KINDS.get(type(value), type(value).__name__)
+
+
+def schema_of(d: Any) -> str:
+    """What a document that should be a specview file declares, for the message that refuses it: its schema
+    (quoted), that it has none, or that its top level is not an object."""
+    if not isinstance(d, dict):
+        return f"its top level is {json_kind(d)}, not an object"
+    if "schema" not in d:
+        return 'it has no "schema" field'
+    schema = d["schema"]
+    if isinstance(schema, str):
+        return f"its schema is {schema[:77] + '...' if len(schema) > 80 else schema!r}"
+    return f"its schema is {json_kind(schema)}, not a string"
+
+
+def _why_not_json(raw: str, exc: json.JSONDecodeError) -> str:
+    """What is wrong with ``raw``, said so that a file written only in part reads as that, not as a syntax error."""
+    if not raw.strip():
+        return "the file is empty; write it again"
+    if exc.msg.startswith("Unterminated string") or exc.pos >= len(raw.rstrip()):
+        return (f"it stops in the middle, at line {raw.count(chr(10)) + 1} after {len(raw.encode('utf-8')):,} bytes: "
+                "the file was cut short; write it again or copy the whole file")
+    what = "more after the end of its JSON" if exc.msg == "Extra data" else exc.msg
+    return f"{what}, line {exc.lineno}, column {exc.colno}"
 
 
 def declares_schema(path: str | os.PathLike[str], family: str) -> bool:

@@ -27,6 +27,7 @@ from .jsonfile import (  # noqa: F401  (read_json, json_safe, write_atomic are i
     json_safe,
     read_json,
     check_spec,
+    schema_of,
     short,
     write_atomic,
 )
@@ -414,12 +415,10 @@ def validate(d: Any, *, source: str = "<trace>") -> None:
     The arms and the comparison are checked field by field as they are read
     (:meth:`Trace.from_json`).
     """
-    if not isinstance(d, dict):
-        raise TraceError(f"{source}: not a specview trace (the top level is {type(d).__name__}, not an object)")
-    schema = d.get("schema")
+    schema = d.get("schema") if isinstance(d, dict) else None
     if not isinstance(schema, str) or not schema.startswith("specview.trace/"):
         raise TraceError(
-            f"{source}: not a specview trace (schema is {short(schema)}, expected {SCHEMA!r}). "
+            f"{source}: not a specview trace ({schema_of(d)}; a trace's schema is {SCHEMA!r}). "
             "Open a file written by `specview run --json` or the app's Save."
         )
     if schema != SCHEMA:

@@ -331,6 +331,12 @@ def test_report_refuses_foreign_json(tmp_path: Path, capsys):
     assert cli.main(["report", str(f), "-o", str(tmp_path / "o")]) == 2
     assert "neither a specview trace" in capsys.readouterr().err
     assert cli.main(["report", str(tmp_path / "missing.json")]) == 2
+    for content, said in (("[]", "its top level is an array, not an object"), ('{"x": 1}', 'it has no "schema" field'),
+                          ('{"schema": null}', "its schema is null, not a string")):
+        f.write_text(content)
+        capsys.readouterr()
+        assert cli.main(["report", str(f), "-o", str(tmp_path / "o")]) == 2
+        assert capsys.readouterr().err.strip().endswith(f"a quality run (specview.quality/1): {said}")
 
 
 def test_matrix_report_escapes_cell_text(tmp_path: Path):

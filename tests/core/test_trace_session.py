@@ -61,9 +61,15 @@ def test_no_draft_model_records_a_null_draft(fake):
 @pytest.mark.parametrize(
     "content, message",
     [
-        ("not json at all", "not valid JSON"),
-        ("[1, 2]", "not a specview trace"),
-        ('{"schema": "other.tool/3"}', "not a specview trace"),
+        ("not json at all", r"not valid JSON \(Expecting value, line 1, column 1\)"),
+        ("", r"not valid JSON \(the file is empty"),
+        (" \n", r"not valid JSON \(the file is empty"),
+        ('{"schema": "specview.trace/1"}}', r"not valid JSON \(more after the end of its JSON, line 1, column 31\)"),
+        ("[1, 2]", r"not a specview trace \(its top level is an array, not an object; a trace's schema is"),
+        ('"a trace"', "its top level is a string, not an object"),
+        ('{"config": {}}', 'not a specview trace \\(it has no "schema" field'),
+        ('{"schema": 1}', "its schema is a number, not a string"),
+        ('{"schema": "other.tool/3"}', "not a specview trace \\(its schema is 'other.tool/3'; a trace's schema is"),
         ('{"schema": "specview.trace/99"}', "not supported"),
         ('{"schema": "specview.trace/1", "config": {}}', "missing key"),
     ],
@@ -74,6 +80,21 @@ def test_malformed_or_foreign_files_are_refused_clearly(tmp_path, content, messa
     with pytest.raises(TraceError, match=message) as ei:
         Trace.load(p)
     assert str(p) in str(ei.value)
+
+
+@pytest.mark.parametrize("keep", [1, 0.5, 0.999])
+def test_a_trace_cut_short_is_named_so(fake, tmp_path, keep):
+    """A trace copied or written only in part (a full disk, a download stopped early) is refused as cut short,
+    with how far it goes, not with the decoder's complaint about whatever character it stopped on."""
+    text = Session().run(cfg()).dumps()
+    n = max(1, int(len(text.rstrip()) * keep) - 1) if keep < 1 else 1
+    p = tmp_path / "cut.json"
+    p.write_text(text[:n])
+    with pytest.raises(TraceError) as ei:
+        Trace.load(p)
+    said = str(ei.value)
+    assert said.startswith(f"{p}: not valid JSON (it stops in the middle, at line {text[:n].count(chr(10)) + 1} "
+                           f"after {n:,} bytes: the file was cut short"), said
 
 
 def test_inconsistent_trace_is_refused(fake, tmp_path):

@@ -13,6 +13,7 @@ from ..errors import SpecviewError
 from ..config import fill_plain
 from ..registry import Runner
 from ..prompts import PromptError, PromptSpec, builtin_names, builtin_prompts
+from ..jsonfile import schema_of
 from ..trace import json_safe, read_json, write_atomic
 from .text import heatmap, ranges, settings_label, table
 
@@ -286,11 +287,9 @@ class KernelMap:
 
 
 def _validate(d: Any, source: str) -> None:
-    if not isinstance(d, dict):
-        raise KernelMapError(f"{source}: not a specview kernel map (the top level is {type(d).__name__})")
-    schema = d.get("schema")
+    schema = d.get("schema") if isinstance(d, dict) else None
     if not isinstance(schema, str) or not schema.startswith("specview.kernels/"):
-        raise KernelMapError(f"{source}: not a specview kernel map (schema is {schema!r}, expected {SCHEMA!r}); "
+        raise KernelMapError(f"{source}: not a specview kernel map ({schema_of(d)}; a kernel map's schema is {SCHEMA!r}); "
                              "write one with `specview kernels -o FILE`")
     if schema != SCHEMA:
         raise KernelMapError(f"{source}: kernel map schema {schema!r} is not supported (this specview reads {SCHEMA!r})")

@@ -56,7 +56,7 @@ from .graphdiff import (  # noqa: F401  (re-exported: what an observing engine r
     token_axis,
     trim,
 )
-from ..jsonfile import json_safe, read_json, write_atomic
+from ..jsonfile import json_safe, read_json, schema_of, write_atomic
 from ..arms.topk import topk
 from ..registry import Runner
 
@@ -199,8 +199,7 @@ class Located:
     @classmethod
     def from_json(cls, d: Any, *, source: str = "<locate>") -> Located:
         if not isinstance(d, dict) or d.get("schema") != SCHEMA:
-            got = d.get("schema") if isinstance(d, dict) else type(d).__name__
-            raise LocateError(f"{source}: not a specview locate (schema {got!r}, expected {SCHEMA!r}); "
+            raise LocateError(f"{source}: not a specview locate ({schema_of(d)}; a locate's schema is {SCHEMA!r}); "
                               "write one with `specview locate --json FILE`")
         try:
             lg = dict(d["logits"])

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import _kind
+from ..jsonfile import schema_of
 from .spec import MatrixError, MatrixSpec, axis_fields, show
 
 SCHEMA = "specview.matrix/1"
@@ -142,11 +143,9 @@ def _check_citation(c: dict[str, Any], where: str) -> None:
 
 def validate_matrix(d: Any, *, source: str = "<matrix>") -> None:
     """Refuse a document that is not a usable ``specview.matrix/1`` file, naming ``source`` and the field."""
-    if not isinstance(d, dict):
-        raise MatrixError(f"{source}: not a specview matrix (the top level is {type(d).__name__})")
-    schema = d.get("schema")
+    schema = d.get("schema") if isinstance(d, dict) else None
     if not isinstance(schema, str) or not schema.startswith("specview.matrix/"):
-        raise MatrixError(f"{source}: not a specview matrix (schema is {show(schema)}, expected {SCHEMA!r})")
+        raise MatrixError(f"{source}: not a specview matrix ({schema_of(d)}; a matrix's schema is {SCHEMA!r})")
     if schema != SCHEMA:
         raise MatrixError(f"{source}: matrix schema {show(schema)} is not supported by this specview "
                           f"(reads {SCHEMA!r})")

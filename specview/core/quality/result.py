@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ... import __version__
-from ..jsonfile import json_safe, read_json, write_atomic
+from ..jsonfile import json_safe, read_json, schema_of, write_atomic
 from ..verdicts import VERDICTS
 from .near_ties import ItemTies, summarise
 from .score import Score
@@ -252,8 +252,8 @@ class QualityResult:
         """The inverse of :meth:`to_dict`, every field checked; :class:`QualityError` names ``source`` and the
         field.  The derived figures are recomputed from the items, not trusted."""
         if not isinstance(d, dict) or d.get("schema") != SCHEMA:
-            got = d.get("schema") if isinstance(d, dict) else type(d).__name__
-            raise QualityError(f"{source}: not a specview quality result ({SCHEMA}); schema is {got!r}")
+            raise QualityError(f"{source}: not a specview quality result ({schema_of(d)}; a quality run's "
+                               f"schema is {SCHEMA!r})")
         try:
             suite = Suite.from_dict(d.get("suite"), where="suite")
             if not isinstance(d.get("config"), dict):

@@ -36,7 +36,7 @@ def read_input(path: str | os.PathLike[str]) -> tuple[str, Any]:
     QualityResult) from a JSON file, refusing anything else."""
     from ..kernels.evidence import kernel_map_from_json
     from ..matrix import validate_matrix
-    from ..trace import read_json
+    from ..jsonfile import read_json, schema_of
 
     p = Path(path)
     d = read_json(p)
@@ -56,10 +56,9 @@ def read_input(path: str | os.PathLike[str]) -> tuple[str, Any]:
         from ..quality import QualityResult
 
         return "quality", QualityResult.from_dict(d, source=str(p))
-    shown = repr(schema) if isinstance(schema, str) and len(schema) < 80 else type(schema).__name__
     raise SpecviewError(f"{p}: neither a specview trace ({TRACE_SCHEMA}), a matrix (specview.matrix/1), a "
                         f"kernel map (specview.kernels/1), a locate (specview.locate/1) nor a quality run "
-                        f"(specview.quality/1); schema is {shown}")
+                        f"(specview.quality/1): {schema_of(d)}")
 
 
 def _with_summary(png: bytes, trace: Trace) -> bytes:
