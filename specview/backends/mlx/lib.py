@@ -38,9 +38,9 @@ def _mx():
     try:
         import mlx.core as mx
     except Exception as exc:  # ImportError, or a broken native library
-        hint = INSTALL_HINT if sys.platform == "darwin" else f"{INSTALL_HINT} (installs mlx[cpu] on Linux)"
+        where = "" if sys.platform == "darwin" else " (on Linux it installs mlx[cpu])"
         raise BackendUnavailable(
-            f"MLX is not usable here ({type(exc).__name__}: {exc}). Install it with `{hint}`."
+            f"MLX is not usable here ({type(exc).__name__}: {exc}). Install it with `{INSTALL_HINT}`{where}."
         ) from exc
     try:
         import mlx_lm  # noqa: F401
