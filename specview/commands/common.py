@@ -10,11 +10,12 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import MISSING, Field, replace
-from pathlib import Path
 from typing import Any, Iterable
 
 from ..core.config import EngineSettings, RunConfig, declared, default_of, typed_default
 from ..core.errors import ConfigError, SpecviewError
+from ..core.prompts import MAX_PROMPT_BYTES, read_text_file
+from ..core.userfiles import megabytes
 
 GROUP_TITLES = {
     "models": "models",
@@ -235,15 +236,21 @@ def parse_tokens(text: str) -> tuple[int, ...]:
 
 
 def read_prompt_file(path: str) -> str:
-    p = Path(path).expanduser()
+    """The text of ``--prompt-file``: a file, a pipe (``<(...)``), or standard input for ``-``, read with the
+    bound every prompt file has."""
     if str(path) == "-":
-        return sys.stdin.read()
+        raw = sys.stdin.buffer.read(MAX_PROMPT_BYTES + 1)
+        if len(raw) > MAX_PROMPT_BYTES:
+            raise SpecviewError(f"--prompt-file -: more than {megabytes(MAX_PROMPT_BYTES)} on standard input; no "
+                                "prompt is that large")
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise SpecviewError(f"--prompt-file -: standard input is not UTF-8 text (byte {exc.start:,})") from None
     try:
-        return p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecviewError(f"--prompt-file {p}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecviewError(f"--prompt-file {p}: cannot read it as UTF-8 text ({exc})") from None
+        return read_text_file(path, "prompt file", pipes=True)
+    except SpecviewError as exc:
+        raise SpecviewError(f"--prompt-file {exc}") from None
 
 
 class Progress:

@@ -106,7 +106,7 @@ def prompts_from_args(args: argparse.Namespace) -> list:
         if n in builtin:
             out.append(replace(builtin_prompts([n])[0], chat=chat))
         elif Path(n).expanduser().exists():
-            out.append(prompt_from_file(n, chat=chat))
+            out.append(prompt_from_file(n, chat=chat, pipes=True))
         else:
             raise SpecviewError(f"--prompts: {n!r} is neither a built-in prompt ({', '.join(sorted(builtin))}) "
                                 "nor an existing file")

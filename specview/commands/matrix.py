@@ -198,9 +198,9 @@ def _prompts(args: argparse.Namespace, chat: bool) -> list:
         given.append(PromptSpec(name=f"prompt{i + 1}", text=text, chat=chat))
     for f in args.prompt_files or []:
         try:
-            ps = prompt_from_file(f, chat=chat)
+            ps = prompt_from_file(f, chat=chat, pipes=True)
         except PromptError as exc:
-            raise SpecviewError(f"--prompt-file: {exc}") from None
+            raise SpecviewError(f"--prompt-file {exc}") from None
         name, k = ps.name, 2
         while any(q.name == name for q in given):
             name, k = f"{ps.name}-{k}", k + 1

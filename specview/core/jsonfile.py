@@ -2,7 +2,8 @@
 
 * :func:`read_json` refuses nesting deeper than any specview file has, before
   anything walks the document recursively (a file nested 100,000 levels deep is
-  an error naming the file, never a ``RecursionError``).
+  an error naming the file, never a ``RecursionError``), and reads only regular
+  files, with a bound (:mod:`.userfiles`: a FIFO or ``/dev/zero`` is refused).
 * :func:`write_atomic` leaves the old file or the new, never half of one (and writes a lone surrogate,
   which UTF-8 cannot hold, as its ``\\uXXXX`` escape).
 * :func:`json_safe` writes NaN and infinity as null: JSON has neither.
@@ -20,9 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from .errors import SpecviewError
+from .userfiles import read_user_file
 
 #: deeper than any file specview writes; deeper input is refused before anything walks it recursively
 MAX_DEPTH = 64
+#: the most a JSON file specview reads may hold: more than any trace, matrix or map it writes
+MAX_JSON_BYTES = 1 << 30
 _CONTAINERS = (dict, list)
 
 
@@ -35,14 +39,12 @@ def read_json(path: str | os.PathLike[str], error: type[SpecviewError] = Specvie
     may walk it recursively.
     """
     p = Path(path)
-    if not p.exists():
-        raise error(f"{p}: no such file")
-    if p.is_dir():
-        raise error(f"{p}: is a folder, not a JSON file")
+    data = read_user_file(p, what="a JSON file", limit=MAX_JSON_BYTES, error=error)
     try:
-        raw = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise error(f"{p}: cannot read it as UTF-8 text ({exc})") from None
+        raw = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{p}: not UTF-8 text (byte {exc.start:,} is {data[exc.start]:#04x}), so not a JSON file specview "
+                    "wrote") from None
     too_deep = error(f"{p}: nested more than {max_depth} levels deep; no specview file is, so it is not one")
     try:
         d = json.loads(raw)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from .errors import SpecviewError
+from .userfiles import read_user_file
 
 RESOURCES = Path(__file__).resolve().parent.parent / "resources"
 PROMPTS_DIR = RESOURCES / "prompts"
@@ -110,23 +111,30 @@ def builtin_prompts(names: Iterable[str] | None = None) -> list[PromptSpec]:
     return out
 
 
-def read_text_file(path: str | os.PathLike[str], what: str = "prompt file") -> str:
-    """A UTF-8 text file's contents, or :class:`PromptError` naming the file."""
+#: the most a prompt file may hold: many times the longest context any model has (a million tokens of text is
+#: a few MB), far less than a machine's memory
+MAX_PROMPT_BYTES = 64 << 20
+#: the most a TOML file specview reads (a matrix spec, a suite, a preset) may hold
+MAX_TOML_BYTES = 64 << 20
+
+
+def read_text_file(path: str | os.PathLike[str], what: str = "prompt file", *, pipes: bool = False) -> str:
+    """A UTF-8 text file's contents, or :class:`PromptError` naming the file (:func:`.userfiles.read_user_file`:
+    a FIFO is read only with ``pipes``, as a command line's ``<(...)``)."""
     p = user_path(path)
+    raw = read_user_file(p, what=f"a {what}", limit=MAX_PROMPT_BYTES, error=PromptError, pipes=pipes)
     try:
-        return p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise PromptError(f"{what} {p}: no such file") from None
-    except IsADirectoryError:
-        raise PromptError(f"{what} {p}: is a folder, not a file") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise PromptError(f"{what} {p}: cannot read it as UTF-8 text ({exc})") from None
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PromptError(f"{p}: not UTF-8 text (byte {exc.start:,} is {raw[exc.start]:#04x}); save it as UTF-8") \
+            from None
 
 
 def prompt_from_file(path: str | os.PathLike[str], *, chat: bool = True, name: str | None = None,
-                     category: str | None = None) -> PromptSpec:
+                     category: str | None = None, pipes: bool = False) -> PromptSpec:
+    """A prompt read from a file (:func:`read_text_file`; ``pipes`` where a command line names it)."""
     p = user_path(path)
-    return PromptSpec(name=name or p.stem, text=read_text_file(p), chat=chat, category=category)
+    return PromptSpec(name=name or p.stem, text=read_text_file(p, pipes=pipes), chat=chat, category=category)
 
 
 # -- the suite ---------------------------------------------------------------------------
@@ -135,12 +143,7 @@ def read_toml(path: str | os.PathLike[str], error: type[SpecviewError] = PromptE
     import tomllib
 
     p = user_path(path)
-    try:
-        raw = p.read_bytes()
-    except FileNotFoundError:
-        raise error(f"{p}: no such file") from None
-    except OSError as exc:
-        raise error(f"{p}: cannot read it ({exc})") from None
+    raw = read_user_file(p, what="a TOML file", limit=MAX_TOML_BYTES, error=error)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

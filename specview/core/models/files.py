@@ -17,6 +17,8 @@ import stat
 from contextlib import contextmanager
 from typing import Iterator
 
+from ..userfiles import kind_of
+
 _FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0) \
     | getattr(os, "O_BINARY", 0)
 
@@ -28,21 +30,6 @@ class NotRegular(OSError):
     def __init__(self, path: str | os.PathLike[str], what: str):
         super().__init__(errno.EINVAL, not_regular_why(what), os.fspath(path))
         self.what = what
-
-
-def kind_of(mode: int) -> str | None:
-    """What a file of ``mode`` is, in words, when it is neither a regular file nor a folder (else None)."""
-    if stat.S_ISFIFO(mode):
-        return "a FIFO (named pipe)"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode):
-        return "a character device"
-    if stat.S_ISBLK(mode):
-        return "a block device"
-    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
-        return None
-    return "not a regular file"
 
 
 def not_regular_why(what: str) -> str:

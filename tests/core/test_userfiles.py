@@ -1,0 +1,144 @@
+"""Files a user names (a prompt, a trace, a matrix spec): what they are is checked before a byte is read, and the
+read is bounded, so a FIFO, a device or a model given by mistake is an error naming it, never a hang or a machine
+out of memory."""
+
+import os
+import stat
+import threading
+
+import pytest
+
+from specview.cli import main
+from specview.core import jsonfile, prompts, userfiles
+from specview.core.errors import SpecviewError
+from specview.core.jsonfile import read_json
+from specview.core.prompts import PromptError, read_text_file, read_toml
+
+
+def returns_within(seconds, fn, *args, **kw):
+    """``fn(*args, **kw)``'s result or exception, or a failure when it is still waiting after ``seconds`` (a FIFO
+    opened with no writer waits for ever: the thread is left to the end of the test process)."""
+    box = {}
+
+    def go():
+        try:
+            box["value"] = fn(*args, **kw)
+        except BaseException as exc:  # noqa: BLE001 (handed back to the test)
+            box["error"] = exc
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        pytest.fail(f"{getattr(fn, '__name__', fn)} was still waiting after {seconds} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+@pytest.fixture
+def fifo(tmp_path):
+    p = tmp_path / "pipe"
+    os.mkfifo(p)
+    return p
+
+
+@pytest.mark.parametrize("read, what", [
+    (read_json, "a JSON file"),
+    (read_text_file, "a prompt file"),
+    (read_toml, "a TOML file"),
+])
+def test_a_fifo_nobody_writes_is_refused_at_once(fifo, read, what):
+    with pytest.raises(SpecviewError) as ei:
+        returns_within(10, read, fifo)
+    assert str(ei.value) == f"{fifo}: a FIFO (named pipe), not {what}; give a regular file"
+
+
+def test_a_pipe_named_on_a_command_line_is_read(fifo):
+    """``specview run -f <(...)`` hands specview a pipe its own shell writes: that one is read."""
+    writer = threading.Thread(target=lambda: fifo.write_text("Once upon a time", encoding="utf-8"), daemon=True)
+    writer.start()
+    assert returns_within(10, read_text_file, fifo, pipes=True) == "Once upon a time"
+    writer.join(10)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/zero") or not stat.S_ISCHR(os.stat("/dev/zero").st_mode),
+                    reason="no /dev/zero character device on this platform")
+@pytest.mark.parametrize("pipes", [False, True])
+def test_a_device_is_never_read_even_where_pipes_are(pipes):
+    with pytest.raises(PromptError, match=r"^/dev/zero: a character device, not a prompt file; give a regular file$"):
+        returns_within(10, read_text_file, "/dev/zero", pipes=pipes)
+
+
+def test_a_gguf_model_given_where_text_goes_is_named_as_one(tmp_path):
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(range(256)))
+    with pytest.raises(PromptError, match=r"model.gguf: a GGUF model file, not a prompt file$"):
+        read_text_file(model)
+    with pytest.raises(SpecviewError, match=r"model.gguf: a GGUF model file, not a JSON file$"):
+        read_json(model)
+
+
+def test_a_file_past_its_kind_s_bound_is_refused_after_reading_one_byte_more(tmp_path, monkeypatch):
+    read = []
+    real_open = open
+
+    class Counting:
+        def __init__(self, fh):
+            self.fh = fh
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+        def read(self, n):
+            read.append(n)
+            return self.fh.read(n)
+
+    monkeypatch.setattr(userfiles, "open", lambda p, mode: Counting(real_open(p, mode)), raising=False)
+    monkeypatch.setattr(prompts, "MAX_PROMPT_BYTES", 3 << 20)
+    big = tmp_path / "big.txt"
+    big.write_bytes(b"a" * ((3 << 20) + 1))
+    with pytest.raises(PromptError, match=r"big.txt: more than 3 MB; no prompt file specview reads is that large$"):
+        read_text_file(big)
+    assert read == [(3 << 20) + 1]
+    big.write_bytes(b"a" * (3 << 20))  # exactly the bound is read
+    assert len(read_text_file(big)) == 3 << 20
+
+    monkeypatch.setattr(jsonfile, "MAX_JSON_BYTES", 10)
+    (tmp_path / "t.json").write_text('{"schema": "specview.trace/1"}')
+    with pytest.raises(SpecviewError, match=r"t.json: more than 10 bytes; no JSON file specview reads is that large$"):
+        read_json(tmp_path / "t.json")
+
+
+def test_not_utf8_names_the_byte(tmp_path):
+    f = tmp_path / "latin1.txt"
+    f.write_bytes("caf\u00e9".encode("latin-1"))
+    with pytest.raises(PromptError, match=r"latin1.txt: not UTF-8 text \(byte 3 is 0xe9\); save it as UTF-8$"):
+        read_text_file(f)
+    with pytest.raises(SpecviewError, match=r"latin1.txt: not UTF-8 text \(byte 3 is 0xe9\), so not a JSON file"):
+        read_json(f)
+
+
+def test_cli_prompt_file_errors_name_the_flag(capsys, tmp_path, fifo):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(64))
+    for given, said in ((tmp_path, f"--prompt-file {tmp_path}: is a folder, not a prompt file"),
+                        (model, f"--prompt-file {model}: a GGUF model file, not a prompt file")):
+        assert main(["run", "-f", str(given), "-q"]) == 2
+        assert capsys.readouterr().err.strip() == f"specview: error: {said}"
+
+
+def test_cli_prompt_on_standard_input_is_bounded(capsys, monkeypatch):
+    import io
+    import sys
+
+    from specview.commands import common
+
+    monkeypatch.setattr(common, "MAX_PROMPT_BYTES", 1 << 20)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"x" * ((1 << 20) + 1))))
+    assert main(["run", "-f", "-", "-q"]) == 2
+    assert capsys.readouterr().err.strip() == ("specview: error: --prompt-file -: more than 1 MB on standard input; "
+                                               "no prompt is that large")
