@@ -253,6 +253,18 @@ def read_prompt_file(path: str) -> str:
         raise SpecviewError(f"--prompt-file {exc}") from None
 
 
+def check_output(path: str | None, flag: str = "-o") -> None:
+    """Refuse an output file that could not be written before the work it would hold is done (a run of minutes
+    lost at its end): ``flag`` names where it came from."""
+    from ..core.jsonfile import check_writable
+
+    if path:
+        try:
+            check_writable(path)
+        except SpecviewError as exc:
+            raise SpecviewError(f"{flag} {exc}") from None
+
+
 class Progress:
     """Status lines on stderr, so stdout stays clean for the summary."""
 

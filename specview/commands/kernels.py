@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..core.config import DEMO_TARGET, EngineSettings, RunConfig, declared
 from ..core.errors import ConfigError, SpecviewError
-from .common import Progress, add_engine_choice, add_setting_flags, cli_error, given_settings
+from .common import Progress, add_engine_choice, add_setting_flags, check_output, cli_error, given_settings
 
 DEFAULT_POSITIONS = 128
 
@@ -115,11 +115,6 @@ def prompts_from_args(args: argparse.Namespace) -> list:
     if not out:
         out = [replace(p, chat=chat) for p in builtin_prompts()]
     return out
-
-
-def check_output(path: str | None, flag: str = "-o") -> None:
-    if path and not Path(path).expanduser().resolve().parent.is_dir():
-        raise SpecviewError(f"{flag} {path}: the folder {Path(path).expanduser().parent} does not exist")
 
 
 def backend_of(args: argparse.Namespace):

@@ -8,7 +8,8 @@ from typing import Any
 
 from ..core.config import DEMO_TARGET, EngineSettings, RunConfig, declared
 from ..core.errors import ConfigError, SpecviewError
-from .common import Progress, add_engine_choice, add_setting_flags, cli_error, engine_settings, parse_tokens
+from .common import (Progress, add_engine_choice, add_setting_flags, check_output, cli_error, engine_settings,
+                     parse_tokens)
 
 NOT_OBSERVABLE = {
     "llama-server": "llama-server computes its passes in its own process and shows none of their nodes",
@@ -126,10 +127,7 @@ def main(args: argparse.Namespace) -> int:
         loc = Located.load(args.show)
     else:
         progress = Progress(args.quiet)
-        if args.json_out:
-            from .kernels import check_output
-
-            check_output(args.json_out, "--json")
+        check_output(args.json_out, "--json")
         req = request_from_args(args)
         t0 = time.perf_counter()
         try:

@@ -18,7 +18,7 @@ from typing import Any
 from ..core.config import DEMO_DRAFT, DEMO_TARGET, EngineSettings, RunConfig, axes, field_of, settings_class
 from ..core.errors import ConfigError, SpecviewError
 from ..core.verdicts import cell_text
-from .common import Progress, add_engine_choice, add_setting_flags, cli_error, given_settings, parse_tokens
+from .common import Progress, add_engine_choice, add_setting_flags, check_output, cli_error, given_settings, parse_tokens
 
 EXIT_IDENTICAL, EXIT_DIVERGED, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -395,6 +395,8 @@ def main(args: argparse.Namespace) -> int:
     from ..core.matrix import expand, format_rates, summarize
 
     progress = Progress(args.quiet)
+    if not args.dry_run:  # before anything is loaded or decided: a matrix of hours must not die at its first write
+        check_output(args.out, "-o")
     spec = spec_from_args(args)
     for d in spec.decide():  # this machine's decisions for the axes left unset (no repack where it crashed)
         progress(d.why)
@@ -403,8 +405,6 @@ def main(args: argparse.Namespace) -> int:
         dry_run(spec, cells)
         return EXIT_IDENTICAL
     out = Path(args.out)
-    if not out.parent.is_dir() and str(out.parent):
-        raise SpecviewError(f"-o {out}: the folder {out.parent} does not exist")
     if spec.quality and spec.quality.get("execute"):  # --suite with --execute: scoring runs model-written code
         from .quality import checked_sandbox
 

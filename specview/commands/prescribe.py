@@ -8,8 +8,8 @@ import time
 
 from ..core.config import DEMO_DRAFT
 from ..core.errors import SpecviewError
-from .common import Progress
-from .kernels import add_map_flags, backend_of, check_output, map_from_args, with_causes
+from .common import Progress, check_output
+from .kernels import add_map_flags, backend_of, map_from_args, with_causes
 
 DEFAULT_WIDTHS = "1-9"
 DEFAULT_POSITIONS = 256  # as long as a default run: a kernel can change with the KV length

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..core.config import DEMO_TARGET
 from ..core.errors import ConfigError, SpecviewError
-from .common import Progress, add_engine_choice, cli_error
+from .common import Progress, add_engine_choice, check_output, cli_error
 
 EXIT_OK, EXIT_STATE = 0, 1
 
@@ -89,6 +89,8 @@ def main(args: argparse.Namespace) -> int:
     for flag, path in (("--accept-draft", args.accept_draft), ("--reject-draft", args.reject_draft)):
         if path and not path.startswith("demo:") and not Path(path).is_file():
             raise SpecviewError(f"{flag} {path}: no such file")
+    check_output(args.json_out, "--json")
+    check_output(args.md_out, "--markdown")
     progress = Progress(args.quiet)
     try:
         report = run_probe(args.target or DEMO_TARGET, backend=args.backend, settings=_settings(args),

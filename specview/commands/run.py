@@ -16,8 +16,8 @@ from ..core.models.preflight import refusal
 from ..core.registry import Runner, get_backend
 from ..core.resolve import Resolved, decided
 from ..core.trace import Step, Trace
-from .common import (Progress, add_engine_choice, add_setting_flags, cli_error, engine_settings, given_settings,
-                     parse_tokens, read_prompt_file)
+from .common import (Progress, add_engine_choice, add_setting_flags, check_output, cli_error, engine_settings,
+                     given_settings, parse_tokens, read_prompt_file)
 
 EXIT_IDENTICAL, EXIT_DIVERGED = 0, 1
 
@@ -195,6 +195,7 @@ def summary(trace: Trace, *, context: int = 8) -> str:
 
 def main(args: argparse.Namespace) -> int:
     progress = Progress(args.quiet)
+    check_output(args.json, "--json")
     resolved = resolved_from_args(args)
     cfg = resolved.config
     t0 = time.perf_counter()

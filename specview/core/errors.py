@@ -25,6 +25,12 @@ class ConfigError(SpecviewError):
         self.setting = setting
 
 
+class WriteError(SpecviewError, OSError):
+    """A file specview writes could not be: a folder that takes no files (``/proc``, read-only, no permission), a
+    full disk.  The message names the file and says nothing was changed; it is an OSError too, so a caller that
+    treats a failed write as an OSError (a cache, the app's settings) still does."""
+
+
 class ModelFileError(SpecviewError):
     """A model file is missing, unreadable, or not a model llama.cpp/MLX can load."""
 

@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .errors import SpecviewError
+from .errors import SpecviewError, WriteError
 from .userfiles import read_user_file
 
 #: deeper than any file specview writes; deeper input is refused before anything walks it recursively
@@ -130,13 +130,36 @@ def json_safe(obj: Any) -> Any:
     return obj
 
 
-def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
-    """Write ``text`` to ``path`` so that readers see the old file or the new, never half of one."""
-    p = Path(path)
+def _temp_beside(p: Path) -> tuple[int, str]:
+    """A new temporary file in ``p``'s folder (descriptor, path), or :class:`.errors.WriteError` saying why the
+    folder takes none."""
+    if p.is_dir():
+        raise WriteError(f"{p}: is a folder; name a file in it")
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
-        raise SpecviewError(f"{p}: the folder {parent} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=parent)
+        raise WriteError(f"{p}: the folder {parent} does not exist")
+    try:
+        return tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=parent)
+    except OSError as exc:
+        raise WriteError(f"{p}: cannot write a file in {parent} ({exc.strerror or exc}); choose another folder") \
+            from None
+
+
+def check_writable(path: str | os.PathLike[str]) -> Path:
+    """Refuse, before any work is done for it, a file that :func:`write_atomic` could not write there: a folder
+    in its place, its folder missing or taking no files.  Nothing is left behind."""
+    p = Path(path)
+    fd, tmp = _temp_beside(p)
+    os.close(fd)
+    os.unlink(tmp)
+    return p
+
+
+def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to ``path`` so that readers see the old file or the new, never half of one; a write the
+    folder or the disk refuses is a :class:`.errors.WriteError` naming the file."""
+    p = Path(path)
+    fd, tmp = _temp_beside(p)
     try:
         umask = os.umask(0)
         os.umask(umask)
@@ -148,11 +171,14 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, p)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(exc, OSError) and not isinstance(exc, SpecviewError):
+            was = "as it was" if p.exists() else "not written"
+            raise WriteError(f"{p}: writing it failed ({exc.strerror or exc}); the file is {was}") from exc
         raise
     return p
 

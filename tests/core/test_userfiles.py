@@ -142,3 +142,73 @@ def test_cli_prompt_on_standard_input_is_bounded(capsys, monkeypatch):
     assert main(["run", "-f", "-", "-q"]) == 2
     assert capsys.readouterr().err.strip() == ("specview: error: --prompt-file -: more than 1 MB on standard input; "
                                                "no prompt is that large")
+
+
+# -- the files specview writes ------------------------------------------------------------------------------------
+needs_proc = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="no /proc: the folder that takes no files")
+
+
+def test_a_full_disk_is_a_write_error_naming_the_file_and_the_old_file_stays(tmp_path, monkeypatch):
+    import errno
+
+    from specview.core.errors import WriteError
+    from specview.core.jsonfile import write_atomic
+
+    p = tmp_path / "t.json"
+    write_atomic(p, "old")
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(jsonfile.os, "fsync", full)
+    with pytest.raises(WriteError) as ei:
+        write_atomic(p, "new")
+    assert str(ei.value) == f"{p}: writing it failed ({os.strerror(errno.ENOSPC)}); the file is as it was"
+    assert isinstance(ei.value, OSError)  # a cache that ignores a failed write as an OSError still does
+    assert p.read_text() == "old" and [x.name for x in tmp_path.iterdir()] == ["t.json"]
+    with pytest.raises(WriteError, match=r"new.json: writing it failed \(.*\); the file is not written$"):
+        write_atomic(tmp_path / "new.json", "x")
+
+
+@needs_proc
+def test_an_output_folder_that_takes_no_files_is_refused_before_the_work(tmp_path, capsys, monkeypatch):
+    from specview.core import registry
+    from specview.core.jsonfile import check_writable
+
+    with pytest.raises(SpecviewError, match=r"^/proc/t.json: cannot write a file in /proc \(.+\); choose another folder$"):
+        check_writable("/proc/t.json")
+    with pytest.raises(SpecviewError, match=rf"^{tmp_path}: is a folder; name a file in it$"):
+        check_writable(tmp_path)
+    assert check_writable(tmp_path / "t.json") == tmp_path / "t.json"
+    assert list(tmp_path.iterdir()) == []  # the check leaves nothing
+
+    def no_engine(*a, **k):
+        raise AssertionError("an engine was asked for before the output was checked")
+
+    monkeypatch.setattr(registry, "get_backend", no_engine)
+    for argv, said in ((["run", "--json", "/proc/t.json"], "--json /proc/t.json: cannot write a file in /proc"),
+                       (["run", "--json", str(tmp_path)], f"--json {tmp_path}: is a folder; name a file in it"),
+                       (["matrix", "-o", "/proc/m.json", "-p", "hi", "--no-builtin-prompts"],
+                        "-o /proc/m.json: cannot write a file in /proc"),
+                       (["probe", "--json", str(tmp_path / "no" / "p.json")],
+                        f"--json {tmp_path / 'no' / 'p.json'}: the folder {tmp_path / 'no'} does not exist")):
+        assert main(argv + ["-q"]) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith(f"specview: error: {said}"), err
+
+
+@needs_proc
+def test_a_report_into_a_folder_that_takes_no_files_is_refused_before_any_plot(tmp_path):
+    from fakes import FakeBackend
+    from specview.core.registry import get_backend, register_backend
+    from specview.core.report.write import write_report
+    from specview.core.session import RunConfig, Session
+
+    register_backend("fake", FakeBackend)
+    get_backend("fake")
+    trace = Session().run(RunConfig(backend="fake", target="0", draft="0:3.0", prompt="hello world", max_tokens=20,
+                                    ignore_eos=True, n_max=4))
+    drawn = []
+    with pytest.raises(SpecviewError, match=r"^-o /proc: cannot write files in this folder \(.+\); choose another$"):
+        write_report(trace, "/proc", plots=lambda t: drawn.append(t) or {})
+    assert drawn == []

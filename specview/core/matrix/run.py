@@ -257,7 +257,7 @@ def run_matrix(
         try:
             tdir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise MatrixError(f"--traces {tdir}: cannot create the folder ({exc})") from None
+            raise MatrixError(f"--traces {tdir}: cannot create the folder ({exc.strerror or exc})") from None
     own = runner is None
     if runner is None:
         runner = get_backend(spec.backend).runner(progress=progress)

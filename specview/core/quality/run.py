@@ -136,7 +136,7 @@ def run_quality(
         try:
             tdir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise QualityError(f"-o {out}: cannot create the folder ({exc})") from None
+            raise QualityError(f"-o {out}: cannot create the folder ({exc.strerror or exc})") from None
     result.items = [kept[it.id] for it in suite.items if it.id in kept]
     spent_before = result.elapsed
     t_start = time.perf_counter()

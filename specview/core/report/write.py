@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -128,7 +129,14 @@ def _folder(out_dir: str | os.PathLike[str]) -> Path:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise SpecviewError(f"-o {out}: cannot create the folder ({exc})") from None
+        raise SpecviewError(f"-o {out}: cannot create the folder ({exc.strerror or exc})") from None
+    try:  # a folder that takes no files (/proc, read-only) is refused before any page or plot is made
+        fd, probe = tempfile.mkstemp(prefix=".specview-", suffix=".tmp", dir=out)
+    except OSError as exc:
+        raise SpecviewError(f"-o {out}: cannot write files in this folder ({exc.strerror or exc}); choose another") \
+            from None
+    os.close(fd)
+    os.unlink(probe)
     return out
 
 
@@ -181,7 +189,7 @@ def _write_pictures(obj: Any, kind: str, out: Path, name: str, plots: PlotRender
         try:
             (out / fname).write_bytes(png)
         except OSError as exc:
-            raise SpecviewError(f"-o {out}: cannot write {fname} ({exc})") from None
+            raise SpecviewError(f"-o {out}: cannot write {fname} ({exc.strerror or exc})") from None
         written[key] = out / fname
         files[key] = fname
     card_ref = None
@@ -193,7 +201,7 @@ def _write_pictures(obj: Any, kind: str, out: Path, name: str, plots: PlotRender
             try:
                 cp.write_bytes(png)
             except OSError as exc:
-                raise SpecviewError(f"--card {cp}: cannot write the fork card ({exc})") from None
+                raise SpecviewError(f"--card {cp}: cannot write the fork card ({exc.strerror or exc})") from None
             written["card"] = cp
             card_ref = Path(os.path.relpath(cp.resolve(), out.resolve())).as_posix()
     return pngs, files, card_ref
