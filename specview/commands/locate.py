@@ -124,7 +124,15 @@ def main(args: argparse.Namespace) -> int:
     from ..core.registry import get_backend
 
     if args.show:
-        loc = Located.load(args.show)
+        try:
+            loc = Located.load(args.show)
+        except SpecviewError:
+            from ..core.jsonfile import declares_schema
+
+            if declares_schema(args.show, "specview.trace"):
+                raise SpecviewError(f"--show {args.show}: a specview trace, not a locate; to locate its fork, run "
+                                    f"`specview locate --trace {args.show}`") from None
+            raise
     else:
         progress = Progress(args.quiet)
         check_output(args.json_out, "--json")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,8 @@ def declares_schema(path: str | os.PathLike[str], family: str) -> bool:
     so is still validated in full when it is read.
     """
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO's open would wait for a writer: the read says why not
+            return False
         with open(path, "rb") as fh:
             head = fh.read(512)
     except OSError:

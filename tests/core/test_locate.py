@@ -9,6 +9,7 @@ import pytest
 
 from fakes import ToyText
 from specview.core.engine import Engine
+from specview.core.errors import ConfigError
 from specview.core.locate.find import (GraphEngine, GraphNode, Located, LocateError, MicroBatch, NotObservable,
                                   compare_values, layer_of, locate, token_axis)
 
@@ -189,6 +190,19 @@ def test_bad_rows_and_positions_are_refused():
         locate(s, "toy", width=2, row=2, prompt="abc")
     with pytest.raises(Exception, match="position"):
         locate(s, "toy", width=4, row=3, position=2, prompt="abc")
+    with pytest.raises(ConfigError, match=r"^width must be at least 1, .* \(got 0\)$") as ei:
+        locate(s, "toy", width=0, prompt="abc")
+    assert ei.value.setting == "width"  # the CLI names --width, not --row
+
+
+def test_show_of_a_trace_points_to_locate_trace(tmp_path, capsys):
+    from specview.cli import main
+
+    t = tmp_path / "run.json"
+    t.write_text('{"schema": "specview.trace/1", "config": {}}')
+    assert main(["locate", "--show", str(t)]) == 2
+    assert capsys.readouterr().err.strip() == (f"specview: error: --show {t}: a specview trace, not a locate; to "
+                                               f"locate its fork, run `specview locate --trace {t}`")
 
 
 def test_token_axis_by_shape():

@@ -212,3 +212,11 @@ def test_a_report_into_a_folder_that_takes_no_files_is_refused_before_any_plot(t
     with pytest.raises(SpecviewError, match=r"^-o /proc: cannot write files in this folder \(.+\); choose another$"):
         write_report(trace, "/proc", plots=lambda t: drawn.append(t) or {})
     assert drawn == []
+
+
+def test_choosing_how_to_open_a_fifo_does_not_open_it(fifo):
+    """The app's tabs ask :func:`declares_schema` which view opens a file before reading it: a FIFO is no
+    specview file, said at once (its read then names it), where opening it would wait for a writer."""
+    from specview.core.jsonfile import declares_schema
+
+    assert returns_within(10, declares_schema, fifo, "specview.trace") is False

@@ -239,7 +239,10 @@ def _observed(model: Any, settings: EngineSettings, n_ctx: int, selection: str, 
 
 def _checked_position(width: int, row: int, position: int | None) -> int:
     """The token the compared row computes (``row + 1`` by default), refusing a row or position no pass has."""
-    if width < 1 or not 0 <= row < width:
+    if width < 1:
+        raise ConfigError(f"width must be at least 1, the verify pass's one row per token (got {width})",
+                          setting="width")
+    if not 0 <= row < width:
         raise ConfigError(f"row must be between 0 and width - 1 = {width - 1} (got row {row}, width {width})",
                           setting="row")
     position = row + 1 if position is None else int(position)
