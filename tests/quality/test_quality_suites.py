@@ -74,6 +74,16 @@ def test_bad_suite_names_and_counts(spec, n, msg):
         load_suite(spec, n)
 
 
+def test_a_suite_path_that_is_no_file_is_named_for_what_it_is(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "pipe")
+    for given, what in ((tmp_path / "pipe", "a FIFO (named pipe)"), (tmp_path, "a folder")):
+        with pytest.raises(QualityError) as ei:
+            load_suite(str(given))
+        assert str(ei.value).startswith(f"--suite {given}: {what}, not a suite file; give a .jsonl file")
+
+
 def write(tmp_path, lines, name="mine.jsonl"):
     p = tmp_path / name
     p.write_text("\n".join(lines) + "\n", encoding="utf-8")

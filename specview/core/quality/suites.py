@@ -31,6 +31,7 @@ from typing import Any, Callable, Literal
 
 from ..errors import SpecviewError
 from ..jsonfile import MAX_DEPTH, json_depth
+from ..userfiles import kind_of
 
 Match = Literal["exact", "regex", "number"]
 Kind = Literal["text", "code"]
@@ -204,6 +205,11 @@ def load_suite(spec: str, n: int | None = None, seed: int = 0) -> Suite:
         return _first(humaneval_suite(), n)
     if name.endswith((".jsonl", ".jsonl.gz")) or Path(name).expanduser().is_file():
         return _first(jsonl_suite(name), n)
+    there = Path(name).expanduser()
+    if there.exists():  # a folder, a FIFO, a device: named for what it is
+        what = "a folder" if there.is_dir() else (kind_of(there.stat().st_mode) or "not a regular file")
+        raise QualityError(f"--suite {there}: {what}, not a suite file; give a .jsonl file of {{\"prompt\", "
+                           '"answer"} or {"prompt", "test"} objects (docs/quality.md)')
     raise QualityError(f"--suite {spec!r}: not a suite; give one of {', '.join(SUITE_NAMES)} or a .jsonl file "
                        'of {"prompt", "answer"} or {"prompt", "test"} objects (docs/quality.md)')
 
