@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -52,3 +53,65 @@ def new_results_folder(kind: str, label: str = "") -> Path:
     except OSError as exc:
         raise SpecviewError(f"cannot make a results folder in {parent}: {exc.strerror or exc}; "
                             "set $SPECVIEW_RESULTS to a writable folder") from None
+
+
+# -- what a process keeps in the temporary folder while it runs --------------------------------------------------------
+#: in a folder a process keeps there, the file that keeps the folder past the process (a crash's account names its log)
+KEEP_FILE = "kept-for-the-bug-report"
+_OWNED = re.compile(r"^specview-(\d+)-[a-z]")
+_swept = False
+
+
+def temp_prefix(what: str) -> str:
+    """The start of the name of a file or folder this process keeps in the temporary folder while it runs (an engine
+    worker's folder, a server's log): ``specview-PID-what-``.  The process removes it when done; where it was
+    killed before it could (SIGKILL, the out-of-memory killer, a crash in Qt), :func:`sweep_orphans` does."""
+    return f"specview-{os.getpid()}-{what}-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
+def sweep_orphans(tmp: str | os.PathLike[str] | None = None) -> list[str]:
+    """Remove what processes that are gone kept in the temporary folder (:func:`temp_prefix`'s names, this user's,
+    no process of that pid, and no :data:`KEEP_FILE` in a folder).  The paths removed."""
+    folder = os.fspath(tmp) if tmp is not None else tempfile.gettempdir()
+    gone: list[str] = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return gone
+    for e in entries:
+        m = _OWNED.match(e.name)
+        if m is None or int(m.group(1)) == os.getpid():
+            continue
+        try:
+            if e.stat(follow_symlinks=False).st_uid != os.getuid() or _pid_alive(int(m.group(1))):
+                continue
+            if e.is_dir(follow_symlinks=False):
+                if os.path.exists(os.path.join(e.path, KEEP_FILE)):
+                    continue
+                shutil.rmtree(e.path)
+            elif e.is_file(follow_symlinks=False):
+                os.unlink(e.path)
+            else:
+                continue
+        except (OSError, AttributeError):  # AttributeError: no getuid (Windows), where nothing is swept
+            continue
+        gone.append(e.path)
+    return gone
+
+
+def sweep_orphans_once() -> None:
+    """:func:`sweep_orphans`, the first time a process asks (before its first worker or server)."""
+    global _swept
+    if not _swept:
+        _swept = True
+        sweep_orphans()

@@ -80,4 +80,53 @@ def test_a_stopped_specview_run_exits_with_its_status_and_leaves_nothing(demo_pa
     while any(_alive(c) for c in started) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [c for c in started if _alive(c)], "a process started by specview run outlived it"
-    assert not list(tmp_path.glob("specview-worker-*")), "the engine worker's folder outlived the command"
+    assert not list(tmp_path.glob("specview-*-worker-*")), "the engine worker's folder outlived the command"
+
+
+def _engine_flags(engine: str) -> list[str]:
+    if engine == "llama.cpp":
+        return []
+    from specview.backends.llama_server import binary as sb
+    from require import missing
+
+    path = os.environ.get(sb.ENV_BIN) or str(sb.cached_server_path())
+    if not (Path(path).is_file() and os.access(path, os.X_OK)):
+        missing(f"no llama-server at {path}: build one with scripts/build-llama-server.sh",
+                switch="SPECVIEW_REQUIRE_SERVER")
+    return ["--engine", "llama-server", "--server-bin", path]
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process tree from /proc")
+@pytest.mark.parametrize("engine, kept", [("llama.cpp", "worker"), ("llama-server", "llama-server")])
+def test_a_run_killed_outright_leaves_no_process_and_the_next_command_takes_its_files(demo_paths, tmp_path, engine,
+                                                                                      kept):
+    """SIGKILL (the out-of-memory killer, ``kill -9``) gives the command no time to remove its engine worker's
+    folder or its servers' logs: the worker and the servers die with it (the kernel's parent-death signal), and
+    the next command that starts a worker or a server removes what its dead predecessor left."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TMPDIR=str(tmp_path))
+    cmd = [sys.executable, "-m", "specview", "run", "-m", "demo:Q4_K_M", "-md", "demo:Q4_0", "-t", "1", "--no-diagnose",
+           *_engine_flags(engine)]
+    p = subprocess.Popen(cmd + ["-n", "4000", "--ignore-eos", "-c", "4096", "-p", "Write an essay on sleep."],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
+    try:
+        assert p.stderr.readline().startswith("specview: ")
+        time.sleep(2.0)
+        assert p.poll() is None, "the 4,000-token run ended before it was killed"
+        started = _children(p.pid)
+        left = list(tmp_path.glob(f"specview-{p.pid}-{kept}-*"))
+        assert started and left, (started, left)  # the worker or servers, and what they keep, named for the command
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(timeout=30)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(c) for c in started) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [c for c in started if _alive(c)], "a process outlived the killed command"
+    assert all(f.exists() for f in left)  # nobody could remove them yet
+    nxt = subprocess.run(cmd + ["-n", "4", "-p", "Hi"], capture_output=True, text=True, env=env, timeout=300)
+    assert nxt.returncode in (0, 1), nxt.stderr[-2000:]
+    assert not [f for f in left if f.exists()], "the next command left what the killed one kept"
+    assert not list(tmp_path.glob("specview-*")), "the next command left its own files"

@@ -425,3 +425,35 @@ def test_a_model_load_reports_progress_to_the_deadline(tiny_target):
         activity.set_sink(None)
     loads = [s for s in seen if s.startswith(f"loading {tiny_target.name} (")]
     assert loads and loads[-1].endswith("(100%)")
+
+
+def test_the_sweep_takes_only_what_dead_processes_left(tmp_path):
+    import subprocess
+    import sys
+
+    from specview.core.paths import KEEP_FILE, sweep_orphans, temp_prefix
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid no process has now
+    assert temp_prefix("worker") == f"specview-{os.getpid()}-worker-"
+    folders = {
+        "dead": tmp_path / f"specview-{dead.pid}-worker-abc123",
+        "mine": tmp_path / f"specview-{os.getpid()}-worker-def456",
+        "alive": tmp_path / f"specview-{os.getppid()}-worker-ghi789",
+        "kept": tmp_path / f"specview-{dead.pid}-worker-jkl012",
+        "older": tmp_path / "specview-worker-x1y2z3a4",
+        "other": tmp_path / f"not-specview-{dead.pid}-mno345",
+    }
+    for f in folders.values():
+        f.mkdir()
+        (f / "worker.log").write_text("log")
+    (folders["kept"] / KEEP_FILE).write_text("")
+    logs = {"dead": tmp_path / f"specview-{dead.pid}-llama-server-speculative-x1.log",
+            "alive": tmp_path / f"specview-{os.getppid()}-llama-server-vanilla-x2.log"}
+    for f in logs.values():
+        f.write_text("server log")
+    os.mkfifo(tmp_path / f"specview-{dead.pid}-worker-fifo")  # neither a file nor a folder: left alone
+    assert sorted(sweep_orphans(tmp_path)) == sorted([str(folders["dead"]), str(logs["dead"])])
+    assert {k for k, f in folders.items() if f.exists()} == {"mine", "alive", "kept", "older", "other"}
+    assert {k for k, f in logs.items() if f.exists()} == {"alive"}
+    assert (tmp_path / f"specview-{dead.pid}-worker-fifo").exists()

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from ...core.errors import Cancelled, SpecviewError
+from ...core.paths import sweep_orphans_once, temp_prefix
 
 __all__ = ["LocalServer", "ServerError", "Cancelled", "start_all", "stop_all", "live_servers", "port_in_use",
            "program_path", "rc_text", "tail_text", "HOST"]
@@ -260,7 +261,8 @@ class LocalServer:
         if not self.port and self.listening_pattern is None:
             self.port = free_port()
         _install_handlers()
-        fd, name = tempfile.mkstemp(prefix=f"specview-{self.kind}-{self.label}-", suffix=".log")
+        sweep_orphans_once()  # what a process killed before its cleanup left behind
+        fd, name = tempfile.mkstemp(prefix=temp_prefix(f"{self.kind}-{self.label}"), suffix=".log")
         self.log_path = Path(name)
         self._log_fh = os.fdopen(fd, "wb")
         try:

@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 from ..config import EngineSettings
 from ..errors import EngineCrashed
+from ..paths import KEEP_FILE, sweep_orphans_once, temp_prefix
 from ..trace import CRASHED
 from ..registry import Runner, dotted_paths, get_backend
 from .death import DeathCauses, account, message
@@ -79,8 +80,9 @@ class _Worker:
     """
 
     def __init__(self, env: dict[str, str], registrations: dict[str, str], progress_wanted: bool):
+        sweep_orphans_once()  # what a process killed before its cleanup left behind
         self.env = dict(env)
-        self.dir = tempfile.mkdtemp(prefix="specview-worker-")
+        self.dir = tempfile.mkdtemp(prefix=temp_prefix("worker"))
         self.log_path = os.path.join(self.dir, "worker.log")
         self.activity = ActivityFile(self.activity_path, create=True)
         ours, theirs = socket.socketpair()
@@ -341,7 +343,12 @@ class WorkerRunner(Runner):
             setattr(self, k, v)
 
     def _account(self, w: _Worker, died: _Died, during: str, settings: Any) -> dict[str, Any]:
-        w.keep_dir = True  # the log stays for the bug report
+        w.keep_dir = True  # the log stays for the bug report, and no later sweep takes it
+        try:
+            with open(os.path.join(w.dir, KEEP_FILE), "w", encoding="utf-8") as fh:
+                fh.write("the worker's log is named in a crash's account; remove this folder when it is read\n")
+        except OSError:
+            pass
         try:
             activity = w.activity.read()[1]
         except (OSError, ValueError):
