@@ -288,7 +288,7 @@ def fork_context(trace: Any, n: int = CONTEXT_TOKENS) -> dict[str, Any] | None:
 
 PLOT_CAPTIONS = {
     "margins": ("Top-1/top-2 margin per token",
-                "Top-1 minus top-2 logit of the row that chose each token, for both arms (log scale). "
+                "Top-1 minus top-2 logit of the row that chose each token, for both arms. "
                 "The dashed red line marks the fork; the shaded band is the replay envelope, how far the "
                 "batched and single-token shapes move the logits on the shared prefix."),
     "margins_zoom": ("Top-1/top-2 margin around the fork",
