@@ -69,6 +69,13 @@ class SideBySide(QSplitter):
         self.track_plot.set_trace(None)
         self.histogram.set_arm(None)
 
+    def show_empty(self) -> None:
+        """Nothing to show (a window whose first run failed): empty panes, empty plots."""
+        self.clear_trace()
+        self.panes.clear()
+        self.margin_plot.set_steps([], [])
+        self.acceptance.set_rounds([])
+
     def show_trace(self, trace: Trace) -> str:
         """Show ``trace`` in the panes and plots, the fork marked and in view; return the diagnosis drawn, in words."""
         self.trace = trace

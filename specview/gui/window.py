@@ -210,6 +210,7 @@ class MainWindow(QMainWindow):
         req = RunRequest(cfg, diagnose=self.diagnose.isChecked(), reuse_vanilla=reuse_vanilla)
         self.request = req
         self.side.streamed = self.live.begin(req).steps
+        self.speed.setText("")  # the last run's figures are not this one's
         self.last_error = None
         self.host.submit(req)
         self.set_busy(True, "starting…")
@@ -309,14 +310,28 @@ class MainWindow(QMainWindow):
         if ev.crash is not None:
             self.show_crash(ev)
         else:
-            self.show_error(ev.message, ev.details)
+            shown = self.restore_last_good()
+            self.show_error(ev.message + ("\nThe panes and plots show the last finished run." if shown else ""),
+                            ev.details)
+
+    def restore_last_good(self) -> bool:
+        """After a run that failed or crashed: the last finished run back on screen whole (texts, plots, speed), as
+        the failed one had begun to replace it, or an empty window when there was none.  True when one is shown."""
+        if self.last_good is not None:
+            self.show_trace(self.last_good)
+            return True
+        self.trace = None
+        self.side.show_empty()
+        self.speed.setText("")
+        self.act_save.setEnabled(False)
+        self.update_export_actions()
+        return False
 
     def show_crash(self, ev: RunFailed) -> None:
         """The engine's worker died: say so with the retry, keep the settings and the last finished run on screen,
         and keep the crashed run for File ▸ Save (a crash is itself a bug report)."""
         self.crashed = ev
-        if self.last_good is not None and self.trace is None:  # the crashed run had replaced it while it streamed
-            self.show_trace(self.last_good)
+        self.restore_last_good()
         t = ev.trace
         kept = len(t.vanilla.tokens) + len(t.speculative.tokens) if t is not None else 0
         self.last_error = ev.message

@@ -251,6 +251,30 @@ def test_bad_model_shows_error_and_the_window_stays_usable(qtbot, win, tmp_path)
     assert win.panes.vanilla.text() == trace.vanilla.text and len(trace.vanilla.tokens) > 0
 
 
+def test_a_failed_run_puts_the_last_finished_run_back_whole(qtbot, win):
+    """A run refused by the engine (its prompt does not fit the context) had begun to replace the window's run:
+    the panes, the plots and the speed line show the last finished run again, and the error says so."""
+    from specview.gui.verdict_bar import speed_text
+
+    ensure_base_config(win)
+    good = run_and_wait(qtbot, win)
+    assert win.speed.text() == speed_text(good) != ""
+    try:
+        win.set_controls(n_ctx=256, prompt="The quick brown fox jumps over the lazy dog. " * 60)
+        with qtbot.waitSignal(win.sigError, timeout=RUN_TIMEOUT) as blk:
+            win.run()
+            assert win.speed.text() == ""  # while it runs, the last run's figures are not shown as its own
+        assert "context" in blk.args[0] and not win.busy
+        assert win.trace is good and win.verdict_kind == "error"
+        assert "The panes and plots show the last finished run." in win.verdict.text()
+        assert win.panes.vanilla.text() == good.vanilla.text and win.panes.speculative.text() == good.speculative.text
+        assert win.speed.text() == speed_text(good)
+        plot = win.side.margin_plot
+        assert (plot.n_vanilla, plot.n_speculative) == (len(good.vanilla.steps), len(good.speculative.steps))
+    finally:
+        win.set_controls(n_ctx=0)
+
+
 def test_saved_trace_reopens_identically(qtbot, win, make_window, tmp_path, fork):
     ensure_base_config(win)
     win.set_controls(**fork_controls(fork))  # a run that forks on this machine, whatever it decided
