@@ -12,14 +12,17 @@ verdict bar, naming the setting, before a model loads:
 * :func:`engine_notice`: what the verdict bar and the status line say once the chosen engine has been asked
   whether it runs here.
 * :func:`trace_run`: a saved trace's run, or why it cannot be run again here.
+* :func:`in_app_words`: an engine's message, which names settings by their command-line flags, with each
+  flag the form has a control for named by that control.
 """
 
 from __future__ import annotations
 
 import html
+import re
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..core.config import RunConfig
+from ..core.config import EngineSettings, RunConfig, declared
 from ..core.errors import ConfigError, SpecviewError
 from .controls import engine_problem, run_of_trace
 
@@ -28,6 +31,47 @@ if TYPE_CHECKING:
 
 #: the words of the verdict bar's warning that the chosen engine cannot run here
 ENGINE_UNAVAILABLE = "engine is not available"
+
+
+#: the controls of the settings that declare no label of their own
+_CONTROL_OF = {"target": "Target", "draft": "Draft model", "spec_type": "Drafter", "backend": "Engine",
+               "prompt": "Prompt", "prompt_tokens": "Prompt"}
+
+
+def _flag_controls() -> dict[str, str]:
+    """Every long flag (``--n-ctx``) of a setting the form shows, to the label of its control."""
+    out: dict[str, str] = {}
+    for cls in (RunConfig, EngineSettings):
+        for f in declared(cls):
+            label = f.metadata.get("label") if f.metadata.get("gui", True) else ""
+            label = label or _CONTROL_OF.get(f.name, "")
+            for flag in f.metadata.get("flags", ()):
+                if label and flag.startswith("--"):
+                    out[flag] = label
+    return out
+
+
+_FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)(?![\w-])( (?:llama\.cpp|llama-server|mlx-server|mlx|draft-[a-z0-9-]+|"
+                   r"ngram-[a-z0-9-]+|none)\b)?")
+
+
+def _named(m: re.Match[str], controls: dict[str, str]) -> str:
+    flag, value = m.group(1), m.group(2)
+    if flag not in controls:
+        return m.group(0)
+    label = f"<b>{html.escape(controls[flag])}</b>"
+    return f"{label}:{value}" if value else label  # "--engine llama-server": "Engine: llama-server"
+
+
+def in_app_words(message: str) -> str:
+    """``message`` as HTML for the verdict bar: a command-line flag the form has a control for ("Raise --n-ctx to
+    at least 461") is named by that control's label in bold ("Raise **Context** to at least 461"), except inside
+    a quoted command (between backticks), which stays as it is written."""
+    controls = _flag_controls()
+    parts = html.escape(message).split("`")
+    for i in range(0, len(parts), 2):  # the text outside backticks
+        parts[i] = _FLAG.sub(lambda m: _named(m, controls), parts[i])
+    return "`".join(parts)
 
 
 def form_config(controls: RunControls) -> RunConfig:

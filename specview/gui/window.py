@@ -9,7 +9,6 @@ tokens, and shows finished (or opened) traces.
 from __future__ import annotations
 
 import base64
-import html
 import os
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ from .locate import is_locate_file, locate_link
 from .live import Live
 from .matrix import MatrixDialog, is_matrix_file
 from .menus import build_menus
-from .prerun import engine_notice, engine_refusal, focus_setting, form_config, trace_run
+from .prerun import engine_notice, engine_refusal, focus_setting, form_config, in_app_words, trace_run
 from .settings import read_settings, remember, restore_geometry, write_settings
 from .theme import apply_theme
 from .verdict_bar import crash_text, diagnosis_tooltip, speed_text, trace_verdict
@@ -503,7 +502,7 @@ class MainWindow(QMainWindow):
     def show_error(self, message: str, details: str = "") -> None:
         """Show an error in the verdict bar (the window stays usable)."""
         self.last_error = message
-        self.verdict.show_text(f"<b>Error</b>: {html.escape(message)}".replace("\n", "<br>"), "error")
+        self.verdict.show_text(f"<b>Error</b>: {in_app_words(message)}".replace("\n", "<br>"), "error")
         self.verdict.setToolTip(details or "")
         self.show_status("error")
         self.sigError.emit(message)

@@ -164,6 +164,19 @@ def test_context_overflow_is_refused_up_front():
         run_to_end(vanilla_greedy(eng, [], GenOptions(max_tokens=5)))
 
 
+def test_a_context_the_engine_sized_otherwise_says_what_was_asked_for():
+    """llama.cpp pads a context to a multiple of 256: "-c 128" makes 256, and the refusal says both."""
+    eng = FakeEngine(ToyModel(0), n_ctx=256)
+    eng.n_ctx_requested = 128
+    with pytest.raises(ContextOverflow) as ei:
+        run_to_end(vanilla_greedy(eng, PROMPT, GenOptions(max_tokens=300)))
+    assert "but the context is 256 (128 was asked for; the engine rounded it up). Raise --n-ctx" in str(ei.value)
+    eng.n_ctx_requested = 256
+    with pytest.raises(ContextOverflow) as ei:
+        run_to_end(vanilla_greedy(eng, PROMPT, GenOptions(max_tokens=300)))
+    assert "but the context is 256. Raise --n-ctx" in str(ei.value)
+
+
 def test_ngram_drafter_in_the_loop_is_lossless():
     m = ToyModel(8)
     prompt = [1, 5, 6, 7, 8] * 6

@@ -265,6 +265,7 @@ def test_a_failed_run_puts_the_last_finished_run_back_whole(qtbot, win):
             win.run()
             assert win.speed.text() == ""  # while it runs, the last run's figures are not shown as its own
         assert "context" in blk.args[0] and not win.busy
+        assert "Raise <b>Context</b> to at least" in win.verdict.text() and "--n-ctx" not in win.verdict.text()
         assert win.trace is good and win.verdict_kind == "error"
         assert "The panes and plots show the last finished run." in win.verdict.text()
         assert win.panes.vanilla.text() == good.vanilla.text and win.panes.speculative.text() == good.speculative.text

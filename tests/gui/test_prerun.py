@@ -85,3 +85,19 @@ def test_trace_run_gives_the_run_or_why_not(synth):
     bad = replace(t, config={**t.config, "p_min": "lots"})
     cfg, why = trace_run(bad)
     assert cfg is None and "cannot be run again here" in why and "p_min" in why
+
+
+def test_an_engine_message_names_the_app_s_controls_not_its_flags():
+    from specview.gui.prerun import in_app_words
+
+    said = ("the prompt is 409 tokens and the run generates up to 48, which needs a context of 461, but the context "
+            "is 256 (128 was asked for; the engine rounded it up). Raise --n-ctx to at least 461, or lower "
+            "--max-tokens, or shorten the prompt.")
+    assert in_app_words(said).endswith("Raise <b>Context</b> to at least 461, or lower <b>Tokens</b>, or shorten "
+                                       "the prompt.")
+    assert in_app_words("draft-eagle3 runs on llama-server: add --engine llama-server") == \
+        "draft-eagle3 runs on llama-server: add <b>Engine</b>: llama-server"
+    assert in_app_words("raise --n-batch (and --n-ctx)") == "raise <b>Batch (-b)</b> (and <b>Context</b>)"
+    # a quoted command stays as written; a flag the form has no control for, and markup, are left as text
+    assert in_app_words("run `specview run --n-ctx 4096` or --bogus <b>") == \
+        "run `specview run --n-ctx 4096` or --bogus &lt;b&gt;"

@@ -84,6 +84,14 @@ def context_needed(n_prompt: int, max_tokens: int, n_max: int = 0) -> int:
     return n_prompt + max_tokens + n_max + 1
 
 
+def _asked(engine: Engine) -> str:
+    """Why the context is not the size asked for, when it is not (llama.cpp pads it to a multiple of 256)."""
+    asked = getattr(engine, "n_ctx_requested", None)
+    if isinstance(asked, int) and 0 < asked != engine.n_ctx:
+        return f" ({asked} was asked for; the engine {'rounded it up' if asked < engine.n_ctx else 'made it smaller'})"
+    return ""
+
+
 def check_fits(engine: Engine, n_prompt: int, max_tokens: int, n_max: int = 0) -> None:
     need = context_needed(n_prompt, max_tokens, n_max)
     if n_prompt == 0:
@@ -93,7 +101,7 @@ def check_fits(engine: Engine, n_prompt: int, max_tokens: int, n_max: int = 0) -
             f"the prompt is {n_prompt} tokens and the run generates up to {max_tokens}"
             + (f" (plus {n_max} draft tokens per verify)" if n_max else "")
             + f", which needs a context of {need}, "
-            f"but the context is {engine.n_ctx}. Raise --n-ctx to at least {need}, "
+            f"but the context is {engine.n_ctx}{_asked(engine)}. Raise --n-ctx to at least {need}, "
             "or lower --max-tokens, or shorten the prompt."
         )
     width = 1 + min(n_max, max_tokens - 1)  # a verify pass: the last token and what can still be drafted
