@@ -140,6 +140,9 @@ def _temp_beside(p: Path) -> tuple[int, str]:
         raise WriteError(f"{p}: is a folder; name a file in it")
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
+        there = next((a for a in (parent, *parent.parents) if a.exists()), None)
+        if there is not None and not there.is_dir():  # a path "through" a file
+            raise WriteError(f"{p}: {there} is a file, not a folder")
         raise WriteError(f"{p}: the folder {parent} does not exist")
     try:
         return tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=parent)

@@ -179,6 +179,11 @@ def test_an_output_folder_that_takes_no_files_is_refused_before_the_work(tmp_pat
         check_writable("/proc/t.json")
     with pytest.raises(SpecviewError, match=rf"^{tmp_path}: is a folder; name a file in it$"):
         check_writable(tmp_path)
+    (tmp_path / "afile").write_text("")
+    for under in (tmp_path / "afile" / "t.json", tmp_path / "afile" / "sub" / "t.json"):
+        with pytest.raises(SpecviewError, match=rf"^{under}: {tmp_path / 'afile'} is a file, not a folder$"):
+            check_writable(under)
+    (tmp_path / "afile").unlink()
     assert check_writable(tmp_path / "t.json") == tmp_path / "t.json"
     assert list(tmp_path.iterdir()) == []  # the check leaves nothing
 
