@@ -11,6 +11,7 @@ worker thread): llama.cpp contexts and MLX streams must not cross threads.
 
 from __future__ import annotations
 
+import os
 import platform
 import time
 from typing import Any, Callable
@@ -155,6 +156,7 @@ class Session(Runner):
         target = self.model(cfg.backend, cfg.target, cfg.engine)
         tokens = self.prompt_tokens(cfg, target)
         n_ctx = self.context_size(cfg, len(tokens), target)
+        self._past_training(target, context_needed(len(tokens), cfg.max_tokens, cfg.draft_width))
         opts = GenOptions(max_tokens=cfg.max_tokens, ignore_eos=cfg.ignore_eos, n_batch=cfg.engine.n_batch,
                           top_k=cfg.top_k)
         drafter, dmodel = self.make_drafter(cfg, target, n_ctx)
@@ -208,6 +210,15 @@ class Session(Runner):
                 if self.draft_why:
                     trace.config["context_used"]["draft_rollback_why"] = self.draft_why
         return trace
+
+    def _past_training(self, target: LoadedModel, need: int) -> None:
+        """Say so when the run reaches past the context the target was trained on: its text may degrade (a loop,
+        nonsense), in both arms alike, so the comparison still holds but the text is no sample of the model."""
+        trained = getattr(target, "n_ctx_train", None)
+        if isinstance(trained, int) and 0 < trained < need:
+            self.progress(f"warning: this run reaches position {need:,}, past the {trained:,} tokens "
+                          f"{os.path.basename(str(target.path))} was trained on; its text may degrade there, in both "
+                          "arms alike")
 
     def build_trace(self, cfg: RunConfig, target: LoadedModel, dmodel: LoadedModel | None, tokens: list[int],
                     n_ctx: int, vanilla: ArmResult, speculative: ArmResult) -> Trace:

@@ -172,3 +172,19 @@ def test_prompt_token_ids_are_checked_against_the_vocabulary(fake):
     assert err.value.setting == "prompt_tokens"
     # the command line names the flag the ids came from
     assert str(cli_error(err.value)).startswith("--tokens: id 999 is outside the target's vocabulary (0..")
+
+
+def test_a_run_past_the_target_s_training_context_says_so(fake, monkeypatch):
+    """A model's text degrades past the context it was trained on (SmolLM2: 8,192): the run goes on, both arms
+    alike, and says so where its progress goes."""
+    from fakes import FakeLoaded
+
+    said: list[str] = []
+    monkeypatch.setattr(FakeLoaded, "n_ctx_train", property(lambda self: 32), raising=False)
+    Session(progress=said.append).run(cfg(max_tokens=40))
+    warned = [m for m in said if m.startswith("warning: ")]
+    assert len(warned) == 1 and "past the 32 tokens 0 was trained on" in warned[0], said
+    said.clear()
+    monkeypatch.setattr(FakeLoaded, "n_ctx_train", property(lambda self: 4096), raising=False)
+    Session(progress=said.append).run(cfg(max_tokens=40))
+    assert not [m for m in said if m.startswith("warning: ")], said
