@@ -92,6 +92,25 @@ def test_a_near_tie_departure_plots_the_same_and_links_from_the_verdict(make_win
     assert LOCATE_LINK not in w.verdict.text() and w.locate_tab.plot.series is None
 
 
+def test_a_departure_whose_logits_do_not_differ_says_why_the_run_still_forked():
+    """The diagnosis locates the fork's pass on the single-token prefix, where its logits may not differ at all: the
+    tab says so in words, with the reason ``specview locate --trace`` gives, never as a bare "logits_differ: 0"."""
+    from specview.core.locate.find import NO_FLIP_ON_A_SHARED_PREFIX
+    from specview.gui.locate.tab import departure_text
+
+    dep = {"where": "first differs at blk.3 ffn_out-3: MUL_MAT on q4_K weights in CPU_REPACK", "position": 30,
+           "width": 4, "row": 1, "weight_type": "q4_K", "weight_buffer": "CPU_REPACK", "computed_in": "CPU",
+           "logits_differ": 0, "n_vocab": 49152, "observer_exact": True}
+    said = departure_text(dep)
+    assert said.startswith("Located on the same single-token prefix, row 1 of the width-4 verify pass at token 30 "
+                           "first differs at blk.3 ffn_out-3")
+    assert "Its logits: 0 of 49,152 differ between the two passes." in said
+    assert f"So {NO_FLIP_ON_A_SHARED_PREFIX}." in said and "logits_differ" not in said
+    said = departure_text({**dep, "logits_differ": 7, "observer_exact": False})
+    assert "Its logits: 7 of 49,152 differ" in said and NO_FLIP_ON_A_SHARED_PREFIX not in said
+    assert "Observing the passes moved their logits" in said
+
+
 def test_file_open_shows_a_locate_and_refuses_a_foreign_file_by_name(make_window, qtbot, tmp_path):
     loc = made_located(4)
     path = loc.save(tmp_path / "loc.json")

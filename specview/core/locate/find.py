@@ -349,10 +349,14 @@ def _logits_diff(res: dict[str, Any], row: int, source: str, notes: list[str]) -
     logits = LogitsDiff(n_vocab=int(ls.size), n_diff=n_diff, max_abs=mx, argmax_single=int(np.argmax(ls)),
                         argmax_batched=int(np.argmax(lb)), margin_single=margin)
     if source == "trace" and not logits.flips:
-        notes.append("the argmax does not flip here as it did in the trace: the speculative arm's earlier KV "
-                     "entries were written by its own verify passes, in the batched shape, and this locate "
-                     "gives both passes the single-token prefix, to name the op of this pass alone")
+        notes.append(NO_FLIP_ON_A_SHARED_PREFIX)
     return logits
+
+
+#: why a trace's fork need not flip where it is located: the locate's passes share the single-token prefix
+NO_FLIP_ON_A_SHARED_PREFIX = ("the argmax does not flip here as it did in the trace: the speculative arm's earlier KV "
+                              "entries were written by its own verify passes, in the batched shape, and this locate "
+                              "gives both passes the single-token prefix, to name the op of this pass alone")
 
 
 def locate(session: Any, target: str, *, width: int, row: int = 0, position: int | None = None,

@@ -21,7 +21,7 @@ from PySide6.QtWidgets import QLabel, QPlainTextEdit, QSplitter, QTabWidget, QVB
 from ...core.diagnose import departure_line
 from ...core.errors import SpecviewError
 from ...core.jsonfile import declares_schema
-from ...core.locate.find import Located
+from ...core.locate.find import NO_FLIP_ON_A_SHARED_PREFIX, Located
 from ...core.locate.plot import series_of
 from ..verdict_bar import LOCATE_LINK
 from .plot import LocatePlot
@@ -55,6 +55,24 @@ def locate_link(trace: Any) -> str:
     words = departure_line(dep) or ""
     words = words[len("located: "):] if words.startswith("located: ") else words
     return (f"<br><b>Located</b>: {html.escape(words)} · <a href=\"{LOCATE_LINK}\">Show it along the graph</a>")
+
+
+def departure_text(dep: dict[str, Any]) -> str:
+    """The near-tie diagnosis' departure in sentences: where the verify pass departs, what its logits did, and,
+    where they did not flip, why the run's fork still did (the note ``specview locate --trace`` prints)."""
+    out = [f"Located on the same single-token prefix, row {dep.get('row')} of the width-{dep.get('width')} verify "
+           f"pass at token {dep.get('position')} {dep['where']}."]
+    if dep.get("weight_type") or dep.get("computed_in"):
+        out.append(f"The op's weights: {dep.get('weight_type') or '?'} in {dep.get('weight_buffer') or '?'}; "
+                   f"computed in {dep.get('computed_in') or '?'}.")
+    n_diff, n_vocab = dep.get("logits_differ"), dep.get("n_vocab")
+    if isinstance(n_diff, int) and isinstance(n_vocab, int):
+        out.append(f"Its logits: {n_diff:,} of {n_vocab:,} differ between the two passes.")
+        if n_diff == 0:
+            out.append(f"So {NO_FLIP_ON_A_SHARED_PREFIX}.")
+    if dep.get("observer_exact") is False:
+        out.append("Observing the passes moved their logits: compare only what it says with that in mind.")
+    return "\n\n".join(out)
 
 
 class LocateTab(QWidget):
@@ -141,11 +159,7 @@ class LocateTab(QWidget):
                                "`specview locate --trace TRACE.json --json OUT` and open OUT for the plot.")
         self.header.setText(f"<b>The run's fork</b>: row {dep.get('row')} of the width-{dep.get('width')} verify "
                             f"pass {html.escape(str(dep['where']))}")
-        lines = [f"{k}: {dep[k]}" for k in ("where", "position", "width", "row", "node", "op", "part", "weight_type",
-                                              "weight_buffer", "computed_in", "max_abs", "logits_differ", "n_vocab",
-                                              "observer_exact") if k in dep]
-        self.details.setPlainText("Located on the same single-token prefix (the near-tie diagnosis' departure):\n"
-                                  + "\n".join(f"  {x}" for x in lines))
+        self.details.setPlainText(departure_text(dep))
         self.sigShown.emit(dep)
         return True
 
