@@ -37,8 +37,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..core.config import (DEMO_DRAFT, DEMO_DRAFTERS, DEMO_TARGET, DRAFT_FILE_TYPES, EngineSettings, RunConfig,
-                           declared, demo_drafter)
+from ..core.config import (DEMO_DRAFT, DEMO_DRAFTERS, DEMO_TARGET, DRAFT_FILE_TYPES, DRAFT_PARAM_TYPES,
+                           EngineSettings, RunConfig, declared, demo_drafter)
 from ..core.resolve import DECIDED_KEY, decided
 from ..core.demo import is_demo_name
 from ..core.errors import ConfigError, SpecviewError
@@ -408,6 +408,7 @@ class RunControls(QWidget):
         """
         st = self.spec_type.currentData()
         self.draft.setEnabled(st in DRAFT_FILE_TYPES)
+        self._params_for_spec_type(st)
         if st not in DRAFT_FILE_TYPES or not is_demo_name(self.target.value() or DEMO_TARGET):
             return
         cur = self.draft.value()
@@ -416,6 +417,23 @@ class RunControls(QWidget):
         want = DEMO_DRAFT if st == "draft-simple" else f"demo:{DEMO_DRAFTERS[st]}"
         if cur != want and (demo_drafter(cur) is not None or st != "draft-simple" or not cur):
             self.draft.set_value(want)
+
+    def _params_for_spec_type(self, st: str | None) -> None:
+        """The drafting settings are live only for the spec types that read them: n_max, n_min and p_min for the
+        draft-model family (and a type only a server knows, which may), the n-gram sizes for ngram-simple; a
+        greyed one says in its tooltip which types read it."""
+        local = set(DRAFT_PARAM_TYPES) | {"ngram-simple", "none"}
+        for name, live, readers in (
+            *((n, st in DRAFT_PARAM_TYPES or st not in local, "the draft-model types")
+              for n in ("n_max", "n_min", "p_min")),
+            *((n, st == "ngram-simple", "ngram-simple") for n in ("ngram_size_n", "ngram_size_m")),
+        ):
+            ctl = self.settings.get(name)
+            if ctl is None:
+                continue
+            ctl.widget.setEnabled(live)
+            note = "" if live else f"\n(the {st} spec type does not read it; {readers} do)"
+            ctl.widget.setToolTip(ctl.widget.toolTip().split("\n(the ")[0] + note)
 
     def _spec_type_changed(self) -> None:
         self._draft_for_spec_type()

@@ -81,6 +81,22 @@ def test_settings_for_one_engine_show_only_for_it(make_window):
     assert [w.engine.itemData(i) for i in range(w.engine.count())] == backend_names()
 
 
+def test_drafting_settings_are_live_only_for_the_spec_types_that_read_them(make_window):
+    """n_max, n_min and p_min drive the draft-model family; the n-gram sizes drive ngram-simple; none reads none:
+    a control the chosen type ignores is greyed, its tooltip saying which types read it."""
+    w = make_window()
+    c = w.controls
+    draft_knobs, ngram_knobs = ("n_max", "n_min", "p_min"), ("ngram_size_n", "ngram_size_m")
+    for st in [c.spec_type.itemData(i) for i in range(c.spec_type.count())]:
+        c.spec_type.setCurrentIndex(c.spec_type.findData(st))
+        for name in draft_knobs + ngram_knobs:
+            live = st == "ngram-simple" if name in ngram_knobs else st not in ("ngram-simple", "none")
+            widget = c.settings[name].widget
+            assert widget.isEnabled() == live, (st, name)
+            assert (f"(the {st} spec type does not read it" in widget.toolTip()) == (not live), (st, name)
+    assert {c.spec_type.itemData(i) for i in range(c.spec_type.count())} >= {"draft-simple", "ngram-simple", "none"}
+
+
 def test_a_run_goes_through_the_controls_unchanged(make_window):
     """Every generated setting set to a non-default value survives set_config -> config."""
     w = make_window()
