@@ -85,6 +85,19 @@ def figures(table: OutcomeTable) -> list[list[int]]:
     return [[table.value(r, c) for c in range(3)] for r in range(3)]
 
 
+def test_the_empty_table_shows_every_header_whole_and_tints_nothing(qtbot):
+    """Before any run the 2x2 table is sized from its headers' size hints (a header not yet on screen has no width:
+    the table was cut to "speculativ"), and with no figures no cell is tinted as a changed answer."""
+    t = OutcomeTable()
+    qtbot.addWidget(t)
+    need = t.verticalHeader().sizeHint().width() + sum(t.columnWidth(c) for c in range(3))
+    assert t.width() >= need
+    for c in range(3):
+        label = t.horizontalHeaderItem(c).text()
+        assert t.columnWidth(c) >= t.horizontalHeader().fontMetrics().horizontalAdvance(label), label
+    assert all(t.item(r, c).background().style() == Qt.BrushStyle.NoBrush for r in range(3) for c in range(3))
+
+
 def test_the_table_adds_up_and_matches_the_result(engine, make_window, qtbot, tmp_path: Path):
     w = window(make_window)
     res = run_suite(w, qtbot, tmp_path)

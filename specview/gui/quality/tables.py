@@ -91,14 +91,17 @@ class OutcomeTable(QTableWidget):
         for r in range(3):
             for c in range(3):
                 n = self.figures[r][c]
-                tint = verdicts.COLOURS["state"] if (r, c) in DISCORDANT and n else (
-                    verdicts.COLOURS["diverged"] if (r, c) in DISCORDANT else None)
+                tint = None if table is None or (r, c) not in DISCORDANT else (
+                    verdicts.COLOURS["state"] if n else verdicts.COLOURS["diverged"])
                 self.setItem(r, c, _cell(str(n) if table is not None else "–", tint=tint,
                                          bold=(r, c) in DISCORDANT or (r, c) == (2, 2), tip=tips.get((r, c), "total")))
         self.resizeColumnsToContents()
         self.resizeRowsToContents()
-        self.setFixedSize(self.verticalHeader().width() + sum(self.columnWidth(c) for c in range(3)) + 4,
-                          self.horizontalHeader().height() + sum(self.rowHeight(r) for r in range(3)) + 4)
+        # the headers' size hints, not their widths: a header not yet shown has no width, and the table was cut
+        frame = 2 * self.frameWidth()
+        self.setFixedSize(self.verticalHeader().sizeHint().width() + sum(self.columnWidth(c) for c in range(3)) + frame,
+                          self.horizontalHeader().sizeHint().height() + sum(self.rowHeight(r) for r in range(3))
+                          + frame)
 
     def value(self, row: int, col: int) -> int:
         """The figure shown at (row, col), read back from the widget."""
@@ -138,7 +141,8 @@ class NearTieTable(QTableWidget):
                 self.setItem(r, c, cell)
         self.resizeColumnsToContents()
         self.resizeRowsToContents()
-        self.setFixedHeight(self.horizontalHeader().height() + sum(self.rowHeight(r) for r in range(len(rows))) + 4)
+        self.setFixedHeight(self.horizontalHeader().sizeHint().height() + sum(self.rowHeight(r) for r in range(len(rows)))
+                            + 2 * self.frameWidth())
         self.setVisible(bool(rows))
 
     def texts(self) -> list[list[str]]:
