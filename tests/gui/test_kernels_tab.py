@@ -292,6 +292,19 @@ def test_save_open_and_refuse_maps(toy, make_window, qtbot, tmp_path, monkeypatc
     assert not w2.open_kernel_map(trace_like) and "not a specview kernel map" in w2.last_error
 
 
+def test_the_empty_per_width_table_is_wide_enough_for_its_headers(qtbot):
+    """Before any map the per-width table took a sliver of its splitter ("Width | Rov"): it is at least as wide as
+    its headers need (up to the cap every table has)."""
+    from specview.gui.kernels.view import KernelMapView
+
+    view = KernelMapView()
+    qtbot.addWidget(view)
+    detail = view.detail
+    dh = detail.horizontalHeader()
+    headers = sum(dh.sectionSizeHint(c) for c in range(detail.columnCount()))
+    assert detail.minimumWidth() >= min(headers, 760 - 2 * detail.frameWidth() - 4)
+
+
 def test_a_matrix_file_still_opens_in_the_matrix_tab(make_window, tmp_path):
     from specview.core.matrix import MatrixRun, MatrixSpec, PromptSpec, expand
 

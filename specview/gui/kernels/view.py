@@ -208,6 +208,7 @@ class KernelMapView(QWidget):
         dh.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         for i, tip in enumerate(DETAIL_TIPS):
             self.detail.horizontalHeaderItem(i).setToolTip(tip)
+        self._fit_detail_width()  # before any map: its headers readable, not a sliver beside the prescription
         return self.detail
 
     def _build_legend(self) -> None:
@@ -399,9 +400,14 @@ class KernelMapView(QWidget):
                     item.setForeground(QBrush(QColor(INK)))
                 item.setToolTip(tip)
                 self.detail.setItem(r, c, item)
-        # the figures stay readable: the splitter gives the prescription beside them what is left
-        need = sum(self.detail.columnWidth(c) for c in range(self.detail.columnCount()))
-        need += 2 * self.detail.frameWidth() + self.detail.verticalScrollBar().sizeHint().width() + 4
-        self.detail.setMinimumWidth(min(need, 760))
+        self._fit_detail_width()
         self._fit_split()
         self.sigTargetSelected.emit(row)
+
+    def _fit_detail_width(self) -> None:
+        """The figures stay readable: the per-width table is at least as wide as its columns (its headers' own
+        widths while it is empty), up to 760 px; the splitter gives the prescription beside it what is left."""
+        dh = self.detail.horizontalHeader()
+        need = sum(max(self.detail.columnWidth(c), dh.sectionSizeHint(c)) for c in range(self.detail.columnCount()))
+        need += 2 * self.detail.frameWidth() + self.detail.verticalScrollBar().sizeHint().width() + 4
+        self.detail.setMinimumWidth(min(need, 760))
