@@ -74,6 +74,11 @@ def test_the_plot_shows_the_located_figures_and_marks_the_first_differing_node(q
     # one layer band per odd layer: boundaries shaded
     shown = [b for b in tab.plot.bands if b.isVisible()]
     assert len(shown) == 2 and shown[0].getRegion()[0] == next(d.index for d in loc.nodes if d.part == "blk.1") - 0.5
+    top = tab.plot.getPlotItem().getAxis("top")
+    assert top.isVisible() and top._tickLevels and "blk.0" in [p for _x, p in top._tickLevels[0]]
+    # cleared: the hint alone, no layer axis naming the last locate's blocks
+    tab.clear()
+    assert not top.isVisible() and top._tickLevels is None and not tab.plot.hint.isHidden()
 
 
 def test_a_near_tie_departure_plots_the_same_and_links_from_the_verdict(make_window, synth, qtbot):

@@ -69,6 +69,15 @@ class LocatePlot(TimedPlot):
         self.scene().sigMouseMoved.connect(self._mouse_moved)
         self.show_empty(True)
 
+    def show_empty(self, empty: bool) -> None:
+        """The base's empty state, and the layer axis on top with it: an empty plot shows no "blk.0" left by the
+        last locate and no unit range of its own."""
+        super().show_empty(empty)
+        pi = self.getPlotItem()
+        pi.showAxis("top", not empty)
+        if empty:
+            pi.getAxis("top").setTicks(None)
+
     def apply_palette(self, palette: QPalette) -> None:
         style_plot(self, palette)
         base, text = palette.color(QPalette.ColorRole.Base), palette.color(QPalette.ColorRole.Text)
