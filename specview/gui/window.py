@@ -498,6 +498,11 @@ class MainWindow(QMainWindow):
             self.matrix_tab.show_verdict(str(self.matrix_tab.source or ""))
         elif w is self.kernels_tab and self.kernels_tab.request is None:
             self.kernels_tab.show_verdict()
+        elif w is self.quality_tab and self.quality_tab.request is None and self.quality_tab.result is not None:
+            self.quality_tab.show_verdict()
+        elif w is self.probe_tab and self.probe_tab.request is None:
+            self.verdict.show_text(*self.probe_tab.verdict())
+            self.verdict.setToolTip("")
 
     def show_error(self, message: str, details: str = "") -> None:
         """Show an error in the verdict bar (the window stays usable)."""

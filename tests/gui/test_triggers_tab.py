@@ -72,3 +72,24 @@ def test_the_tab_runs_the_probe_and_shows_a_planted_fault_as_state(engine, make_
     errors = []
     tab.sigError.connect(lambda msg, _d: errors.append(msg))
     assert not tab.open(bad) and errors and "not a specview probe report" in errors[0]
+
+
+def test_the_verdict_bar_speaks_of_the_probe_tab_in_front(engine, make_window, qtbot):
+    """Switching to the Probe tab, or a probe finishing there, puts the probe's words in the verdict bar (it kept
+    the last tab's, a quality run's "no evidence" in green over a probe's table)."""
+    w = make_window()
+    w.set_controls(backend=ENGINE, target="0", draft="1", n_max=3, max_tokens=16)
+    w.verdict.show_text("<b>Quality</b> (arithmetic): left over", "ok")
+    tab = w.probe_tab
+    w.tabs.setCurrentWidget(tab)
+    assert w.verdict.text().startswith("<b>Probe</b>: no probe yet.") and w.verdict.kind == "info"
+    tab.tokens.setValue(16)
+    tab.long.setValue(64)
+    with qtbot.waitSignal(tab.sigShown, timeout=TIMEOUT) as blk:
+        assert tab.start() is not None
+    report = blk.args[0]
+    assert report.worst == "state"  # the planted fault
+    assert w.verdict.text().startswith("<b>Probe</b> (0): ") and w.verdict.kind == "bad"
+    assert w.verdict.text().endswith("the worst result is state")
+    n_state = sum(r.result == "state" for r in report.rows)
+    assert f"{n_state} state" in w.verdict.text()

@@ -31,6 +31,8 @@ TAB_TIP = ("The known triggers of real rollback and state bugs (zero-draft after
 COLUMNS = ("Trigger", "Variant", "Engine", "Result", "Tokens", "Fork", "Evidence")
 #: each result's cell colour, from the verdicts' own
 RESULT_COLOURS = {IDENTICAL: COLOURS["identical"], NEAR_TIE: COLOURS["near-tie"], STATE: COLOURS["state"]}
+#: the verdict bar's tint for a report's worst result
+RESULT_KINDS = {IDENTICAL: "ok", NEAR_TIE: "warn", STATE: "bad"}
 
 
 def is_probe_file(path: str | os.PathLike[str]) -> bool:
@@ -105,6 +107,9 @@ class ProbeTab(QWidget):
         tab.sigError.connect(w.show_error)
         tab.sigStatus.connect(w.show_status)
         tab.sigBusy.connect(w.set_busy)
+        # a report shown while the tab is in front (a probe finished, a file opened) is the verdict bar's
+        tab.sigShown.connect(lambda _r: w.on_tab_changed(w.tabs.currentIndex()) if w.tabs.currentWidget() is tab
+                             else None)
         return tab
 
     # -- running ---------------------------------------------------------------------------------
@@ -213,6 +218,18 @@ class ProbeTab(QWidget):
                            + f" <span style='background:{colour}'>&nbsp;worst: {html.escape(worst)}&nbsp;</span>"
                            + "".join(f"<br>note: {html.escape(n)}" for n in report.notes))
         self.sigShown.emit(report)
+
+    def verdict(self) -> tuple[str, str]:
+        """What the verdict bar says with this tab in front: the report's results and its worst (HTML, kind), or
+        what the tab does before any probe."""
+        r = self.report
+        if r is None:
+            return ("<b>Probe</b>: no probe yet. Run probe forces the known triggers of rollback and state bugs on "
+                    "the Run panel's target and proves each result, or Open… shows a saved report.", "info")
+        counts = {k: sum(1 for x in r.rows if x.result == k) for k in dict.fromkeys(x.result for x in r.rows)}
+        said = ", ".join(f"{v} {html.escape(k)}" for k, v in counts.items()) or "no trigger ran"
+        return (f"<b>Probe</b> ({html.escape(r.target)}): {said}; the worst result is {html.escape(r.worst)}",
+                RESULT_KINDS.get(r.worst, "unsure"))
 
     def open(self, path: str | os.PathLike[str]) -> bool:
         """Show a saved probe report; any other file is an error in the window, naming it."""
