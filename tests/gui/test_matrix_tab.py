@@ -238,6 +238,25 @@ def test_matrix_dialog_builds_the_spec_around_the_controls(make_window, tiny_dir
     assert not dlg.buttons.button(QDialogButtonBox.StandardButton.Ok).isEnabled()
 
 
+def test_the_matrix_dialog_opens_at_the_size_its_boxes_need(qtbot):
+    """A dialog shown at its minimum squeezed the prompt suite's category boxes to half their height: it opens at
+    its size hint, each box whole, and the categories sit right under the prompt suite they belong to."""
+    from specview.core.config import RunConfig
+    from specview.gui.matrix import MatrixDialog
+
+    dlg = MatrixDialog(RunConfig(target="demo:Q4_K_M", draft="demo:Q4_0", prompt="hi", max_tokens=48), diagnose=True)
+    qtbot.addWidget(dlg)
+    dlg.show()
+    qtbot.waitExposed(dlg)
+    assert dlg.height() >= dlg.sizeHint().height()
+    for _cat, box in dlg.category_boxes:
+        assert box.height() >= box.sizeHint().height(), box.text()
+    def y(widget):
+        return widget.mapTo(dlg, widget.rect().topLeft()).y()
+
+    assert all(y(dlg.prompt_suite) < y(box) < y(dlg.prompt_task) for _cat, box in dlg.category_boxes)
+
+
 def test_run_matrix_action_runs_what_the_dialog_chose(tiny_dir, make_window, qtbot, monkeypatch):
     from PySide6.QtWidgets import QDialog
 

@@ -177,8 +177,7 @@ class MatrixDialog(QDialog):
         self.prompt_current.setChecked(True)
         bl.addWidget(self.prompt_current)
         bl.addWidget(self.prompt_suite)
-        bl.addLayout(self._task_row())
-        cats = QGridLayout()
+        cats = QGridLayout()  # the prompt suite's categories, under it
         cats.setContentsMargins(24, 0, 0, 0)
         self.category_boxes: list[tuple[str, QCheckBox]] = []
         for i, cat in enumerate(SUITE_CATEGORIES):
@@ -189,6 +188,7 @@ class MatrixDialog(QDialog):
             cats.addWidget(c, i // 4, i % 4)
             self.category_boxes.append((cat, c))
         bl.addLayout(cats)
+        bl.addLayout(self._task_row())
         stop = QHBoxLayout()
         self.stop_box = QCheckBox("Stop each cell's speculative arm")
         self.stop_box.setObjectName("matrix_stop_after_fork")
@@ -352,4 +352,13 @@ class MatrixDialog(QDialog):
         self.count.setText(text)
         ok.setEnabled(n > 0)
         if self.isVisible():  # a longer count line wraps: the dialog grows rather than squeezing its boxes
-            self.resize(self.size().expandedTo(self.sizeHint()))
+            self._fit()
+
+    def _fit(self) -> None:
+        self.resize(self.size().expandedTo(self.sizeHint()))
+
+    def showEvent(self, ev) -> None:  # noqa: N802 - Qt name
+        """Shown at the size its boxes need: a top-level window can open at its minimum, which squeezes the
+        suite's category boxes to half their height."""
+        super().showEvent(ev)
+        self._fit()
