@@ -98,3 +98,24 @@ def test_streamed_cells_fill_the_planned_grid(qtbot, tmp_path: Path):
     run_matrix(spec(), fake, out=out, on_cell=on_cell, cancel=lambda: len(fake.calls) >= 7)
     assert counts == [1, 2, 3, 4, 5, 6, 7]
     assert view.table.rowCount() * view.table.columnCount() == 36  # the planned cells are laid out already
+
+
+def test_the_one_line_rates_hint_of_a_one_prompt_matrix_is_shown_whole(qtbot, tmp_path: Path):
+    """Over one prompt the rates panel shrinks to its line of words: measured once its words are set, so the
+    splitter gives it the whole line (it kept the height of "No matrix." and cut the line in half)."""
+    from specview.core.prompts import PromptSpec
+
+    out = tmp_path / "one.json"
+    run_matrix(spec(prompts=[PromptSpec("essay", "Write an essay.")]), FakeSession(), out=out,
+               traces_dir=tmp_path / "traces")
+    view = MatrixView()
+    qtbot.addWidget(view)
+    view.resize(1200, 700)
+    view.show()
+    qtbot.waitExposed(view)
+    view.loadFile(out)
+    qtbot.wait(50)
+    panel = view.rates_panel
+    assert panel.compact and panel.hint.text().startswith("Rates need more prompts")
+    m = panel.layout().contentsMargins()
+    assert panel.height() >= panel.hint.heightForWidth(panel.hint.width()) + m.top() + m.bottom()

@@ -371,7 +371,11 @@ class RatesPanel(QWidget):
         """One panel no taller than its line of words (wrapped to the panel's width)."""
         m = self.layout().contentsMargins()
         width = max(200, self.width() - m.left() - m.right())
-        self.setMaximumHeight(self.hint.heightForWidth(width) + m.top() + m.bottom() + 2)
+        height = self.hint.heightForWidth(width) + m.top() + m.bottom() + 2
+        if height != self.maximumHeight():
+            self.setMaximumHeight(height)
+            if self.compact:  # the splitter gives the line what it now needs (new words, a new width)
+                self.sigCompact.emit(True)
 
     def resizeEvent(self, ev) -> None:  # noqa: N802 - Qt name
         super().resizeEvent(ev)
