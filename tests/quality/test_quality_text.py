@@ -73,3 +73,18 @@ def test_undiagnosed_forks_whose_outcome_held_point_to_diagnose_forks():
     none = result((P, F, False, None), (F, F, True, None))  # --diagnose none: a changed outcome's fork too
     said = " ".join(reading(none))
     assert "1 fork of changed outcomes was not diagnosed" in said and "--diagnose discordant" in format_result(none)
+
+
+def test_a_suite_both_arms_fail_throughout_is_called_inconclusive():
+    """Both arms fail every item: a changed outcome (a pass in one arm) could not show, so "no outcome changed" is
+    said with that, in the CLI's reading and in the app's green-or-not headline."""
+    from specview.core.quality.text import ALL_FAIL
+    from specview.gui.quality.words import headline
+
+    res = result((F, F, True, None), (F, F3, False, "near-tie"), (F, F, True, None))
+    said = reading(res)
+    assert said[0].startswith("No outcome changed: on all 3 items both arms pass or both fail") and ALL_FAIL in said
+    text, kind = headline(res)
+    assert kind == "unsure" and text.startswith("Inconclusive: no outcome changed on the 3 items, but both arms fail")
+    one_passes = result((P, P, True, None), (F, F, True, None))
+    assert ALL_FAIL not in reading(one_passes) and headline(one_passes)[1] == "ok"

@@ -36,6 +36,12 @@ def verdict_counts(items: list[ItemOutcome]) -> dict[str, int]:
     return dict(sorted(c.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
+#: a result whose items both arms all fail: the suite could not show a changed outcome on this model
+ALL_FAIL = ("Both arms fail every item, so this suite could not show a changed outcome on this model (a changed "
+            "outcome is a pass in one arm): choose a suite the model can pass, such as arithmetic or sort, or a task "
+            "suite of your own.")
+
+
 def reading(res: QualityResult) -> list[str]:
     """What the result says, in sentences: whether outcomes changed (an item's outcome is whether each arm
     passed; its answers are what each arm replied), which way, whether the test calls it evidence, what the
@@ -56,6 +62,8 @@ def reading(res: QualityResult) -> list[str]:
         else:
             tail = f" (the texts forked on {len(forked)}, without changing the answer)."
         out.append(f"No outcome changed: on all {t.n} items both arms pass or both fail{tail}")
+        if t.both_fail == t.n:
+            out.append(ALL_FAIL)
         return out + _state_elsewhere(res) + _undiagnosed(res)
     way = f"{b} passed by vanilla only, {c} by the speculative arm only"
     if p < ALPHA:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...core.quality.text import ALPHA, p_text, rate_text
+from ...core.quality.text import ALL_FAIL, ALPHA, p_text, rate_text
 from ...core.report.escape import visible
 
 
@@ -35,7 +35,11 @@ def headline(res: Any) -> tuple[str, str]:
     if t.n == 0:
         return "No item has finished yet.", "info"
     p = p_words(res.p_mcnemar)
-    if b + c == 0:
+    if b + c == 0 and t.both_fail == t.n:
+        # a changed answer shows as a pass in one arm: with none in either, this suite cannot show one here
+        text, kind = f"Inconclusive: no outcome changed on the {t.n} items, but {ALL_FAIL[0].lower()}{ALL_FAIL[1:]}", \
+            "unsure"
+    elif b + c == 0:
         text, kind = (f"No evidence speculation changes answers ({p}): on all {t.n} items both arms pass or both "
                       "fail."), "ok"
     elif res.p_mcnemar >= ALPHA:
