@@ -3,7 +3,10 @@
 The words and colours of verdicts come from :mod:`specview.core.verdicts`, as
 in the CLI, the matrix grid and the reports.  After an identical run the bar
 says, in one line, what to try next to look for a fork on this machine; each
-suggestion is a link that sets the control and runs again.
+suggestion is a link that sets the control and runs again.  A run that drafted
+nothing tested nothing speculative: it is inconclusive (grey), and its one link
+is the change that makes it draft.  A serial-verify run tested the loop but no
+batched verify pass: its link is the same run without serial verify.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QLabel, QWidget
 
 from ..core import verdicts
+from ..core.diagnose.words import batched_again, drafted_nothing, single_row_verify, zero_draft
+from ..core.matrix.summary import cell_category, cell_drafted_nothing
 from ..core.trace import Step, Trace
 from .panes import MISMATCH_HUE, blend, is_dark
 
@@ -80,10 +85,19 @@ def diagnosis_tooltip(diag: dict | None) -> str:
     return "<br>".join(lines)
 
 
+def _arm_speed(name: str, arm: Any) -> str:
+    """ "vanilla <b>146.5</b> tok/s", or what stands in for a speed an arm does not have."""
+    if not arm.tokens:
+        return f"{name}: no tokens"
+    if arm.tokens_per_s <= 0:
+        return f"{name}: {len(arm.tokens)} tokens, speed n/a"
+    return f"{name} <b>{arm.tokens_per_s:.1f}</b> tok/s"
+
+
 def speed_text(trace: Trace) -> str:
     v, s = trace.vanilla, trace.speculative
     vt, st = v.tokens_per_s, s.tokens_per_s
-    bits = [f"vanilla <b>{vt:.1f}</b> tok/s", f"speculative <b>{st:.1f}</b> tok/s"]
+    bits = [_arm_speed("vanilla", v), _arm_speed("speculative", s)]
     if vt > 0 and st > 0:
         bits.append(f"speedup <b>{st / vt:.2f}×</b>")
     rate = s.acceptance_rate
@@ -144,16 +158,32 @@ def parse_try_link(href: str) -> dict[str, Any] | None:
 
 
 def next_steps(trace: Trace, other_quants: list[str] | None = None) -> str:
-    """One line after an identical run: what to try next to look for a fork on this machine (links)."""
+    """One line after an identical run: what to try next to test speculative decoding (links).
+
+    A run that drafted nothing gets the one change that makes it draft; a run whose every verify row was its
+    own single-token pass (serial verify, -ub 1) gets the same run with batched verify passes; any other the
+    settings most likely to find a fork on this machine.
+    """
     cfg = trace.config if isinstance(trace.config, dict) else {}
-    s = trace.speculative
-    if s.n_drafted == 0 and (s.rounds or s.reported_drafted is not None):
-        if cfg.get("spec_type") == "none":
-            return "Nothing was drafted, so the arms could not differ: " + try_link(
-                {"spec_type": "draft-simple"}, "use a draft model") + "."
-        if isinstance(cfg.get("p_min"), (int, float)) and cfg["p_min"] >= 1:
-            return "Nothing was drafted (p_min 1), so the arms could not differ: " + try_link(
-                {"p_min": 0.0}, "draft again (p_min 0)") + "."
+    if drafted_nothing(trace):
+        z = zero_draft(cfg)
+        step = try_link(z.settings, f"{z.fix} and run again") if z.settings else html.escape(z.fix)
+        return f"To test speculative decoding, {step}."
+    how = single_row_verify(trace)
+    if how:
+        step, settings = batched_again(how)
+        return f"To test batched verification, {try_link(settings, step)}."
+    return "No fork here. To look for one on this machine, try " + _or_list(_fork_tries(trace, other_quants)) + "."
+
+
+def _or_list(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
+
+
+def _fork_tries(trace: Trace, other_quants: list[str] | None) -> list[str]:
+    """The links most likely to find a fork after an identical run: another quantization, a longer run, a
+    larger n_max."""
+    cfg = trace.config if isinstance(trace.config, dict) else {}
     tries: list[str] = []
     target = str(cfg.get("target") or "")
     quants = [q for q in (other_quants or []) if q and q != target]
@@ -174,7 +204,7 @@ def next_steps(trace: Trace, other_quants: list[str] | None = None) -> str:
     if cfg.get("spec_type") not in ("ngram-simple", "none"):
         wide = max(WIDE_N_MAX, 2 * int(cfg.get("n_max") or 0))
         tries.append(try_link({"n_max": wide}, f"a larger n_max ({wide})"))
-    return "No fork here. To look for one on this machine, try " + ", ".join(tries[:-1]) + " or " + tries[-1] + "."
+    return tries
 
 
 # -- the bar --------------------------------------------------------------------------------------
@@ -208,38 +238,133 @@ def kernel_line(pred: Any, trace: Trace) -> tuple[str, bool]:
     ``pred`` is a :class:`~specview.core.kernels.evidence.KernelPrediction`.  A fork
     in a run the map proves lossless contradicts it: that line is the loud one.
     """
-    from ..core.kernels.evidence import DIFFER, NOT_COVERED, NOT_DETERMINISTIC, contradiction_text
+    from ..core.kernels.evidence import NOT_COVERED, contradiction_text
 
     e = html.escape
     c = trace.comparison
-    name = e(Path(pred.map_file).name) if pred.map_file else "the kernel map shown"
+    label = f"Kernel map {e(Path(pred.map_file).name)}" if pred.map_file else "Kernel map (not saved)"
     if pred.contradicts(c.identical):
         fm = c.first_mismatch
         text = contradiction_text(pred, where="this run", fork=fm.index if fm else None,
                                   pieces=(fm.vanilla_piece, fm.speculative_piece) if fm else None)
-        return f"<b>Kernel map {name}</b>: {e(text)}", True
-    if pred.status == NOT_COVERED:
-        return f"<i>Kernel map {name}: {e(pred.reason or pred.words)}.</i>", False
-    if pred.status == NOT_DETERMINISTIC:
-        return f"Kernel map {name}: {e(pred.reason or pred.words)}.", False
-    tail = ""
-    if pred.status == DIFFER:
-        tail = (" This fork is what those kernels make possible." if not c.identical else
-                " This run stayed identical, but another prompt may fork.")
-    else:
-        tail = " This run is identical, as the map predicts."
+        return f"<b>{label}</b>: {e(text)}", True
     caveats = f" Caveat: {e('; '.join(pred.caveats))}." if pred.caveats else ""
-    return f"Kernel map {name}: {e(pred.text())}.{tail}{caveats}", False
+    line = f"{label}: {e(_kernel_sentence(pred, c.identical))}.{caveats}"
+    return (f"<i>{line}</i>" if pred.status == NOT_COVERED else line), False
+
+
+def _kernel_sentence(pred: Any, identical: bool) -> str:
+    """What the map says of a run it does not contradict, as one sentence (without its full stop)."""
+    from ..core.kernels.evidence import DIFFER, PROVEN
+    from ..core.kernels.text import ranges
+
+    widths = [w for w in pred.widths if isinstance(w, int)]
+    span = ("width 1 (every verify row its own single-token pass)" if widths == [1]
+            else f"widths {ranges(widths)} (n_max {pred.n_max})")
+    row = pred.row or pred.target
+    if pred.status == PROVEN:
+        evidence = f" ({pred.evidence})" if pred.evidence else ""
+        return (f"proven lossless for this run, since for {row} the verify passes at {span} compute bit-identically "
+                f"to single-token passes{evidence}; this run is identical, as the map predicts")
+    if pred.status == DIFFER:
+        found = _differ_words(pred, row, span) if pred.first_differing is not None else (pred.reason or pred.words)
+        return found + (", so this fork is what those kernels make possible" if not identical else
+                        ", so a fork is possible; this run stayed identical, but another prompt may fork")
+    return pred.reason or pred.words
+
+
+def _differ_words(pred: Any, row: str, span: str) -> str:
+    """ "kernels differ from single-token passes at width 4 for ROW (0.0% of its rows bit-identical, ...), within
+    the widths 1-4 (n_max 3) this run verifies at" """
+    nums = []
+    if pred.identical_share is not None:
+        nums.append(f"{100 * pred.identical_share:.1f}% of its rows bit-identical")
+    if pred.max_delta is not None:
+        nums.append(f"max |Δ| {pred.max_delta:.4g} logits")
+    if pred.flips is not None:
+        nums.append(f"{pred.flips} argmax flip{'s' if pred.flips != 1 else ''}")
+    return (f"kernels differ from single-token passes at width {pred.first_differing} for {row}"
+            + (f" ({', '.join(nums)})" if nums else "") + f", within the {span} this run verifies at")
+
+
+#: what the model worker gives as the diagnosis error when the user cancelled the diagnosis alone (both arms had
+#: finished): the run stands, its fork is not classified
+DIAGNOSIS_CANCELLED = "diagnosis cancelled by the user"
+
+
+def _identical_head(trace: Trace, other_quants: list[str] | None) -> tuple[list[str], str]:
+    """(lines, kind) of an identical run: inconclusive when nothing was drafted, and what to try next."""
+    c = trace.comparison
+    if drafted_nothing(trace):
+        why = html.escape(zero_draft(trace.config).why)
+        head = (f"<b>Inconclusive</b>: both arms produced the same {c.n_vanilla} tokens, but the speculative arm "
+                f"drafted nothing ({why}), so nothing speculative was tested.")
+        return [head, next_steps(trace, other_quants)], "unsure"
+    how = single_row_verify(trace)
+    if how:
+        head = (f"<b>Identical</b> with {html.escape(how)}: both arms produced the same {c.n_vanilla} tokens. "
+                "Every verify row was its own single-token pass, so this tested the speculative loop but not "
+                "batched verification.")
+        return [head, next_steps(trace, other_quants)], "ok"
+    return [f"<b>Identical</b>: both arms produced the same {c.n_vanilla} tokens.",
+            next_steps(trace, other_quants)], "ok"
+
+
+def _fork_head(trace: Trace, verdict: str | None, n_diffs: int) -> tuple[list[str], str]:
+    """(lines, kind) of a forked run: where, its verdict and the numbers at the fork.  Amber for a near-tie
+    (expected numerics), grey for inconclusive, red for a state bug, nondeterminism or no diagnosis: the same
+    colours as the matrix grid and the report."""
+    v, s, c = trace.vanilla, trace.speculative, trace.comparison
+    diag = trace.diagnosis if isinstance(trace.diagnosis, dict) else None
+    fm = c.first_mismatch
+    kind = {"near-tie": "warn", "inconclusive": "unsure"}.get(verdict or "", "bad")
+    i = fm.index
+    vm = v.steps[i].margin if i < len(v.steps) else None
+    sm = s.steps[i] if i < len(s.steps) else None
+    what = (f"<b>Forked at token {i}</b>: vanilla {html.escape(repr(fm.vanilla_piece))} vs speculative "
+            f"{html.escape(repr(fm.speculative_piece))}")
+    if verdict:
+        what += f" — <b>{html.escape(verdicts.words(verdict))}</b>"
+    nums = [f"vanilla margin {fmt_margin(vm)}"]
+    if sm is not None:
+        nums.append(f"speculative margin {fmt_margin(sm.margin)} ({step_origin(sm)})")
+    gap = diag.get("gap") if diag else None
+    if isinstance(gap, (int, float)) and math.isfinite(gap):
+        nums.append(f"replay gap {gap:.4f}")
+    nums.append(f"{c.agree} tokens agree; {n_diffs} differing positions")
+    return [what + ".", " · ".join(nums)], kind
+
+
+def _diagnosis_line(trace: Trace, diagnosis_error: str | None, diag_note: str) -> str | None:
+    """The diagnosis' line: its explanation, why there is none, or None."""
+    diag = trace.diagnosis if isinstance(trace.diagnosis, dict) else None
+    if diagnosis_error == DIAGNOSIS_CANCELLED:
+        if trace.comparison.identical:
+            return "<i>The diagnosis was cancelled by the user; the run above is complete.</i>"
+        return ("<i>The diagnosis was cancelled by the user, so the fork is not classified (near-tie or bug).</i> "
+                f"{try_link({}, 'Run again')} to diagnose it.")
+    if diagnosis_error:
+        return f"<i>diagnosis failed: {html.escape(diagnosis_error)}</i>"
+    if diag:
+        expl = diag.get("explanation")
+        if isinstance(expl, str) and expl.strip():
+            return f"<i>{html.escape(expl.strip())}</i>"
+        if diag_note:
+            return f"<i>diagnosis: {html.escape(diag_note)}</i>"
+    return None
 
 
 def trace_verdict(trace: Trace, *, cancelled: bool = False, diagnosis_error: str | None = None,
                   diag_note: str = "", n_diffs: int = 0, other_quants: list[str] | None = None,
                   kernel: Any = None) -> tuple[str, str]:
-    """(rich text, kind) of a finished or opened trace; ``kernel``: the kernel map's prediction for its run."""
+    """(rich text, kind) of a finished or opened trace; ``kernel``: the kernel map's prediction for its run.
+
+    ``cancelled``: the user cancelled the arms.  ``diagnosis_error`` :data:`DIAGNOSIS_CANCELLED`: the user
+    cancelled the diagnosis alone, after both arms had finished; the run is shown as it finished.
+    """
     v, s, c = trace.vanilla, trace.speculative, trace.comparison
     fm = c.first_mismatch
     diag = trace.diagnosis if isinstance(trace.diagnosis, dict) else None
-    verdict = diagnosis_verdict(diag)
     parts: list[str] = []
     broken = backend_failure(diag)
     if broken:
@@ -250,39 +375,19 @@ def trace_verdict(trace: Trace, *, cancelled: bool = False, diagnosis_error: str
         if fm is not None and fm.index < min(len(v.tokens), len(s.tokens)):
             parts.append(f"The arms already differ at token {fm.index}.")
     elif c.identical:
-        kind = "ok"
-        parts.append(f"<b>Identical</b>: both arms produced the same {c.n_vanilla} tokens.")
-        parts.append(next_steps(trace, other_quants))
+        lines, kind = _identical_head(trace, other_quants)
+        parts.extend(lines)
     else:
-        # amber for a near-tie (expected numerics), red for a state bug, nondeterminism or no diagnosis,
-        # the same colours as the matrix grid and the report
-        kind = {"near-tie": "warn", "inconclusive": "unsure"}.get(verdict or "", "bad")
-        i = fm.index
-        vm = v.steps[i].margin if i < len(v.steps) else None
-        sm = s.steps[i] if i < len(s.steps) else None
-        what = (f"<b>Forked at token {i}</b>: vanilla {html.escape(repr(fm.vanilla_piece))} vs speculative "
-                f"{html.escape(repr(fm.speculative_piece))}")
-        if verdict:
-            what += f" — <b>{html.escape(verdicts.words(verdict))}</b>"
-        parts.append(what + ".")
-        nums = [f"vanilla margin {fmt_margin(vm)}"]
-        if sm is not None:
-            nums.append(f"speculative margin {fmt_margin(sm.margin)} ({step_origin(sm)})")
-        gap = diag.get("gap") if diag else None
-        if isinstance(gap, (int, float)) and math.isfinite(gap):
-            nums.append(f"replay gap {gap:.4f}")
-        nums.append(f"{c.agree} tokens agree; {n_diffs} differing positions")
-        parts.append(" · ".join(nums))
+        lines, kind = _fork_head(trace, diagnosis_verdict(diag), n_diffs)
+        parts.extend(lines)
     if broken:
         kind = "bad"  # whatever the arms did, a backend that computes the model wrongly comes first
-    if diagnosis_error:
-        parts.append(f"<i>diagnosis failed: {html.escape(diagnosis_error)}</i>")
-    elif diag:
-        expl = diag.get("explanation")
-        if isinstance(expl, str) and expl.strip():
-            parts.append(f"<i>{html.escape(expl.strip())}</i>")
-        elif diag_note:
-            parts.append(f"<i>diagnosis: {html.escape(diag_note)}</i>")
+    # the head of an identical run that drafted nothing, or verified one row at a time, already says what the
+    # diagnosis' explanation says of it
+    said = not cancelled and c.identical and (drafted_nothing(trace) or single_row_verify(trace) is not None)
+    line = _diagnosis_line(trace, diagnosis_error, diag_note)
+    if line and not (said and not diagnosis_error):
+        parts.append(line)
     if kernel is not None and not cancelled:
         line, contradiction = kernel_line(kernel, trace)
         parts.append(line)
@@ -297,15 +402,20 @@ def matrix_verdict(doc: dict[str, Any]) -> tuple[str, str]:
     n, total = len(cells), doc.get("n_cells", len(cells))
     forks = sum(1 for c in cells if c.get("status") == "ok" and not c.get("identical"))
     errors = sum(1 for c in cells if c.get("status") == "error")
+    blank = sum(1 for c in cells if cell_drafted_nothing(c))
     status = doc.get("status", "")
     head = {"interrupted": "Matrix cancelled", "running": "Matrix still running"}.get(status, "Matrix complete")
-    text = f"<b>{head}</b>: {n} of {total} cells, {forks} forked, {errors} failed."
+    nothing = f", {blank} drafted nothing (inconclusive)" if blank else ""
+    text = f"<b>{head}</b>: {n} of {total} cells, {forks} forked, {errors} failed{nothing}."
     if n:
         text += "<br><i>Double-click a cell (or press Enter on it) to open it side by side.</i>"
     # a near-tie fork is expected numerics, not a bug: only a state bug, nondeterminism or an
-    # undiagnosed fork colours the bar as a mismatch
-    bad = any(verdicts.category(c) in ("state", "nondeterministic", "diverged") for c in cells)
-    return text, "bad" if bad else ("warn" if forks or errors or status != "complete" else "ok")
+    # undiagnosed fork colours the bar as a mismatch; a matrix none of whose cells drafted tested nothing
+    if any(cell_category(c) in ("state", "nondeterministic", "diverged") for c in cells):
+        return text, "bad"
+    if forks or errors or status != "complete":
+        return text, "warn"
+    return text, "unsure" if blank and blank == n else "ok"
 
 
 class VerdictBar(QLabel):

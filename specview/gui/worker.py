@@ -17,7 +17,10 @@ observers.
 
 Cancellation is a flag per request, set from the GUI thread and checked by the
 arms between forward passes, so a run stops within one forward pass.  The
-window cancels the running request before it submits a new one.
+window cancels the running request before it submits a new one.  A cancel
+while the diagnosis runs (both arms finished) cancels the diagnosis alone: the
+run is reported as finished, not cancelled, its ``diagnosis_error``
+:data:`~specview.gui.verdict_bar.DIAGNOSIS_CANCELLED`.
 
 The kernel map and the prescription (:mod:`specview.core.kernels.map`,
 :mod:`specview.core.matrix.prescribe`) run here too, on the Session of their
@@ -35,7 +38,8 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from ..core.errors import EngineCrashed, SpecviewError
+from ..core.diagnose.classify import DiagnosisCancelled
+from ..core.errors import Cancelled, EngineCrashed, SpecviewError
 from ..core.registry import Runner, get_backend
 from ..core.trace import Round, Step, Trace
 from .models import choices as gmodels
@@ -43,6 +47,7 @@ from .messages import (ArmStarted, Derived, DeriveRequest, JobFinished, JobReque
                        MatrixCell, MatrixFinished, MatrixRequest, PreloadRequest, PrescriptionFinished,
                        PrescriptionRequest, Progress, RoundEvent, RunFailed, RunFinished, RunRequest, RunStarted,
                        StepEvent, StepsEvent)
+from .verdict_bar import DIAGNOSIS_CANCELLED
 
 BATCH_S = 0.05  # tokens reach the window at most this long after they were made (a frame is longer)
 
@@ -123,21 +128,11 @@ class ModelWorker(QObject):
             trace = runner.run(req.cfg, on_event=batch.on_event, cancel=req.cancel_event.is_set,
                                reuse_vanilla=req.reuse_vanilla)
             batch.flush()
+            # cancelled means the arms were: a cancel during the diagnosis cancels the diagnosis alone
             cancelled = req.cancelled or "cancelled" in (trace.vanilla.stop_reason, trace.speculative.stop_reason)
             diag_error = None
             if req.diagnose and not cancelled and trace.diagnosis is None:
-                self.sigDiagnosing.emit(RunStarted(req.id, req.cfg))
-                self._progress("diagnosing the fork" if not trace.comparison.identical else "diagnosing the run")
-                try:
-                    result = runner.diagnose(trace, req.cfg, controls=False, progress=self._progress,
-                                             cancel=req.cancel_event.is_set)
-                    if trace.diagnosis is None and isinstance(result, dict):
-                        trace.diagnosis = result
-                except SpecviewError as exc:
-                    diag_error = str(exc)
-                except Exception as exc:  # a diagnosis failure must not lose the run
-                    diag_error = f"{type(exc).__name__}: {exc}"
-                cancelled = cancelled or req.cancelled
+                diag_error = self._diagnose(req, runner, trace)
             self.sigFinished.emit(RunFinished(
                 req.id, trace, cancelled, time.perf_counter() - t0,
                 runner.vanilla_runs, runner.speculative_runs, runner.loads, diag_error,
@@ -147,6 +142,27 @@ class ModelWorker(QObject):
             self._fail(req.id, exc)
         finally:
             self.busy = False
+
+    def _diagnose(self, req: RunRequest, runner: Runner, trace: Trace) -> str | None:
+        """Diagnose ``trace``, whose arms both finished; why it has no diagnosis, or None.
+
+        A cancel while the diagnosis runs gives :data:`~specview.gui.verdict_bar.DIAGNOSIS_CANCELLED`: the
+        run itself stands as it finished, only its fork is not classified.
+        """
+        self.sigDiagnosing.emit(RunStarted(req.id, req.cfg))
+        self._progress("diagnosing the fork" if not trace.comparison.identical else "diagnosing the run")
+        try:
+            result = runner.diagnose(trace, req.cfg, controls=False, progress=self._progress,
+                                     cancel=req.cancel_event.is_set)
+        except (Cancelled, DiagnosisCancelled):
+            return DIAGNOSIS_CANCELLED
+        except Exception as exc:  # a diagnosis failure must not lose the run
+            if req.cancelled:  # what the cancel broke on its way out
+                return DIAGNOSIS_CANCELLED
+            return str(exc) if isinstance(exc, SpecviewError) else f"{type(exc).__name__}: {exc}"
+        if trace.diagnosis is None and isinstance(result, dict):
+            trace.diagnosis = result
+        return None
 
     @Slot(object)
     def derive(self, req: DeriveRequest) -> None:

@@ -1,9 +1,9 @@
 """The kernel map in the Kernel map tab speaks in the run's verdict bar and joins its report.
 
 A toy engine with a planted kernel switch at width 5 gives a map that proves n_max <= 3 lossless: a run at
-n_max 2 must read "proven lossless" and stay identical, a run at n_max 6 must read "kernels differ", a map of
-another target must say it does not cover the run, and a fork in a run the map proves lossless is the loud
-contradiction.  Switching tabs shows each tab's own verdict.
+n_max 2 must read "proven lossless" and stay identical, a run at n_max 6 must read "kernels differ" at width 5,
+a map of another target must say it does not cover the run, and a fork in a run the map proves lossless is the
+loud contradiction.  Switching tabs shows each tab's own verdict.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def test_the_map_speaks_in_the_run_verdict_and_joins_the_report(toy, make_window
 
     trace = _run(w, qtbot, n_max=6)  # widths 1-7 reach the planted switch at 5
     text = w.verdict.text()
-    assert "kernels differ: a fork is possible" in text and "width 5" in text
+    assert "kernels differ from single-token passes at width 5" in text
 
     # a map of another target does not cover the run: said in passing, and kept out of the report
     _map(w, kt, qtbot, ["dispatch:3:1.0"])
@@ -96,8 +96,9 @@ def test_a_fork_the_map_proves_impossible_is_the_loud_line(synth):
 
 
 @pytest.mark.parametrize("status,identical,want", [
-    (DIFFER, False, "This fork is what those kernels make possible."),
-    (DIFFER, True, "This run stayed identical, but another prompt may fork."),
+    (DIFFER, False, "Kernel map k.json: why, so this fork is what those kernels make possible."),
+    (DIFFER, True, "Kernel map k.json: why, so a fork is possible; this run stayed identical, but another prompt "
+                   "may fork."),
     (NOT_COVERED, True, "<i>Kernel map k.json: why.</i>"),
 ])
 def test_the_line_follows_the_prediction(synth, status, identical, want):

@@ -16,6 +16,7 @@ from PySide6.QtWidgets import QDialogButtonBox
 
 from specview.core.config import EngineSettings
 from specview.core.matrix import MatrixSpec, PromptSpec, load_matrix, run_matrix
+from specview.core.matrix.summary import cell_drafted_nothing
 from specview.core.session import Session
 from specview.core.trace import Trace
 
@@ -70,7 +71,9 @@ def assert_shows_cell(w, trace: Trace, cell: dict) -> None:
     assert (len(trace.vanilla.tokens), len(trace.speculative.tokens)) == (cell["n_vanilla"], cell["n_speculative"])
     assert w.panes.vanilla.text() == trace.vanilla.text and w.panes.speculative.text() == trace.speculative.text
     assert w.panes.vanilla.mismatch_index == cell["first_mismatch"]
-    if cell["identical"]:
+    if cell_drafted_nothing(cell):  # identical, but nothing speculative was tested
+        assert w.verdict.text().startswith("<b>Inconclusive</b>")
+    elif cell["identical"]:
         assert "Identical" in w.verdict.text()
     else:
         assert f"Forked at token {cell['first_mismatch']}" in w.verdict.text()

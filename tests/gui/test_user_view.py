@@ -93,9 +93,10 @@ def test_empty_plots_say_what_they_will_show(synth, make_window, qtbot):
     for plot in (w.margin_plot, w.acceptance):
         assert not plot.empty and not plot.hint.isVisible()
         assert plot.getPlotItem().getAxis("bottom").isVisible()
-    # a trace from an engine that reports no rounds says so where the bars would be
+    # a trace from an engine that reports no rounds, only its totals, says so where the bars would be
     no_rounds = synth(40, fork=None)
     no_rounds.speculative.rounds = []
+    no_rounds.speculative.reported_drafted, no_rounds.speculative.reported_accepted = 30, 20
     w.show_trace(no_rounds)
     assert w.acceptance.empty and "no verify rounds" in w.acceptance.hint.text()
 
@@ -153,5 +154,6 @@ def test_nothing_drafted_says_why_the_arms_could_not_differ(synth, make_window, 
     trace.config.update(p_min=1.0)
     w.show_trace(trace)
     head, hint = verdict_lines(w)
-    assert "Identical" in head and "Nothing was drafted (p_min 1)" in hint
-    assert links(hint) == {"draft again (p_min 0)": {"p_min": 0.0}}
+    assert head.startswith("<b>Inconclusive</b>") and "p_min 1 is llama.cpp&#x27;s zero-draft control" in head
+    assert w.verdict.kind == "unsure"  # the legend's grey: nothing speculative was tested
+    assert links(hint) == {"lower p_min to 0 and run again": {"p_min": 0.0}}

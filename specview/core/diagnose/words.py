@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Mapping
 
+from ..config import DRAFT_PARAM_TYPES
 from ..trace import Trace
 from .classify import FAR_FACTOR, FAR_FLOOR, LOGIT_TOL
 
@@ -161,18 +163,127 @@ def rollback_line(trace: Trace) -> str | None:
             + (f" (by mechanism: {paths})" if paths else ""))
 
 
-def identical_words(trace: Trace) -> str:
-    """What an identical run proves: lossless at the verify widths it exercised, or nothing when nothing was drafted."""
-    comp, spec = trace.comparison, trace.speculative
+#: the engines on which -ub 1 computes every row of a verify pass in its own single-token micro-batch
+UB1_ENGINES = ("llama.cpp", "llama-server")
+#: the n_max a run that drafted nothing because of n_max 0 is pointed to (llama.cpp's default)
+DRAFTING_N_MAX = 3
+
+
+def single_row_verify(trace: Trace) -> str | None:
+    """How a run computed every verify row as its own single-token pass, so that no batched verify pass ran:
+    "serial verify", "-ub 1", or None for a run whose verify passes were batched."""
+    cfg = trace.config if isinstance(trace.config, Mapping) else {}
+    rounds = [r for r in trace.speculative.rounds if r.index >= 1]
+    if cfg.get("serial_verify") or (rounds and all(r.serial for r in rounds)):
+        return "serial verify"
+    engine = cfg.get("engine") if isinstance(cfg.get("engine"), Mapping) else {}
+    if engine.get("n_ubatch") == 1 and cfg.get("backend", "llama.cpp") in UB1_ENGINES:
+        return "-ub 1"
+    return None
+
+
+def batched_again(how: str) -> tuple[str, dict[str, Any]]:
+    """(what to do, the settings it takes) to run a single-row-verify run again with batched verify passes."""
+    if how == "-ub 1":
+        return "run it again with a larger micro-batch (-ub 512)", {"n_ubatch": 512}
+    return "run it again without serial verify", {"serial_verify": False}
+
+
+@dataclass(frozen=True)
+class ZeroDraft:
+    """Why a speculative arm drafted nothing, and the one change that makes it draft."""
+
+    why: str  # "n_max 0 allows no draft token"
+    fix: str  # "raise n_max to 3": what to do, as a step the user takes before running again
+    settings: dict[str, Any]  # the settings the fix sets (the app's link)
+
+
+def _n(cfg: Mapping[str, Any], key: str, default: float) -> float:
+    v = cfg.get(key)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else default
+
+
+def zero_draft_setting(cfg: Mapping[str, Any] | None) -> ZeroDraft | None:
+    """The setting that lets no token be drafted whatever the text (spec type none, n_max 0, p_min 1), else None."""
+    cfg = cfg if isinstance(cfg, Mapping) else {}
+    spec_type = cfg.get("spec_type") or "draft-simple"
+    if spec_type == "none":
+        return ZeroDraft("the spec type is none, so no drafter ran", "use a draft model (spec type draft-simple)",
+                         {"spec_type": "draft-simple"})
+    if spec_type != "ngram-simple" and _n(cfg, "n_max", DRAFTING_N_MAX) == 0:
+        return ZeroDraft("n_max 0 allows no draft token", f"raise n_max to {DRAFTING_N_MAX}",
+                         {"n_max": DRAFTING_N_MAX})
+    if spec_type in DRAFT_PARAM_TYPES and _n(cfg, "p_min", 0.0) >= 1:
+        return ZeroDraft("p_min 1 is llama.cpp's zero-draft control: no draft token is ever that probable",
+                         "lower p_min to 0", {"p_min": 0.0})
+    return None
+
+
+def zero_draft(cfg: Mapping[str, Any] | None) -> ZeroDraft:
+    """Why a run with these settings drafted nothing, and what makes it draft."""
+    cfg = cfg if isinstance(cfg, Mapping) else {}
+    fixed = zero_draft_setting(cfg)
+    if fixed is not None:
+        return fixed
+    spec_type = cfg.get("spec_type") or "draft-simple"
+    if spec_type == "ngram-simple":
+        n = int(_n(cfg, "ngram_size_n", 12))
+        return ZeroDraft(f"ngram-simple drafts only where its last {n} tokens occurred earlier in the prompt or "
+                         "the output, and they never did", "use a draft model (spec type draft-simple)",
+                         {"spec_type": "draft-simple"})
+    n_min = int(_n(cfg, "n_min", 0))
+    if n_min > 0:
+        return ZeroDraft(f"n_min {n_min} dropped every draft shorter than {n_min} tokens", "lower n_min to 0",
+                         {"n_min": 0})
+    p_min = _n(cfg, "p_min", 0.0)
+    if spec_type in DRAFT_PARAM_TYPES and p_min > 0:
+        return ZeroDraft(f"the drafter was never at least p_min {p_min:g} sure of a token", "lower p_min to 0",
+                         {"p_min": 0.0})
+    return ZeroDraft("the drafter proposed no token for this text", "try a longer run or another prompt", {})
+
+
+def drafted_nothing(trace: Trace) -> bool:
+    """Whether the speculative arm is known to have drafted no token (so the run tested nothing speculative):
+    its rounds or its engine's totals say so, or its settings allow no draft."""
+    spec = trace.speculative
+    known = bool(spec.rounds) or spec.reported_drafted is not None or zero_draft_setting(trace.config) is not None
+    return known and spec.n_drafted == 0
+
+
+def _zero_draft_words(trace: Trace) -> str:
+    comp = trace.comparison
     widths = verify_widths(trace)
     rounds = sum(widths.values()) if widths is not None else None
-    if spec.n_drafted == 0:
-        where = f" in {rounds} rounds" if rounds else ""
-        p_min = trace.config.get("p_min")
-        why = " (p_min 1 is llama.cpp's zero-draft control)" if p_min is not None and float(p_min) >= 1 else ""
-        return (f"The speculative arm produced exactly vanilla's {comp.agree} tokens, but it drafted no token"
-                f"{where}{why}: every verify pass was a single-token pass, as in plain decoding, so nothing "
-                "speculative was tested. Inconclusive for speculation: this is the zero-draft control.")
+    z = zero_draft(trace.config)
+    where = f" in {rounds} rounds" if rounds else ""
+    return (f"The speculative arm produced exactly vanilla's {comp.agree} tokens, but it drafted no token{where} "
+            f"({z.why}): every verify pass was a single-token pass, as in plain decoding, so nothing speculative "
+            f"was tested. Inconclusive for speculation: to test it, {z.fix} and run again.")
+
+
+def _single_row_words(trace: Trace, how: str) -> str:
+    spec = trace.speculative
+    rounds = len([r for r in spec.rounds if r.index >= 1])
+    counts = f"{spec.n_drafted} tokens drafted and {spec.n_accepted} accepted"
+    tally = f"{rounds} rounds with {counts}" if rounds else counts
+    step, _ = batched_again(how)
+    return (f"The speculative arm produced exactly vanilla's {trace.comparison.agree} tokens with {how}: every "
+            f"verify row was computed as its own single-token pass, so no batched verify pass ran. This run tested "
+            f"the speculative loop (drafting, acceptance, rollback and the KV cache, over {tally}) and found it "
+            f"right, but not batched verification, where batched-versus-single rounding can flip a near-tie into a "
+            f"fork. To test that, {step}.")
+
+
+def identical_words(trace: Trace) -> str:
+    """What an identical run proves: lossless at the verify widths it exercised; the loop alone when every verify
+    row was its own single-token pass (serial verify, -ub 1); nothing when nothing was drafted."""
+    if drafted_nothing(trace):
+        return _zero_draft_words(trace)
+    how = single_row_verify(trace)
+    if how:
+        return _single_row_words(trace, how)
+    comp = trace.comparison
+    widths = verify_widths(trace)
     replays = replay_widths(trace)
     also = ""
     if replays:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
+from .. import verdicts
 from ..config import LLAMA_SPEC_TYPES, default_of
+from ..diagnose.words import zero_draft, zero_draft_setting
 from ..errors import SpecviewError
-from ..verdicts import cell_label
 from .cells import CellParams, describe, expand, model_label
 from .settings import axis_fields, axis_label, axis_short, draft_axes, engine_axes
 from .spec import MatrixSpec
@@ -148,6 +149,41 @@ def _value_phrase(axis: str, values: Sequence[Any]) -> str:
     return _join(labels)
 
 
+def cell_drafted_nothing(cell: Mapping[str, Any] | None) -> bool:
+    """Whether a cell is identical only because its speculative arm drafted no token, so that it tested nothing
+    speculative (inconclusive).  Known from its settings (spec type none, n_max 0, p_min 1) or from its verify
+    rounds; a cell whose engine reported no rounds (mlx_lm.server, llama-server without per-round data) records no
+    such evidence, and stays identical."""
+    if not isinstance(cell, Mapping) or cell.get("status") != "ok" or not cell.get("identical"):
+        return False
+    if cell.get("n_drafted") != 0:
+        return False
+    return cell.get("mean_accepted") is not None or zero_draft_setting(_settings(cell)) is not None
+
+
+def _settings(cell: Mapping[str, Any]) -> Mapping[str, Any]:
+    cfg = cell.get("config")
+    return cfg if isinstance(cfg, Mapping) else cell.get("params") or {}
+
+
+def cell_category(cell: Mapping[str, Any] | None) -> str | None:
+    """A cell's display category (:func:`specview.core.verdicts.category`), inconclusive for one that drafted
+    nothing."""
+    return "inconclusive" if cell_drafted_nothing(cell) else verdicts.category(cell)
+
+
+def cell_label(cell: Mapping[str, Any] | None) -> str:
+    """What a cell says in words (:func:`specview.core.verdicts.cell_label`), "inconclusive (nothing drafted)" for
+    one that drafted nothing."""
+    return "inconclusive (nothing drafted)" if cell_drafted_nothing(cell) else verdicts.cell_label(cell)
+
+
+def cell_text(cell: Mapping[str, Any] | None, *, sep: str = " · ") -> str:
+    """The short text of a grid cell (:func:`specview.core.verdicts.cell_text`), ``inconclusive · nothing
+    drafted`` for one that drafted nothing."""
+    return f"inconclusive{sep}nothing drafted" if cell_drafted_nothing(cell) else verdicts.cell_text(cell, sep=sep)
+
+
 def summarize(doc: dict[str, Any], *, kernel_map: bool = True) -> list[str]:
     """Plain sentences naming what the matrix shows, computed from its cells.
 
@@ -168,33 +204,14 @@ def _summary(doc: dict[str, Any]) -> list[str]:
     cells = doc.get("cells", [])
     ok = [c for c in cells if c.get("status") == "ok"]
     errors = [c for c in cells if c.get("status") == "error"]
-    n_total = doc.get("n_cells", len(cells))
-    lines: list[str] = []
     if not cells:
         return ["No cell has finished yet."]
-    forks = [c for c in ok if not c["identical"]]
-    same = [c for c in ok if c["identical"]]
-    head = f"{_plural(len(cells), 'cell')}"
-    if n_total and n_total != len(cells):
-        head += f" of {n_total} finished"
-    parts = [f"{len(forks)} fork", f"{len(same)} identical"]
-    if errors:
-        parts.append(f"{len(errors)} failed")
-    verdicts: dict[str, int] = {}
-    for c in forks:
-        verdicts[cell_label(c)] = verdicts.get(cell_label(c), 0) + 1
-    vtxt = "; forks: " + ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items(), key=lambda x: -x[1])) if forks else ""
-    lines.append(f"{head}: {', '.join(parts)}{vtxt}.")
+    lines = [_head_line(doc, ok, errors)]
     if not ok:
         return lines
-    if not forks:
-        lines.append("Every cell is identical: no setting here makes speculative decoding differ from plain greedy.")
-    elif not same:
-        lines.append("Every cell forks: no setting here keeps speculative decoding equal to plain greedy.")
-    else:
-        lines.extend(_determinants(ok))
-        lines.extend(_by_setting(ok))
-        lines.extend(_flips(ok))
+    forks = [c for c in ok if not c["identical"]]
+    lines.extend(_nothing_drafted(ok))
+    lines.extend(_outcomes([c for c in ok if not cell_drafted_nothing(c)], any(map(cell_drafted_nothing, ok))))
     lines.extend(_rollback_texts(ok))
     if forks:
         # a file may lack a fork's index (it is checked only where present): such a cell sorts last
@@ -209,6 +226,57 @@ def _summary(doc: dict[str, Any]) -> list[str]:
             f"{describe(CellParams.from_json(c['params']))}: {c.get('error')}" for c in errors[:3])
             + (" ..." if len(errors) > 3 else "") + ".")
     return lines
+
+
+def _head_line(doc: dict[str, Any], ok: Sequence[dict[str, Any]], errors: Sequence[dict[str, Any]]) -> str:
+    """ "8 cells: 1 fork, 3 identical, 4 inconclusive (nothing drafted); forks: 1 near-tie." """
+    cells = doc.get("cells", [])
+    n_total = doc.get("n_cells", len(cells))
+    forks = [c for c in ok if not c["identical"]]
+    blank = [c for c in ok if cell_drafted_nothing(c)]
+    head = f"{_plural(len(cells), 'cell')}"
+    if n_total and n_total != len(cells):
+        head += f" of {n_total} finished"
+    parts = [f"{len(forks)} fork", f"{len(ok) - len(forks) - len(blank)} identical"]
+    if blank:
+        parts.append(f"{len(blank)} inconclusive (nothing drafted)")
+    if errors:
+        parts.append(f"{len(errors)} failed")
+    labels: dict[str, int] = {}
+    for c in forks:
+        labels[cell_label(c)] = labels.get(cell_label(c), 0) + 1
+    vtxt = "; forks: " + ", ".join(f"{n} {v}" for v, n in sorted(labels.items(), key=lambda x: -x[1])) if forks else ""
+    return f"{head}: {', '.join(parts)}{vtxt}."
+
+
+def _outcomes(tested: Sequence[dict[str, Any]], some_blank: bool) -> list[str]:
+    """What decides identical against fork, among the cells that drafted (``some_blank``: others did not)."""
+    which = "cell that drafted" if some_blank else "cell"
+    if not tested:
+        return ["No cell drafted a token, so this matrix tested nothing speculative: give it settings that draft "
+                "(n_max above 0, p_min below 1, a draft model)."]
+    if all(c["identical"] for c in tested):
+        return [f"Every {which} is identical: no setting here makes speculative decoding differ from plain greedy."]
+    if not any(c["identical"] for c in tested):
+        return [f"Every {which} forks: no setting here keeps speculative decoding equal to plain greedy."]
+    return _determinants(tested) + _by_setting(tested) + _flips(tested)
+
+
+def _nothing_drafted(ok: Sequence[dict[str, Any]]) -> list[str]:
+    """One sentence on the cells that drafted nothing, by reason: they are left out of what follows."""
+    blank = [c for c in ok if cell_drafted_nothing(c)]
+    if not blank or len(blank) == len(ok):
+        return []
+    by_why: dict[str, list[dict[str, Any]]] = {}
+    for c in blank:
+        by_why.setdefault(zero_draft(_settings(c)).why, []).append(c)
+    reasons = []
+    for why, cs in by_why.items():
+        drafters = sorted({model_label(c["params"]["drafter"]) for c in cs if c["params"].get("drafter")})
+        drafters = [d for d in drafters if d not in why]  # a drafter the reason names is not named again
+        reasons.append(f"{why} ({_plural(len(cs), 'cell')}{': ' + _join(drafters) if drafters else ''})")
+    return [f"{_plural(len(blank), 'cell')} drafted nothing, so they tested nothing speculative and are left out "
+            f"below: {'; '.join(reasons)}."]
 
 
 def _rollback_texts(ok: Sequence[dict[str, Any]]) -> list[str]:

@@ -50,9 +50,11 @@ from PySide6.QtWidgets import (
 
 from ...core import verdicts
 from ...core.config import RunConfig
+from ...core.diagnose.words import zero_draft
 from ...core.errors import SpecviewError
 from ...core.matrix import CellParams, describe, grid, load_matrix, rates, summarize
 from ...core.matrix.preset import findings_lines
+from ...core.matrix.summary import cell_category, cell_drafted_nothing, cell_label, cell_text
 from ...core.matrix.quality import answer_changed, cell_mark, scored
 from .rates import RatesPanel
 
@@ -218,7 +220,7 @@ class MatrixView(QWidget):
                 cell = g.at.get((r, c))
                 item = QTableWidgetItem(self._text(cell))
                 item.setTextAlignment(Qt.AlignmentFlag.AlignCenter)
-                cat = verdicts.category(cell)
+                cat = cell_category(cell)
                 if cat is not None:
                     item.setBackground(QBrush(QColor(verdicts.COLOURS[cat])))
                     item.setForeground(QBrush(QColor(17, 17, 17)))  # the tints are light in every theme
@@ -252,7 +254,7 @@ class MatrixView(QWidget):
     def _text(cell: dict[str, Any] | None) -> str:
         if cell is None:
             return "…"
-        head = verdicts.cell_text(cell, sep="\n")
+        head = cell_text(cell, sep="\n")
         if head == "error":
             return head
         if cell_mark(cell):  # over a task suite: whether the answer changed, under the fork
@@ -272,13 +274,17 @@ class MatrixView(QWidget):
         lines = [f"<b>{e(describe(CellParams.from_json(cell['params'])))}</b>"]
         if cell.get("status") == "error":
             lines.append(e(str(cell.get("error"))))
+        elif cell_drafted_nothing(cell):
+            why = zero_draft(cell.get("config") or cell.get("params")).why
+            lines.append(f"inconclusive: identical over {e(str(cell.get('n_vanilla')))} tokens, but nothing was "
+                         f"drafted ({e(why)}), so nothing speculative was tested")
         elif cell.get("identical"):
             lines.append(f"identical over {e(str(cell.get('n_vanilla')))} tokens")
         else:
             f = cell.get("fork") or {}
             lines.append(f"fork at token {e(str(cell.get('first_mismatch')))}: vanilla "
                          f"{e(repr(f.get('vanilla_piece')))}, speculative {e(repr(f.get('speculative_piece')))}")
-            lines.append(f"verdict: {e(verdicts.cell_label(cell))}"
+            lines.append(f"verdict: {e(cell_label(cell))}"
                          + (f", gap {cell['gap']:.4f}" if isinstance(cell.get("gap"), (int, float)) else ""))
             if cell.get("explanation"):
                 lines.append(e(str(cell["explanation"])))
