@@ -150,7 +150,7 @@ def summary(trace: Trace, *, context: int = 8) -> str:
     if crashed and c.identical:
         pass
     elif c.identical:
-        lines.append(f"IDENTICAL: both arms produced the same {c.agree} tokens.")
+        lines.append(f"IDENTICAL: both arms produced the same {c.agree} tokens{_identical_reach(trace)}.")
     else:
         fm = c.first_mismatch
         assert fm is not None
@@ -191,6 +191,19 @@ def summary(trace: Trace, *, context: int = 8) -> str:
     lines.append(f"speed    vanilla {v.tokens_per_s:.1f} tok/s, speculative {s.tokens_per_s:.1f} tok/s "
                  f"({speed:.2f}x); prompt {v.prompt_ms:.0f} ms")
     return "\n".join(lines)
+
+
+def _identical_reach(trace: Trace) -> str:
+    """What an identical run did not test, said on its headline: nothing drafted, or no batched verify pass."""
+    from ..core.diagnose.words import drafted_nothing, single_row_verify, zero_draft
+
+    if drafted_nothing(trace):
+        z = zero_draft(trace.config)
+        return f", but nothing was drafted ({z.why}): inconclusive for speculative decoding; {z.fix}"
+    how = single_row_verify(trace)
+    if how:
+        return f", with {how}: the loop was tested, batched verification was not"
+    return ""
 
 
 def main(args: argparse.Namespace) -> int:

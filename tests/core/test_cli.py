@@ -66,6 +66,24 @@ def test_divergence_exits_1_with_the_fork_in_context(capsys, tiny_dir, tmp_path,
     assert "[[<FORK>]]" in out
 
 
+@pytest.mark.parametrize("flags, said", [
+    (["--n-max", "0"], "IDENTICAL: both arms produced the same 30 tokens, but nothing was drafted (n_max 0 allows no "
+                       "draft token): inconclusive for speculative decoding; raise n_max to 3."),
+    (["--spec-type", "none"], "IDENTICAL: both arms produced the same 30 tokens, but nothing was drafted (the spec "
+                              "type is none, so no drafter ran): inconclusive for speculative decoding; use a draft "
+                              "model (spec type draft-simple)."),
+    (["--serial-verify"], "IDENTICAL: both arms produced the same 30 tokens, with serial verify: the loop was tested, "
+                          "batched verification was not."),
+    ([], "IDENTICAL: both arms produced the same 30 tokens."),
+])
+def test_an_identical_headline_says_what_the_run_did_not_test(capsys, tiny_dir, flags, said):
+    code, out, err = run(capsys, "run", "--target", str(tiny_dir / "target.gguf"), "--draft",
+                         str(tiny_dir / "draft.gguf"), "--prompt", "the cat", "--no-chat", "--max-tokens", "30",
+                         "--ignore-eos", "-q", "--no-diagnose", *flags)
+    assert code == 0, err  # the tokens are identical: the exit status says so, the headline says what it means
+    assert said in out.splitlines(), out
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
