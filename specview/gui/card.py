@@ -181,9 +181,7 @@ def _pane(steps: list, fork: int | None, width: int, palette) -> TokenPane:
 
 def _plot_pixmap(trace: Any, width: int) -> QPixmap:
     """The app's margin plot, zoomed on the fork (the whole run when there is none), as an image."""
-    import pyqtgraph.exporters as exporters
-
-    from .export import margin_plot
+    from .export import margin_plot, render_image
 
     fm = trace.comparison.first_mismatch
     n = max(len(trace.vanilla.steps), len(trace.speculative.steps))
@@ -192,18 +190,7 @@ def _plot_pixmap(trace: Any, width: int) -> QPixmap:
         lo, hi = max(0, fm.index - ZOOM_BEFORE), min(n - 1, fm.index + ZOOM_AFTER)
         if hi > lo:
             xrange, title = (lo, hi), f"top-1 minus top-2 logit per token, tokens {lo} to {hi} around the fork"
-    plot = margin_plot(trace, xrange, title)
-    plot.setAttribute(Qt.WidgetAttribute.WA_DontShowOnScreen)
-    plot.resize(width, PLOT_HEIGHT)
-    plot.show()
-    plot.getPlotItem().layout.activate()
-    try:
-        exp = exporters.ImageExporter(plot.getPlotItem())
-        exp.parameters()["width"] = width
-        image = exp.export(toBytes=True)
-    finally:
-        plot.close()
-    return QPixmap.fromImage(image)
+    return QPixmap.fromImage(render_image(margin_plot(trace, xrange, title), width, PLOT_HEIGHT))
 
 
 class ForkCard(QWidget):

@@ -15,8 +15,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from .app import application
 
 PLOT_SIZE = (1000, 330)
@@ -27,22 +25,31 @@ MARGINS, MARGINS_ZOOM, ACCEPTANCE, LOCATE = "margins", "margins_zoom", "acceptan
 
 def _png(plot: Any) -> bytes:
     """The plot as PNG bytes, laid out at :data:`PLOT_SIZE` without appearing on screen."""
+    return png_bytes(render_image(plot, *PLOT_SIZE))
+
+
+def render_image(plot: Any, width: int, height: int) -> Any:
+    """The plot as a QImage ``width`` pixels wide, laid out at ``width`` x ``height`` without appearing on screen;
+    the plot is closed after.
+
+    The plot's legend lays its entries out in a layout of its own: until its layout requests have been handled,
+    an entry added last still sits at the legend's corner, drawn over the first.
+    """
     import pyqtgraph.exporters as exporters
     from PySide6.QtCore import QCoreApplication, QEvent, Qt
 
     plot.setAttribute(Qt.WidgetAttribute.WA_DontShowOnScreen)
-    plot.resize(*PLOT_SIZE)
+    plot.resize(width, height)
     plot.show()  # delivers the resize now: the scene takes the widget's size
     for _ in range(3):  # nested layouts (the plot, its legend) ask to be laid out in turn
         QCoreApplication.sendPostedEvents(None, QEvent.Type.LayoutRequest)
     plot.getPlotItem().layout.activate()
     try:
         exp = exporters.ImageExporter(plot.getPlotItem())
-        exp.parameters()["width"] = PLOT_SIZE[0]
-        image = exp.export(toBytes=True)
+        exp.parameters()["width"] = width
+        return exp.export(toBytes=True)
     finally:
         plot.close()
-    return png_bytes(image)
 
 
 def png_bytes(image: Any) -> bytes:
@@ -75,7 +82,7 @@ def margin_plot(trace: Any, xrange: tuple[int, int] | None = None, title: str | 
     fork = fm.index if fm is not None else None
     plot.mark_fork(fork, v[fork].margin if fork is not None and fork < len(v) else None)
     plot.set_diagnosis(trace.diagnosis, v)
-    plot.setTitle(title or "top-1 minus top-2 logit per token", size="10pt")
+    plot.set_title(title or "top-1 minus top-2 logit per token", size="10pt")
     if xrange is not None:
         lo, hi = xrange
         for item in (plot.vanilla, plot.speculative):  # zoomed in: show each token
@@ -83,11 +90,7 @@ def margin_plot(trace: Any, xrange: tuple[int, int] | None = None, title: str | 
             item.setSymbolSize(4)
             item.setSymbolPen(None)
             item.setSymbolBrush(item.opts["pen"].color())
-        seen = np.concatenate([plot.margins(v)[lo:hi + 1], plot.margins(s)[lo:hi + 1], [1.0]])
-        top = float(np.nanmax(seen)) if np.isfinite(seen).any() else 1.0
-        vb = plot.getPlotItem().getViewBox()
-        vb.enableAutoRange(axis="x", enable=False)
-        vb.setRange(xRange=(lo, hi), yRange=(0, top * 1.32), padding=0.02)
+        plot.show_range(lo, hi)
         if fork is not None:
             plot.fork_line.label.anchors = [(1, 0), (1, 0)] if fork > lo + 0.6 * (hi - lo) else [(0, 0), (0, 0)]
     return plot

@@ -8,115 +8,28 @@ for; :meth:`mark_token` draws the selection.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QColor, QPalette
-from PySide6.QtWidgets import QGraphicsItem, QLabel
+from PySide6.QtGui import QColor, QPainterPath, QPalette
+from PySide6.QtWidgets import QGraphicsItem
 
 from ..core.trace import Round, Step
-from .panes import DRAFT_HUE, MISMATCH_HUE, PaintClock, blend, is_dark
+from .panes import DRAFT_HUE, MISMATCH_HUE, blend, is_dark
+from .plot_base import SPEC_HUE, VANILLA_HUE, TimedPlot, style_legend, style_plot
 from .plotdata import Series, _finite, at_risk_positions, envelope_series
 
-VANILLA_HUE = QColor(40, 110, 220)
-SPEC_HUE = QColor(235, 120, 20)
 ENVELOPE_HUE = QColor(150, 90, 210)
 #: what the acceptance plot reads of each round (``first``: its first step; ``replay``: its replay pass's width)
 COLUMNS = ("index", "first", "drafted", "accepted", "replay")
+#: what the acceptance plot's mean counts, next to the histogram's (see track_plots.MEAN_DRAFTS_NOTE)
+MEAN_TOKENS_NOTE = ("mean tokens/round: the tokens a verify round emits, its accepted drafts and one token of the "
+                    "target's own (one more after a replay), so one more than the histogram's mean drafts "
+                    "accepted/round")
 MAX_BARS = 600  # above this many rounds the acceptance bars show means of bins of rounds
 WIDE_POINTS = 2000  # up to this many tokens the speculative margins are drawn with a wider stroke
-
-
-def style_plot(w: pg.PlotWidget, palette: QPalette) -> None:
-    """Background and axes from the palette, so light and dark themes both read well."""
-    base = palette.color(QPalette.ColorRole.Base)
-    text = palette.color(QPalette.ColorRole.Text)
-    w.setBackground(base)
-    style_legend(w, palette)
-    for name in ("left", "bottom"):
-        ax = w.getPlotItem().getAxis(name)
-        ax.setPen(pg.mkPen(blend(base, text, 0.6)))
-        ax.setTextPen(pg.mkPen(text))
-    w.getPlotItem().titleLabel.setAttr("color", text.name())
-    w.getPlotItem().titleLabel.setText(w.getPlotItem().titleLabel.text)
-    hint = getattr(w, "hint", None)
-    if hint is not None:
-        hint.setStyleSheet(f"color: {blend(base, text, 0.6).name()}; background: transparent")
-
-
-def style_legend(w: pg.PlotWidget, palette: QPalette) -> None:
-    legend = w.getPlotItem().legend
-    if legend is not None:
-        base = palette.color(QPalette.ColorRole.Base)
-        fill = QColor(base)
-        fill.setAlpha(215)
-        legend.setBrush(pg.mkBrush(fill))
-        legend.setPen(pg.mkPen(blend(base, palette.color(QPalette.ColorRole.Text), 0.3)))
-
-
-class TimedPlot(pg.PlotWidget):
-    """A PlotWidget that adds its paint time to :class:`PaintClock`, and says what it will show while empty.
-
-    An empty plot shows a short hint instead of axes (pyqtgraph's default range
-    for no data is meaningless: an axis labelled "x0.001" from -400 to 400).
-    """
-
-    def __init__(self, parent=None, *, hint: str = ""):
-        super().__init__(parent)
-        pi = self.getPlotItem()
-        for name in ("left", "bottom"):
-            pi.getAxis(name).enableAutoSIPrefix(False)  # a token index or a logit has no SI unit
-            # axes (and the grid they draw) are painted from a cached image unless their range changed:
-            # repainting their text every frame was most of a streaming frame's cost
-            pi.getAxis(name).setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
-        self.default_hint = hint
-        self.hint = QLabel(hint, self)
-        self.hint.setObjectName("plot_hint")
-        self.hint.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        self.hint.setWordWrap(True)
-        self.hint.setAttribute(Qt.WidgetAttribute.WA_TransparentForMouseEvents)
-        self.empty: bool | None = None  # the subclass shows the plot empty once it has its items and labels
-
-    def show_empty(self, empty: bool) -> None:
-        """Empty: the hint instead of axes and grid; otherwise the plot as usual."""
-        if empty == self.empty:
-            return
-        self.empty = empty
-        pi = self.getPlotItem()
-        for name in ("left", "bottom"):
-            pi.showAxis(name, not empty)
-        pi.showGrid(x=False, y=not empty, alpha=0.25)
-        self.hint.setVisible(empty)
-        if pi.legend is not None:
-            pi.legend.setVisible(not empty)
-        if empty:
-            # an axis linked to another plot's is that plot's to set: a unit range pushed through the link
-            # would take the other plot's auto-range away and leave it showing two tokens of a whole run
-            vb = pi.getViewBox()
-            ranges = {key: (0, 1) for axis, key in ((vb.XAxis, "xRange"), (vb.YAxis, "yRange"))
-                      if vb.linkedView(axis) is None}
-            if ranges:
-                vb.setRange(**ranges, padding=0)
-
-    def set_hint(self, text: str | None) -> None:
-        """The words shown while the plot is empty (None: the plot's own)."""
-        self.hint.setText(text or self.default_hint)
-
-    def resizeEvent(self, ev) -> None:  # noqa: N802 - Qt name
-        super().resizeEvent(ev)
-        hint = self.__dict__.get("hint")  # pyqtgraph resizes the view before __init__ has made the hint
-        if hint is not None:
-            hint.setGeometry(self.rect().adjusted(16, 28, -16, -8))
-
-    def paintEvent(self, ev) -> None:  # noqa: N802 - Qt name
-        t0 = time.perf_counter()
-        super().paintEvent(ev)
-        dt = time.perf_counter() - t0
-        PaintClock.seconds += dt
-        PaintClock.plots += dt
 
 
 class AcceptancePlot(TimedPlot):
@@ -134,7 +47,8 @@ class AcceptancePlot(TimedPlot):
         pi.setLabel("left", "tokens")
         pi.setMouseEnabled(x=True, y=False)
         pi.getViewBox().enableAutoRange(axis="y", enable=False)
-        self.legend = pi.addLegend(offset=(-8, 6), labelTextSize="8pt")
+        # one row (drafted, accepted, and replayed while shown): the least height taken from the bars
+        self.legend = pi.addLegend(offset=(-8, 6), labelTextSize="8pt", colCount=3)
         self.legend.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
         self.drafted = pg.PlotDataItem(stepMode="center", fillLevel=0, name="drafted")
         self.accepted = pg.PlotDataItem(stepMode="center", fillLevel=0, name="accepted")
@@ -159,10 +73,14 @@ class AcceptancePlot(TimedPlot):
         self.bin = 1
         self._x_span = 0
         self._y_top = 0.0
+        self._data_top = 0.0  # the highest bar
         self._title = None
         self.summary = ""
+        self.has_totals = False  # the run shown reported an acceptance (from its rounds or an engine's totals)
         self.apply_palette(self.palette())
         self.scene().sigMouseClicked.connect(self._clicked)
+        self._streaming = False
+        pi.getViewBox().sigResized.connect(lambda: self._fit_y(self._streaming))
         self.set_rounds([])
 
     def apply_palette(self, palette: QPalette) -> None:
@@ -218,64 +136,92 @@ class AcceptancePlot(TimedPlot):
         self.bin = 1
         d_all, a_all = self._cols["drafted"].view(), self._cols["accepted"].view()
         if n:
-            d, a = d_all, a_all
-            x0 = self.rounds[0].index - 0.5
-            cap = MAX_BARS
-            if self.isVisible():  # no more bars than can be seen: one per two pixels at most
-                cap = min(MAX_BARS, max(50, int(self.getPlotItem().getViewBox().width()) // 2))
-            if n > cap:
-                # long runs: one bar per bin of rounds, its height the bin's mean
-                b = self.bin = -(-n // cap)
-                m = -(-n // b)
-                counts = np.full(m, b, float)
-                counts[-1] = n - b * (m - 1)
-                d = np.add.reduceat(d, np.arange(0, n, b)) / counts
-                a = np.add.reduceat(a, np.arange(0, n, b)) / counts
-                x = x0 + np.minimum(np.arange(m + 1, dtype=float) * b, n)
-            else:
-                x = x0 + np.arange(n + 1, dtype=float)
+            d, a, x = self._bars(d_all, a_all)
             self.show_empty(False)
             self.drafted.setData(x, d)
             self.accepted.setData(x, a)
             self._show_replays(d_all)
-            top = max(1.0, float(d.max()), float(a.max())) * 1.45
-            if top != self._y_top:
-                self._y_top = top
-                self.getPlotItem().getViewBox().setYRange(0, top, padding=0)
-                left = self.getPlotItem().getAxis("left")
-                if top <= 12 and self.bin == 1:
-                    left.setTickSpacing(1, 1)  # whole tokens
-                else:
-                    left.setTickSpacing()
+            self._data_top = max(1.0, float(d.max()), float(a.max()))
+            self._streaming = streaming
+            self._fit_y(streaming)
         else:
             self.drafted.setData([], [])
             self.accepted.setData([], [])
             self._show_replays(d_all)
-            self._y_top = 0.0
+            self._y_top = self._data_top = 0.0
             self._x_span = 0
             self.show_empty(True)
         drafted, accepted = int(d_all.sum()), int(a_all.sum())
         if rate is None and drafted:
             rate = accepted / drafted
+        if not streaming:
+            self.has_totals = rate is not None
         verify = self._cols["index"].view() > 0  # round 0 is the prefill
         if mean is None:
             mean = float(a_all[verify].mean()) + 1 if verify.any() else None
-        if n:
-            self.summary = (f"acceptance {rate * 100:.1f}% ({accepted}/{drafted})" if rate is not None
-                            else "nothing drafted")
-            if mean is not None:
-                self.summary += f" · mean length {mean:.2f}"
-            self.summary += f" · {int(np.count_nonzero(verify))} verify rounds"  # the prefill's is no verify
-            if self.n_replayed:
-                self.summary += f" · {self.n_replayed} replayed"
-            if self.bin > 1:
-                self.summary += f" (bars: means of {self.bin})"
-        else:
-            self.summary = "draft acceptance per round"
+        self.summary = self._summary(rate, accepted, drafted, mean, int(np.count_nonzero(verify))) if n else \
+            "draft acceptance per round"
         title = "draft acceptance per round" if streaming else self.summary  # a title that changes every
         if title != self._title:  # frame lays the plot out again every frame
             self._title = title
-            self.setTitle(title, size="9pt")
+            self.set_title(title, note=MEAN_TOKENS_NOTE if n and mean is not None and not streaming else "")
+
+    def _bars(self, d: np.ndarray, a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Drafted and accepted bar heights and their edges: one bar per round, or per bin of rounds (the bin's
+        mean) when there are more rounds than bars fit."""
+        n = len(d)
+        x0 = self.rounds[0].index - 0.5
+        cap = MAX_BARS
+        if self.isVisible():  # no more bars than can be seen: one per two pixels at most
+            cap = min(MAX_BARS, max(50, int(self.getPlotItem().getViewBox().width()) // 2))
+        if n <= cap:
+            return d, a, x0 + np.arange(n + 1, dtype=float)
+        b = self.bin = -(-n // cap)
+        m = -(-n // b)
+        counts = np.full(m, b, float)
+        counts[-1] = n - b * (m - 1)
+        starts = np.arange(0, n, b)
+        x = x0 + np.minimum(np.arange(m + 1, dtype=float) * b, n)
+        return np.add.reduceat(d, starts) / counts, np.add.reduceat(a, starts) / counts, x
+
+    def _fit_y(self, streaming: bool = False) -> None:
+        """The y range: the bars clear of the legend, whatever the plot's height.  While a run streams, as if a
+        bar stood under the legend (the range then changes only with the highest bar: a range that changes
+        every frame lays the axes out every frame)."""
+        d, a = self.drafted.yData, self.accepted.yData
+        if not self._data_top or d is None or not len(d):
+            return
+        edges = self.drafted.xData
+        x = np.full(1, np.inf) if streaming else edges[1:]  # each bar's right edge
+        # a token at least: a run that drafted nothing still gets a unit y axis
+        y = np.array([self._data_top]) if streaming else np.fmax(np.maximum(d, a), 1.0)
+        top = self.fit_top(x, y, least=1.2)
+        if abs(top - self._y_top) > 1e-9 * top:
+            self._y_top = top
+            self.getPlotItem().getViewBox().setYRange(0, top, padding=0)
+            left = self.getPlotItem().getAxis("left")
+            if top <= 12 and self.bin == 1:
+                left.setTickSpacing(1, 1)  # whole tokens
+            else:
+                left.setTickSpacing()
+
+    def _summary(self, rate: float | None, accepted: int, drafted: int, mean: float | None, verify: int) -> str:
+        """The title of a run's rounds: acceptance, verify rounds, the mean tokens a verify round emitted."""
+        out = f"acceptance {rate * 100:.1f}% ({accepted}/{drafted})" if rate is not None else "nothing drafted"
+        out += f" · {verify} verify rounds"  # the prefill's is no verify
+        if mean is not None:
+            out += f" · mean {mean:.2f} tokens/round"
+        if self.n_replayed:
+            out += f" · {self.n_replayed} replayed"
+        if self.bin > 1:
+            out += f" (bars: means of {self.bin})"
+        return out
+
+    def set_hint(self, text: str | None) -> None:
+        """Words for a finished run without rounds.  They are shown only when the run reported an acceptance
+        (an engine's own totals): a run with no rounds and no totals, such as one cancelled before its first
+        token, shows the plain hint."""
+        super().set_hint(text if self.has_totals else None)
 
     def _show_replays(self, drafted: np.ndarray) -> None:
         """Mark the rounds that replayed (one mark per round; none while the bars are means of bins)."""
@@ -348,6 +294,7 @@ class MarginPlot(TimedPlot):
         pi.addItem(self.envelope)
         pi.addItem(self.envelope_fill)
         self.envelope_base.setVisible(False)
+        self.envelope_fill.setVisible(False)  # shown with a diagnosis' envelope only
         # peak downsampling to about one point per pixel keeps every spike and keeps long runs cheap
         self.vanilla = pg.PlotDataItem(name="vanilla", autoDownsampleFactor=1.0)
         self.speculative = pg.PlotDataItem(name="speculative", autoDownsampleFactor=1.0)
@@ -367,11 +314,13 @@ class MarginPlot(TimedPlot):
         self.gap_lines: list[pg.InfiniteLine] = []
         self._x_max: int | None = None
         self._y_top = 0.0
+        self._y_set: tuple[float, float] | None = None  # the y range fitted last (the user may zoom away from it)
         self.n_vanilla = 0
         self.n_speculative = 0
         self.diagnosis: dict | None = None
         self.apply_palette(self.palette())
         self.scene().sigMouseClicked.connect(self._clicked)
+        pi.getViewBox().sigResized.connect(self._refit_y)
         self._legend_entries()
         self.show_empty(True)
 
@@ -442,6 +391,7 @@ class MarginPlot(TimedPlot):
         else:
             self.n_speculative = -1
         self._x_max = None  # the next frame sets the run's x range again, whatever the last run left
+        self.clear_diagnosis()  # the margins a diagnosis was drawn over are being replaced
 
     def _spec_pen(self, n: int) -> None:
         """The speculative arm's wider stroke (both arms show where they agree) while the points are few
@@ -463,36 +413,66 @@ class MarginPlot(TimedPlot):
         if streaming and not any(grew) and self._x_max == x_max:
             return  # nothing new: leave the plot as it is drawn
         self.n_vanilla, self.n_speculative = len(v), len(s)
+        if not streaming or not (len(v) or len(s)):
+            self.clear_diagnosis()  # new margins, or none: the last diagnosis' marks belong to other margins
         self.show_empty(not (len(v) or len(s)))
         if self.empty:
             self.vanilla.setData([], [])
             self.speculative.setData([], [])
-            self._x_max, self._y_top = None, 0.0
+            self.mark_fork(None)  # nothing of the last run over the hint
+            self.mark_token(None)
+            self._x_max, self._y_top, self._y_set = None, 0.0, None
             return
         self._spec_pen(max(len(v), len(s)))
         if grew[0] or not streaming:
             self.vanilla.setData(np.arange(len(v), dtype=float), v)
         if grew[1] or not streaming:
             self.speculative.setData(np.arange(len(s), dtype=float), s)
-        top = 1.0
-        for a in (v, s):
-            if len(a) and np.isfinite(a).any():
-                top = max(top, float(np.nanmax(a)))
         vb = self.getPlotItem().getViewBox()
         if x_max is None:
-            # fitted now, not at the next paint: until then a resize of the linked track plot, or anything
-            # else that turns the auto-range off, would keep the streamed run's range (and clip the curves)
+            # the whole run in view now, not at the next paint: until then a resize of the linked track plot, or
+            # anything else that turns the auto-range off, would keep the last range (and clip the curves); and
+            # auto-ranging now would find only the points the last range clipped the curves to
+            vb.setXRange(0, max(1, len(v) - 1, len(s) - 1), padding=0.02)
             vb.enableAutoRange(axis="x", enable=True)
-            vb.updateAutoRange()
-            self._y_top = top * 1.32  # a free band at the top for the legend and the fork label
-            vb.setYRange(0, self._y_top, padding=0.02)
+            self.fit_y()
             return
+        self._y_set = None  # while a run streams, y only grows (below), resizes leave it
+        top = max([1.0] + [float(np.nanmax(a)) for a in (v, s) if len(a) and np.isfinite(a).any()])
         if self._x_max != x_max:
             self._x_max = x_max
             vb.setXRange(0, max(1, x_max - 1), padding=0.02)
         if top * 1.15 > self._y_top or not self.n_vanilla:
             self._y_top = top * 1.5
             vb.setYRange(0, self._y_top, padding=0.02)
+
+    def fit_y(self) -> None:
+        """The y range for the margins in view: the curves clear of the legend, whatever the plot's height."""
+        vb = self.getPlotItem().getViewBox()
+        x0, x1 = vb.viewRange()[0]
+        lo, hi = max(0, math.floor(x0)), max(0, math.ceil(x1) + 1)
+        parts = [item.yData[lo:hi] for item in (self.vanilla, self.speculative) if item.yData is not None]
+        n = max((len(p) for p in parts), default=0)
+        y = np.full(n, 1.0)  # a range of 1 logit at least: a run of near-ties is not drawn as a speck
+        for p in parts:
+            y[:len(p)] = np.fmax(y[:len(p)], p)
+        self._y_top = self.fit_top(lo + np.arange(n, dtype=float), y, least=1.2, unsized=1.32)
+        vb.setYRange(0, self._y_top, padding=0.02)
+        self._y_set = tuple(vb.viewRange()[1])
+
+    def show_range(self, lo: int, hi: int) -> None:
+        """Zoom on tokens ``lo`` to ``hi``, the y range fitted to the margins there."""
+        vb = self.getPlotItem().getViewBox()
+        vb.enableAutoRange(axis="x", enable=False)
+        vb.setXRange(lo, hi, padding=0.02)
+        self.fit_y()
+
+    def _refit_y(self) -> None:
+        """The plot was resized: a finished run's y range fitted again to the new height, unless the user
+        zoomed away from it."""
+        vb = self.getPlotItem().getViewBox()
+        if self._y_set is not None and np.allclose(vb.viewRange()[1], self._y_set):
+            self.fit_y()
 
     def mark_fork(self, i: int | None, margin: float | None = None) -> None:
         self.fork_line.setVisible(i is not None)
@@ -511,40 +491,31 @@ class MarginPlot(TimedPlot):
         if i is not None:
             self.select_line.setValue(i)
 
-    def set_diagnosis(self, diagnosis: dict | None, vanilla: Sequence[Step]) -> str:
-        """Draw the replay envelope and at-risk positions; return a short note of what was drawn."""
-        self.diagnosis = diagnosis if isinstance(diagnosis, dict) else None
+    def clear_diagnosis(self) -> None:
+        """No envelope, envelope figures or at-risk marks drawn, and none named in the legend."""
+        had = self.diagnosis is not None or bool(self.gap_lines) or self.envelope_fill.isVisible()
+        self.diagnosis = None
         pi = self.getPlotItem()
         for ln in self.gap_lines:
             pi.removeItem(ln)
         self.gap_lines = []
         self.envelope.setData([], [])
         self.envelope_base.setData([], [])
+        # an emptied curve keeps its last path (pyqtgraph only hides it), and the fill is drawn from the paths
+        self.envelope_fill.setVisible(False)
+        self.envelope_fill.setPath(QPainterPath())
         self.at_risk.setData([], [])
-        self._legend_entries()  # the legend names only what is drawn
+        if had:
+            self._legend_entries()  # the legend names only what is drawn
+            self._refit_y()
+
+    def set_diagnosis(self, diagnosis: dict | None, vanilla: Sequence[Step]) -> str:
+        """Draw the replay envelope and at-risk positions; return a short note of what was drawn."""
+        self.clear_diagnosis()
+        self.diagnosis = diagnosis if isinstance(diagnosis, dict) else None
         if self.diagnosis is None:
             return ""
-        envelope_name = None
-        notes = []
-        x, y = envelope_series(self.diagnosis.get("envelope"))
-        if len(x):
-            self.envelope.setData(x, y)
-            self.envelope_base.setData(x, np.zeros_like(y))
-            notes.append("envelope")
-            envelope_name = "replay envelope"
-        env = self.diagnosis.get("envelope")
-        if isinstance(env, dict):
-            figures = []
-            for key in ("max", "p95"):
-                v = _finite(env.get(key)) if not isinstance(env.get(key), (list, dict)) else math.nan
-                if math.isfinite(v):
-                    ln = pg.InfiniteLine(pos=v, angle=0, movable=False)
-                    ln.setPen(pg.mkPen(ENVELOPE_HUE, width=1, style=Qt.PenStyle.DotLine))
-                    pi.addItem(ln, ignoreBounds=True)
-                    self.gap_lines.append(ln)
-                    figures.append(f"{key} {v:.3f}")
-            if figures:
-                envelope_name = "replay envelope (" + ", ".join(figures) + ")"
+        envelope_name, notes = self._draw_envelope(self.diagnosis.get("envelope"))
         risk = at_risk_positions(self.diagnosis.get("at_risk"))
         if risk:
             m = self.margins(vanilla)
@@ -552,7 +523,33 @@ class MarginPlot(TimedPlot):
             self.at_risk.setData(np.array(xs, float), np.array([m[p] for p in xs], float))
             notes.append(f"{len(risk)} at-risk position{'s' if len(risk) != 1 else ''}")
         self._legend_entries(envelope_name, bool(risk))
+        self._refit_y()  # the legend may have grown a row
         return ", ".join(notes)
+
+    def _draw_envelope(self, env: object) -> tuple[str | None, list[str]]:
+        """Draw a diagnosis' envelope (its series filled down to 0, its max and p95 as dotted lines); return its
+        name for the legend (None: nothing drawn) and the notes of what was drawn."""
+        name, notes = None, []
+        x, y = envelope_series(env)
+        if len(x):
+            self.envelope.setData(x, y)
+            self.envelope_base.setData(x, np.zeros_like(y))
+            self.envelope_fill.setVisible(True)
+            notes.append("envelope")
+            name = "replay envelope"
+        if isinstance(env, dict):
+            figures = []
+            for key in ("max", "p95"):
+                v = _finite(env.get(key)) if not isinstance(env.get(key), (list, dict)) else math.nan
+                if math.isfinite(v):
+                    ln = pg.InfiniteLine(pos=v, angle=0, movable=False)
+                    ln.setPen(pg.mkPen(ENVELOPE_HUE, width=1, style=Qt.PenStyle.DotLine))
+                    self.getPlotItem().addItem(ln, ignoreBounds=True)
+                    self.gap_lines.append(ln)
+                    figures.append(f"{key} {v:.3f}")
+            if figures:
+                name = "replay envelope (" + ", ".join(figures) + ")"
+        return name, notes
 
     def _clicked(self, ev) -> None:
         if ev.button() != Qt.MouseButton.LeftButton:

@@ -17,14 +17,25 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, Qt, Signal
-from PySide6.QtGui import QPalette
+from PySide6.QtGui import QFontMetricsF, QPalette
 
 from ..core.diagnose.ties import band_label, tie_density
 from ..core.diagnose.tracks import acceptance_histogram, pair_tracks
 from ..core.trace import Trace
 from .panes import DRAFT_HUE, MISMATCH_HUE, blend, is_dark
-from .plots import SPEC_HUE, VANILLA_HUE, TimedPlot, style_plot
+from .plot_base import SPEC_HUE, VANILLA_HUE, TimedPlot, style_plot
 from .plotdata import track_arrays
+
+#: the histogram's x axis label, with the key to its bars' colours
+BARS_KEY = ("position in the draft: <span style='color:{drafted}'>■</span> drafted · "
+            "<span style='color:{accepted}'>■</span> accepted that far")
+#: the steps between labelled positions where not every position has room for a label
+ROUND_STEPS = [m * 10 ** e for e in range(5) for m in (1, 2, 5)]
+#: up to this many accepted lengths (0, 1, ...) the histogram's title gives each one's count of rounds
+LISTED_LENGTHS = 6
+#: what the histogram's mean counts, next to the acceptance plot's (see plots.MEAN_TOKENS_NOTE)
+MEAN_DRAFTS_NOTE = ("mean drafts accepted/round: the drafts a verify round accepted; the acceptance plot's mean "
+                    "tokens/round adds the token of the target's own each round emits (and a replay's)")
 
 
 class _FollowsPalette(TimedPlot):
@@ -81,8 +92,8 @@ class TrackPlot(_FollowsPalette):
 
     def show_empty(self, empty: bool) -> None:
         """Empty: the hint alone, without the KL axis on the right (it would run into the hint)."""
+        self.getPlotItem().showAxis("right", not empty)  # first: the title's room is between the axes
         super().show_empty(empty)
-        self.getPlotItem().showAxis("right", not empty)
 
     def apply_palette(self, palette: QPalette) -> None:
         style_plot(self, palette)
@@ -105,7 +116,7 @@ class TrackPlot(_FollowsPalette):
             self.bars.setOpts(x=[], height=[])
             self.kl.setData([], [])
             self.n, self.ties = 0, None
-            pi.setTitle("")
+            self.set_title("")
             self.fork_line.setVisible(False)
             self.mark_token(None)  # no mark of the last run's fork or selection over the hint
             self.show_empty(True)
@@ -121,7 +132,7 @@ class TrackPlot(_FollowsPalette):
         self.ties = tie_density(trace)
         self.fork_line.setVisible(fork is not None)
         self.fork_line.setValue(fork if fork is not None else 0)
-        pi.setTitle(self.title_text(), size="9pt")
+        self.set_title(self.title_text())
         self.show_empty(not len(x) and not len(kx))
         if len(kx):
             lo, hi = float(np.min(np.log10(np.maximum(kl, 1e-12)))), float(np.max(np.log10(np.maximum(kl, 1e-12))))
@@ -132,12 +143,13 @@ class TrackPlot(_FollowsPalette):
         self._sync_views()
 
     def title_text(self) -> str:
+        """The near-tie density in the calibrated band ("" for a run with no position to compare)."""
         t = self.ties
-        if not t:
+        if not t or not t.get("positions"):
             return ""
         b = next((b for b in t["bands"] if b.get("calibrated")), t["bands"][0])
         return (f"near-tie density: {b['in_band']} of {t['positions']} compared positions in the "
-                f"{band_label(b)} band, {b['flipped']} flipped"
+                f"{band_label(b)} band · {b['flipped']} flipped"
                 + (f", {b['flipped_outside']} outside" if b["flipped_outside"] else ""))
 
     def mark_token(self, i: int | None) -> None:
@@ -156,6 +168,16 @@ class TrackPlot(_FollowsPalette):
             self.sigIndexClicked.emit(i)
 
 
+def spaced_positions(n: int, need: float) -> list[int]:
+    """Which of positions 1..``n`` get a label when labels need ``need`` positions of room each: every one, or the
+    multiples of a round step (1, 2, 5, 10, 20 ...) that gives them that room, and 1 when it has room too."""
+    step = next((s for s in ROUND_STEPS if s >= need), ROUND_STEPS[-1])
+    keep = list(range(step, n + 1, step))
+    if step == 1:
+        return keep
+    return ([1] if step - 1 >= need else []) + keep
+
+
 class AcceptanceHistogram(_FollowsPalette):
     """Per position in the draft: rounds that drafted that far (grey) and accepted that far (green)."""
 
@@ -164,18 +186,19 @@ class AcceptanceHistogram(_FollowsPalette):
                                       "with verify rounds.")
         self.setObjectName("acceptance_histogram")
         pi = self.getPlotItem()
-        pi.setLabel("bottom", "position in the draft")
         pi.setLabel("left", "rounds")
         pi.setMouseEnabled(x=False, y=False)
-        self.legend = pi.addLegend(offset=(-8, 4), labelTextSize="8pt", colCount=2)  # one row, over the headroom
-        self.drafted = pg.BarGraphItem(x=[], height=[], width=0.38, name="drafted that far")
-        self.accepted = pg.BarGraphItem(x=[], height=[], width=0.38, name="accepted that far")
+        # the bars' key is the x axis' label (apply_palette): under the bars, never over them or their labels
+        self.drafted = pg.BarGraphItem(x=[], height=[], width=0.38)
+        self.accepted = pg.BarGraphItem(x=[], height=[], width=0.38)
         pi.addItem(self.drafted)
         pi.addItem(self.accepted)
-        self.labels: list[pg.TextItem] = []
+        self.labels: list[pg.TextItem] = []  # the share accepted over each position's green bar
         self.hist: dict | None = None
+        self._top = 0  # the most rounds at a position
         self.apply_palette(self.palette())
         self._styled = True
+        pi.getViewBox().sigResized.connect(self._fit)
         self.show_empty(True)
 
     def apply_palette(self, palette: QPalette) -> None:
@@ -183,14 +206,17 @@ class AcceptanceHistogram(_FollowsPalette):
         base = palette.color(QPalette.ColorRole.Base)
         text = palette.color(QPalette.ColorRole.Text)
         self._text = text
-        self.drafted.setOpts(brush=pg.mkBrush(blend(base, text, 0.3)), pen=pg.mkPen(blend(base, text, 0.55)))
-        self.accepted.setOpts(brush=pg.mkBrush(blend(base, DRAFT_HUE, 0.75 if is_dark(palette) else 0.6)),
-                              pen=pg.mkPen(DRAFT_HUE.darker(130)))
-        for item in self.legend.items:
-            item[1].setAttr("color", text.name())
-            item[1].setText(item[1].text)
+        drafted, accepted = blend(base, text, 0.3), blend(base, DRAFT_HUE, 0.75 if is_dark(palette) else 0.6)
+        self.drafted.setOpts(brush=pg.mkBrush(drafted), pen=pg.mkPen(blend(base, text, 0.55)))
+        self.accepted.setOpts(brush=pg.mkBrush(accepted), pen=pg.mkPen(DRAFT_HUE.darker(130)))
+        # on the axis itself: the plot's setLabel would show the axis of an empty plot too
+        self.getPlotItem().getAxis("bottom").setLabel(BARS_KEY.format(drafted=drafted.name(),
+                                                                      accepted=accepted.name()))
+        for lab in self.labels:
+            lab.setColor(text)
 
     def set_arm(self, arm: object | None) -> None:
+        """Draw how far ``arm``'s drafts survived (None: empty)."""
         pi = self.getPlotItem()
         for lab in self.labels:
             pi.removeItem(lab)
@@ -198,30 +224,80 @@ class AcceptanceHistogram(_FollowsPalette):
         self.hist = acceptance_histogram(arm) if arm is not None else None
         pos = (self.hist or {}).get("positions") or []
         if not pos:
-            self.drafted.setOpts(x=[], height=[])
-            self.accepted.setOpts(x=[], height=[])
-            pi.setTitle("")
-            self.show_empty(True)
+            self._show_nothing()
             return
         k = np.array([p["position"] for p in pos], float)
         self.drafted.setOpts(x=k - 0.2, height=[p["drafted"] for p in pos])
         self.accepted.setOpts(x=k + 0.2, height=[p["accepted"] for p in pos])
-        top = max(p["drafted"] for p in pos)
+        self._top = max(p["drafted"] for p in pos)
         for p in pos:
             if p["rate"] is None:
                 continue
             lab = pg.TextItem(f"{100 * p['rate']:.0f}%", color=self._text, anchor=(0.5, 1.0))
-            lab.setPos(p["position"] + 0.2, p["accepted"] + 0.02 * top)
+            lab.setPos(p["position"] + 0.2, p["accepted"] + 0.02 * self._top)
+            lab.position = p["position"]
             pi.addItem(lab)
             self.labels.append(lab)
-        by = self.hist["by_length"]
-        mean = sum(a * n for a, n in enumerate(by)) / max(1, self.hist["rounds"])
-        pi.setTitle(f"{self.hist['rounds']} rounds accepting 0–{len(by) - 1} drafts: "
-                    + " / ".join(str(n) for n in by) + f" (mean {mean:.2f})", size="9pt")
-        pi.getAxis("bottom").setTicks([[(p["position"], str(p["position"])) for p in pos]])
-        pi.getViewBox().setXRange(0.4, len(pos) + 0.6, padding=0)
-        pi.getViewBox().setYRange(0, top * 1.5, padding=0)  # room above the bars for the legend
+        self.set_title(self.title_text(), note=MEAN_DRAFTS_NOTE)
+        self.set_hint(None)
         self.show_empty(False)
+        self._fit()
+
+    def _show_nothing(self) -> None:
+        """Empty: the plain hint, or why a run's verify rounds give no position (they drafted nothing)."""
+        self.drafted.setOpts(x=[], height=[])
+        self.accepted.setOpts(x=[], height=[])
+        self._top = 0
+        self.set_title("")
+        n = (self.hist or {}).get("rounds") or 0
+        self.set_hint(f"This run's {n} verify round{'s' if n != 1 else ''} drafted nothing: there is no position "
+                      f"in a draft to show." if n else None)
+        self.show_empty(True)
+
+    def title_text(self) -> str:
+        """The rounds, the mean drafts they accepted, and how many accepted each length while those are few."""
+        h = self.hist or {}
+        by, rounds = h.get("by_length") or [0], h.get("rounds") or 0
+        mean = sum(a * n for a, n in enumerate(by)) / max(1, rounds)
+        most = max((a for a, n in enumerate(by) if n), default=0)
+        out = f"{rounds} rounds · mean {mean:.2f} drafts accepted/round"
+        if most < LISTED_LENGTHS:
+            lengths = "0" if most == 0 else f"0–{most}"
+            out += f" · accepting {lengths}: " + "/".join(str(n) for n in by[:most + 1])
+        else:
+            out += f" · up to {most} in a round"
+        return out
+
+    def _fit(self) -> None:
+        """Lay the positions out for the plot's size: tick and percentage labels on the positions where they
+        have room, and a y range with room for the labels over the bars."""
+        if not self._top:
+            return
+        pi = self.getPlotItem()
+        vb = pi.getViewBox()
+        pos = self.hist["positions"]
+        n = len(pos)
+        fm = QFontMetricsF(self.labels[0].textItem.font() if self.labels else self.font())
+        per = max(vb.width(), 1.0) / (n + 0.2)  # pixels per position
+        ticks = spaced_positions(n, (fm.horizontalAdvance(str(n)) + 10) / per)
+        pi.getAxis("bottom").setTicks([[(p, str(p)) for p in ticks]])
+        label_w = fm.horizontalAdvance("100%") + 4
+        room = set(spaced_positions(n, label_w / per))
+        shown = []
+        for lab in self.labels:
+            # where not every position has room for one, a position none accepted at shows none (its bar is 0)
+            fits = lab.position in room and (len(room) == n or pos[lab.position - 1]["accepted"] > 0)
+            lab.setVisible(fits)
+            if fits:
+                shown.append(lab.position)
+        # the x range: every position, and room for the first one's label left of its bar
+        vb.setXRange(min(0.4, 1.2 - (label_w / 2 + 2) / per), n + 0.6, padding=0)
+        k = np.array([p["position"] for p in pos], float)
+        x = np.concatenate([k - 0.2, k + 0.2, np.array(shown, float) + 0.2])
+        y = np.concatenate([[p["drafted"] for p in pos], [p["accepted"] for p in pos],
+                            [pos[i - 1]["accepted"] for i in shown]])
+        extra = np.concatenate([np.zeros(2 * n), np.full(len(shown), fm.height() + 2)])
+        vb.setYRange(0, self.fit_top(x, y, extra=extra, least=1.15), padding=0)
 
 
 __all__ = ["AcceptanceHistogram", "TrackPlot"]

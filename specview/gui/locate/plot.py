@@ -19,7 +19,7 @@ from PySide6.QtGui import QColor, QPalette
 
 from ...core.locate.plot import GraphSeries
 from ..panes import MISMATCH_HUE, blend
-from ..plots import TimedPlot, style_plot
+from ..plot_base import TimedPlot, style_plot
 
 DIFF_HUE = QColor(235, 120, 20)
 SAME_HUE = QColor(40, 110, 220)

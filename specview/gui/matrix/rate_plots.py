@@ -12,7 +12,7 @@ from PySide6.QtWidgets import QWidget
 
 from ...core import verdicts
 from ..panes import blend, is_dark
-from ..plots import TimedPlot, style_plot
+from ..plot_base import TimedPlot, style_plot
 
 #: the verdict colours each severity is drawn in (as the HTML report draws them)
 SEVERITY_VERDICT = {"near-tie": "near-tie", "material": "state", "undiagnosed": "diverged"}
