@@ -207,7 +207,7 @@ def export_tab_report(w: Any, folder: str | os.PathLike[str]) -> dict[str, Path]
         else:
             written = write_report(obj, folder)
     except (SpecviewError, OSError) as exc:
-        w.show_error(f"{folder}: could not write the report ({exc})")
+        w.show_file_error(f"Could not write the report into {folder}", str(exc))
         return None
     w.show_status(f"{kind} report written: {written['html']} and {written['markdown']}")
     w.sigReportWritten.emit(written)

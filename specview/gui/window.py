@@ -67,6 +67,7 @@ class MainWindow(QMainWindow):
         self.busy = False
         self.last_finished: RunFinished | None = None
         self.last_error: str | None = None
+        self.file_error_box: Any = None  # the message box of the last file that could not be written
         self._derive: tuple[DeriveRequest, str] | None = None
         self.pending_preload: PreloadRequest | None = None  # the models loading before the first Run
         self._suspend_auto = True
@@ -512,6 +513,18 @@ class MainWindow(QMainWindow):
         self.show_status("error")
         self.sigError.emit(message)
 
+    def show_file_error(self, what: str, why: str) -> None:
+        """A file that could not be written (a save, an export): said in a message box over the window, the
+        verdict bar keeping the run's verdict, which a failed save does not change."""
+        from PySide6.QtWidgets import QMessageBox
+
+        self.last_error = f"{what}: {why}"
+        box = self.file_error_box = QMessageBox(QMessageBox.Icon.Warning, "specview", what, parent=self)
+        box.setInformativeText(why[3:] if why.startswith("-o ") else why)  # the CLI's flag means nothing here
+        box.open()  # window-modal, without blocking the event loop
+        self.show_status(what.lower())
+        self.sigError.emit(self.last_error)
+
     # ------------------------------------------------------------ selection
     def select_token(self, i: int | None, *, scroll: bool = False) -> None:
         self.side.select_token(i, scroll=scroll)
@@ -578,7 +591,7 @@ class MainWindow(QMainWindow):
         try:
             p = self.trace.save(path)
         except (SpecviewError, OSError) as exc:
-            self.show_error(f"{path}: could not save the trace ({exc})")
+            self.show_file_error("Could not save the trace", str(exc))
             return None
         self.show_status(f"saved {p}")
         return p

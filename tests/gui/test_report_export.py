@@ -61,5 +61,18 @@ def test_export_without_a_trace_or_to_a_bad_folder_is_an_error(synth, make_windo
     w.show_trace(synth(30, fork=10))
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
+    verdict = w.verdict.text()
+    errors = []
+    w.sigError.connect(errors.append)
     assert w.export_report(blocker / "sub") is None
-    assert "could not write the report" in w.verdict.text() and w.verdict_kind == "error"
+    # said over the window; the verdict bar keeps the run's verdict, which a failed export does not change
+    assert w.verdict.text() == verdict and w.verdict_kind != "error"
+    box = w.file_error_box
+    assert box.isVisible() and box.text() == f"Could not write the report into {blocker / 'sub'}"
+    assert box.informativeText().startswith(f"{blocker / 'sub'}: ") and not box.informativeText().startswith("-o")
+    assert errors and errors[0].startswith("Could not write the report")
+    box.close()
+    assert w.save_trace(blocker / "t.json") is None
+    assert w.file_error_box.text() == "Could not save the trace" and w.verdict.text() == verdict
+    assert w.file_error_box.informativeText() == f"{blocker / 't.json'}: {blocker} is a file, not a folder"
+    w.file_error_box.close()
