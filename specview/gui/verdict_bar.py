@@ -104,7 +104,7 @@ def speed_text(trace: Trace) -> str:
     if rate is not None:
         bits.append(f"acceptance {rate * 100:.1f}% ({s.n_accepted}/{s.n_drafted})")
     if s.mean_accepted is not None:
-        bits.append(f"mean accepted length {s.mean_accepted:.2f}")
+        bits.append(f"mean {s.mean_accepted:.2f} tokens/round")  # the acceptance plot's words for it
     models = trace.models if isinstance(trace.models, dict) else {}
     tgt = models.get("target") if isinstance(models.get("target"), dict) else {}
     drf = models.get("draft") if isinstance(models.get("draft"), dict) else {}

@@ -204,6 +204,10 @@ def test_the_two_means_say_which_is_which(view, synth):
     for plot in (acc, hg):
         tip = plot.getPlotItem().titleLabel.toolTip()
         assert "tokens/round" in tip and "drafts accepted/round" in tip
+    from specview.gui.verdict_bar import speed_text
+
+    said = speed_text(t)  # the line over the tabs says it as the plot does
+    assert f"mean {drafts + 1:.2f} tokens/round" in said and "accepted length" not in said
 
 
 def _inside(rect: QRectF, p: QPointF) -> bool:
