@@ -119,3 +119,16 @@ def test_the_one_line_rates_hint_of_a_one_prompt_matrix_is_shown_whole(qtbot, tm
     assert panel.compact and panel.hint.text().startswith("Rates need more prompts")
     m = panel.layout().contentsMargins()
     assert panel.height() >= panel.hint.heightForWidth(panel.hint.width()) + m.top() + m.bottom()
+
+
+def test_an_empty_matrix_tab_says_how_to_get_a_matrix(make_window):
+    """Before any matrix the tab names the menu item that runs one and the button that opens one, as they are."""
+    from specview.gui.matrix.view import NO_MATRIX
+
+    w = make_window()
+    view = w.matrix_tab  # the tab is the view
+    assert view.title.text() == NO_MATRIX
+    run_menu = next(a.menu() for a in w.menuBar().actions() if a.text().replace("&", "") == "Run")
+    assert any(a.text().replace("&", "") + " (" + a.shortcut().toString() + ")" in NO_MATRIX
+               for a in run_menu.actions())
+    assert view.open_button.text() in NO_MATRIX and view.rates_panel.hint.text() == ""

@@ -191,7 +191,7 @@ class RatesPanel(QWidget):
         lay.addWidget(self.body, 1)
         self._items: dict[str, QTreeWidgetItem] = {}
         self._set_compact(True)
-        self.hint.setText("No matrix.")
+        self.hint.setText("")
 
     # -- data ------------------------------------------------------------------
     def set_rates(self, r: dict[str, Any], *, prompts: int) -> None:
@@ -202,7 +202,7 @@ class RatesPanel(QWidget):
         most = max((g["n"] for g in settings), default=0)
         self._set_compact(max(prompts, most) < 2)
         if self.compact:
-            self.hint.setText(NEED_PROMPTS if settings or prompts else "No matrix.")
+            self.hint.setText(NEED_PROMPTS if settings or prompts else "")
             self._fit_compact()
             self._fill_tree(settings)
             return

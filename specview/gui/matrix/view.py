@@ -61,6 +61,10 @@ from .rates import RatesPanel
 RECORD_ROLE = Qt.ItemDataRole.UserRole + 1
 
 
+#: what the tab says before it holds a matrix: how to get one
+NO_MATRIX = ("No matrix yet: Run ▸ Run matrix… (Ctrl+M) runs one around the Run panel's settings, or Open matrix… "
+             "shows a saved matrix.json.")
+
 class MatrixView(QWidget):
     """The matrix grid, its legend, its plain-words summary and its divergence rates."""
 
@@ -76,7 +80,7 @@ class MatrixView(QWidget):
         lay = QVBoxLayout(self)
         lay.setContentsMargins(6, 6, 6, 6)
         top = QHBoxLayout()
-        self.title = QLabel("No matrix")
+        self.title = QLabel(NO_MATRIX)
         self.title.setTextFormat(Qt.TextFormat.PlainText)
         self.open_button = QPushButton("Open matrix…")
         self.open_button.clicked.connect(self.choose_file)
@@ -201,7 +205,7 @@ class MatrixView(QWidget):
         n_total = doc.get("n_cells", len(cells))
         status = doc.get("status", "")
         name = self.source.name if self.source is not None else "matrix"
-        self.title.setText(f"{name}: {len(cells)} of {n_total} cells ({status})" if doc else "No matrix")
+        self.title.setText(f"{name}: {len(cells)} of {n_total} cells ({status})" if doc else NO_MATRIX)
         if cells:
             lines = summarize(doc)
             head = len(findings_lines(doc))  # a preset's findings first, set apart from the general summary
