@@ -50,3 +50,18 @@ def make_window(qtbot):
     for w in made:
         assert w.shutdown(), "the model worker thread did not stop"
         assert w.host.thread.isFinished()
+
+
+@pytest.fixture
+def shown(qtbot):
+    """``shown(widget, width, height)``: the widget at that size on screen (exposed), closed at teardown."""
+
+    def show(widget, width: int, height: int, *, exposed: bool = True):
+        qtbot.addWidget(widget)
+        widget.resize(width, height)
+        widget.show()
+        if exposed:
+            qtbot.waitExposed(widget)
+        return widget
+
+    return show

@@ -22,13 +22,8 @@ DIAGNOSIS = {"verdict": "near-tie", "envelope": {"max": 0.6, "p95": 0.5, "positi
 
 
 @pytest.fixture
-def view(qtbot):
-    w = SideBySide()
-    qtbot.addWidget(w)
-    w.resize(1240, 760)
-    w.show()
-    qtbot.waitExposed(w)
-    return w
+def view(shown):
+    return shown(SideBySide(), 1240, 760)
 
 
 def _envelope_pixels(plot: MarginPlot) -> int:
@@ -133,13 +128,8 @@ def _arm(rounds: list[tuple[int, int]]) -> ArmResult:
 
 
 @pytest.fixture
-def histogram(qtbot):
-    hg = AcceptanceHistogram()
-    qtbot.addWidget(hg)
-    hg.resize(640, 260)
-    hg.show()
-    qtbot.waitExposed(hg)
-    return hg
+def histogram(shown):
+    return shown(AcceptanceHistogram(), 640, 260)
 
 
 def _x_in_widget(plot, x: float) -> float:

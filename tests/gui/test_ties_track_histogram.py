@@ -11,12 +11,8 @@ from specview.gui.side_by_side import SideBySide
 
 
 @pytest.fixture
-def view(qtbot):
-    w = SideBySide()
-    qtbot.addWidget(w)
-    w.resize(1100, 700)
-    w.show()
-    return w
+def view(shown):
+    return shown(SideBySide(), 1100, 700, exposed=False)
 
 
 def _deltas(trace):
