@@ -171,8 +171,7 @@ def test_a_full_disk_is_a_write_error_naming_the_file_and_the_old_file_stays(tmp
 
 
 @needs_proc
-def test_an_output_folder_that_takes_no_files_is_refused_before_the_work(tmp_path, capsys, monkeypatch):
-    from specview.core import registry
+def test_an_output_folder_that_takes_no_files_is_refused_before_the_work(tmp_path, capsys):
     from specview.core.jsonfile import check_writable
 
     with pytest.raises(SpecviewError, match=r"^/proc/t.json: cannot write a file in /proc \(.+\); choose another folder$"):
@@ -187,17 +186,15 @@ def test_an_output_folder_that_takes_no_files_is_refused_before_the_work(tmp_pat
     assert check_writable(tmp_path / "t.json") == tmp_path / "t.json"
     assert list(tmp_path.iterdir()) == []  # the check leaves nothing
 
-    def no_engine(*a, **k):
-        raise AssertionError("an engine was asked for before the output was checked")
-
-    monkeypatch.setattr(registry, "get_backend", no_engine)
+    # a target that does not exist: had a model been looked for first, the error would name it, not the output
+    missing = ["-m", str(tmp_path / "no-such-model.gguf")]
     for argv, said in ((["run", "--json", "/proc/t.json"], "--json /proc/t.json: cannot write a file in /proc"),
                        (["run", "--json", str(tmp_path)], f"--json {tmp_path}: is a folder; name a file in it"),
                        (["matrix", "-o", "/proc/m.json", "-p", "hi", "--no-builtin-prompts"],
                         "-o /proc/m.json: cannot write a file in /proc"),
                        (["probe", "--json", str(tmp_path / "no" / "p.json")],
                         f"--json {tmp_path / 'no' / 'p.json'}: the folder {tmp_path / 'no'} does not exist")):
-        assert main(argv + ["-q"]) == 2, argv
+        assert main(argv + missing + ["-q"]) == 2, argv
         err = capsys.readouterr().err
         assert err.startswith(f"specview: error: {said}"), err
 
