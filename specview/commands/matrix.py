@@ -17,7 +17,7 @@ from typing import Any
 
 from ..core.config import DEMO_DRAFT, DEMO_TARGET, EngineSettings, RunConfig, axes, field_of, settings_class
 from ..core.errors import ConfigError, SpecviewError
-from ..core.verdicts import cell_text
+from ..core.matrix.summary import cell_text
 from .common import Progress, add_engine_choice, add_setting_flags, check_output, cli_error, given_settings, parse_tokens
 
 EXIT_IDENTICAL, EXIT_DIVERGED, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130

@@ -74,3 +74,21 @@ def test_each_reason_counts_its_own_cells(tmp_path: Path):
             "draft token (4 cells: Q4_0); p_min 1 is llama.cpp's zero-draft control: no draft token is ever that "
             "probable (2 cells: Q4_0); the spec type is none, so no drafter ran (2 cells).") in text
     assert "Every cell that drafted is identical" in text  # the F16 target forks nowhere it drafted
+
+
+def test_the_reports_and_the_cli_grid_say_inconclusive_too(tmp_path: Path, capsys):
+    """Every front end takes a cell's words from the matrix summary: the Markdown and HTML reports' grids and
+    colours, and the grid the CLI prints, never "identical" for a cell that drafted nothing."""
+    from specview.commands.matrix import format_grid
+    from specview.core.report.facts import cell_colour
+    from specview.core.report.html import matrix_html
+    from specview.core.report.markdown import matrix_markdown
+    from specview.core.verdicts import COLOURS
+
+    doc = _doc(tmp_path, drafters=["demo:Q4_0", "none"])
+    blank = [c for c in doc["cells"] if cell_drafted_nothing(c)]
+    assert blank and all(cell_colour(c) == COLOURS["inconclusive"] for c in blank)
+    md, page = matrix_markdown(doc), matrix_html(doc)
+    assert md.count("inconclusive · nothing drafted") >= len(blank) // 2
+    assert "inconclusive · nothing drafted" in page
+    assert format_grid(doc).count("inconclusive: nothing drafted") == len(blank)

@@ -28,6 +28,7 @@ from ..trace import Trace, json_safe, write_atomic
 from ..verdicts import cell_label
 from .cells import CellParams, cell_config, cell_record, describe, error_record, expand
 from .document import SCHEMA, validate_matrix
+from .summary import cell_label as summary_label
 from .evidence import predict_cell, predict_record
 from .quality import cell_mark, score_cell, task_suite
 from .spec import MatrixError, MatrixSpec
@@ -359,7 +360,7 @@ def _run_cells(spec: MatrixSpec, runner: Runner, run: MatrixRun, cells: list[Cel
             elapsed = time.perf_counter() - t_start
             eta = elapsed / n_run * (todo - n_run)
             outcome = "error: " + rec["error"] if rec["status"] == "error" else (
-                "identical" if rec["identical"] else f"fork at token {rec['first_mismatch']} ({cell_label(rec)})")
+                summary_label(rec) if rec["identical"] else f"fork at token {rec['first_mismatch']} ({cell_label(rec)})")
             if cell_mark(rec):
                 outcome += f", {cell_mark(rec)}"
             say(f"[{len(run.records)}/{len(cells)}] {describe(params)}: {outcome} "

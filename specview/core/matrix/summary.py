@@ -181,7 +181,9 @@ def cell_label(cell: Mapping[str, Any] | None) -> str:
 def cell_text(cell: Mapping[str, Any] | None, *, sep: str = " · ") -> str:
     """The short text of a grid cell (:func:`specview.core.verdicts.cell_text`), ``inconclusive · nothing
     drafted`` for one that drafted nothing."""
-    return f"inconclusive{sep}nothing drafted" if cell_drafted_nothing(cell) else verdicts.cell_text(cell, sep=sep)
+    if cell_drafted_nothing(cell):
+        return f"inconclusive{': ' if sep == ' ' else sep}nothing drafted"  # a bare space would run the words on
+    return verdicts.cell_text(cell, sep=sep)
 
 
 def summarize(doc: dict[str, Any], *, kernel_map: bool = True) -> list[str]:

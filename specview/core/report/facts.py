@@ -7,7 +7,7 @@ from typing import Any, Mapping
 from ..config import REPACKED_BUFFERS
 from ..llama_flags import llama_commands, ngl_text
 from ..resolve import decided
-from ..verdicts import COLOURS, WORDS, category
+from ..verdicts import COLOURS, WORDS
 from .escape import num, text, visible
 
 CONTEXT_TOKENS = 8
@@ -353,7 +353,10 @@ def quoted(piece: str | None) -> str:
 
 
 def cell_colour(cell: dict[str, Any] | None) -> str:
-    return COLOURS[category(cell)]
+    """A matrix cell's colour in a report: its category's (a cell that drafted nothing is inconclusive)."""
+    from ..matrix.summary import cell_category
+
+    return COLOURS[cell_category(cell)]
 
 
 def cell_detail(cell: dict[str, Any]) -> str:

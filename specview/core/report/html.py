@@ -8,7 +8,8 @@ from typing import Any, Mapping, Sequence
 from ... import __version__
 from ..matrix.quality import answers_text
 from ..matrix.rates import pct, positions_text, rate_text
-from ..verdicts import CATEGORIES, COLOURS, WORDS, cell_text
+from ..matrix.summary import cell_text
+from ..verdicts import CATEGORIES, COLOURS, WORDS
 from .escape import esc, visible
 from .facts import cell_colour, cell_detail, headline, obj, trace_title, verdict_of
 from .kernels import WIDTH_HEADERS, map_title, matrix_citation, matrix_kernel_rows

@@ -176,7 +176,7 @@ def matrix_kernel_rows(doc: Mapping[str, Any]) -> list[list[str]]:
     """One row per finished cell with a prediction: the cell, its prediction, its outcome, and whether they agree."""
     from ..matrix import CellParams, describe
     from ..matrix.evidence import prediction_of
-    from ..verdicts import cell_text
+    from ..matrix.summary import cell_text
 
     out = []
     for c in doc.get("cells", []):

@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 from ... import __version__
 from ..matrix.quality import answers_text, cell_mark
 from ..matrix.rates import bar, pct, positions_text, rate_text, ties_block
-from ..verdicts import cell_text
+from ..matrix.summary import cell_text
 from .escape import md_code, md_fence, md_text, text, visible
 from .facts import headline, obj, trace_title, verdict_of
 from .kernels import WIDTH_HEADERS, map_title, matrix_citation, matrix_kernel_rows
