@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QSignalBlocker, QTimer, Signal
-from PySide6.QtWidgets import QApplication, QFileDialog, QMainWindow
+from PySide6.QtWidgets import QApplication, QMainWindow
 
 from ..core.config import EngineSettings, RunConfig, settings_class
 from ..core.errors import SpecviewError
@@ -23,13 +23,13 @@ from ..core.prompts import builtin_prompts
 from ..core.trace import Trace
 from .models import choices as gmodels
 from .export import export_tab_report, report_source
-from .kernels import is_kernel_map_file
-from .locate import is_locate_file, locate_link
+from .locate import locate_link
 from .live import Live
-from .matrix import MatrixDialog, is_matrix_file
+from .matrix import MatrixDialog
 from .menus import build_menus
 from .prerun import engine_notice, engine_refusal, focus_setting, form_config, in_app_words, trace_run
 from .settings import read_settings, remember, restore_geometry, write_settings
+from . import trace_files
 from .theme import apply_theme
 from .verdict_bar import crash_text, diagnosis_tooltip, speed_text, trace_verdict
 from .window_ui import AUTO_RUN_MS, build_ui, connect_worker
@@ -162,10 +162,10 @@ class MainWindow(QMainWindow):
             self.auto_timer.start(ms)
 
     def _auto_run(self) -> None:
-        if self.auto_run.isChecked() and not self._long_job():  # never cancel a matrix or a kernel map unasked
+        if self.auto_run.isChecked() and not self.long_job():  # never cancel a matrix or a kernel map unasked
             self.run()
 
-    def _long_job(self) -> bool:
+    def long_job(self) -> bool:
         """A matrix, kernel map, prescription or quality run holds the worker (a run does not)."""
         return any(t.request is not None for t in (self.matrix_tab, self.kernels_tab, self.quality_tab))
 
@@ -341,15 +341,7 @@ class MainWindow(QMainWindow):
         self.sigError.emit(ev.message)
 
     def save_crash_trace(self, path: str | os.PathLike[str] | None = None) -> str | None:
-        """Write the run the engine computed before it crashed (asks where when ``path`` is None)."""
-        ev = getattr(self, "crashed", None)
-        if ev is None or ev.trace is None:
-            return None
-        if path is None:
-            path, _ = QFileDialog.getSaveFileName(self, "Save the crashed run", "crash-trace.json", "Traces (*.json)")
-            if not path:
-                return None
-        return str(ev.trace.save(path))
+        return trace_files.save_crash_trace(self, path)
 
     # ------------------------------------------------------------ matrix
     def run_matrix(self, spec: Any = None, *, out_dir: str | os.PathLike[str] | None = None) -> MatrixRequest | None:
@@ -514,16 +506,7 @@ class MainWindow(QMainWindow):
         self.sigError.emit(message)
 
     def show_file_error(self, what: str, why: str) -> None:
-        """A file that could not be written (a save, an export): said in a message box over the window, the
-        verdict bar keeping the run's verdict, which a failed save does not change."""
-        from PySide6.QtWidgets import QMessageBox
-
-        self.last_error = f"{what}: {why}"
-        box = self.file_error_box = QMessageBox(QMessageBox.Icon.Warning, "specview", what, parent=self)
-        box.setInformativeText(why[3:] if why.startswith("-o ") else why)  # the CLI's flag means nothing here
-        box.open()  # window-modal, without blocking the event loop
-        self.show_status(what.lower())
-        self.sigError.emit(self.last_error)
+        trace_files.show_file_error(self, what, why)
 
     # ------------------------------------------------------------ selection
     def select_token(self, i: int | None, *, scroll: bool = False) -> None:
@@ -540,36 +523,7 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------ files
     def open_trace(self, path: str | os.PathLike[str]) -> Trace | None:
-        """Open a saved trace and show it as a live one (no model needed); a matrix or kernel map file opens in
-        its tab."""
-        if is_matrix_file(path):
-            self.open_matrix(path)
-            return None
-        if is_kernel_map_file(path):
-            self.open_kernel_map(path)
-            return None
-        if is_locate_file(path):
-            self.locate_tab.open(path)
-            return None
-        try:
-            trace = Trace.load(path)
-        except SpecviewError as exc:
-            self.show_error(str(exc))
-            return None
-        if self.busy and not self._long_job():  # a running matrix or map goes on
-            self.cancel()
-            self.set_busy(False, "")  # the cancelled run's events are stale from here on
-        self.request = None
-        self.live.timer.stop()
-        self.side.streamed = self.live.begin(None).steps
-        self.panes.clear()
-        problem = self.set_controls_from_trace(trace)
-        self.setWindowTitle(f"specview — {Path(path).name}")
-        self.counters.setText("")
-        self.show_trace(trace)
-        if problem:
-            self.show_status(problem)
-        return trace
+        return trace_files.open_trace(self, path)
 
     def set_controls_from_trace(self, trace: Trace) -> str | None:
         """Show the trace's run in the controls; a reason when it cannot be run again here."""
@@ -585,16 +539,7 @@ class MainWindow(QMainWindow):
         return None
 
     def save_trace(self, path: str | os.PathLike[str]) -> Path | None:
-        if self.trace is None:
-            self.show_error("nothing to save yet: run both arms first")
-            return None
-        try:
-            p = self.trace.save(path)
-        except (SpecviewError, OSError) as exc:
-            self.show_file_error("Could not save the trace", str(exc))
-            return None
-        self.show_status(f"saved {p}")
-        return p
+        return trace_files.save_trace(self, path)
 
     # ------------------------------------------------------------ theme
     def apply_theme(self, name: str) -> None:
