@@ -44,6 +44,7 @@ from typing import Any
 import pytest
 
 from specview.core.config import DEMO_DRAFT, EngineSettings, RunConfig, default_threads
+from specview.core.paths import process_alive
 from specview.core.prompts import builtin_prompts
 from specview.core.trace import Trace
 
@@ -134,19 +135,9 @@ def new_hints_folder(parent: str | None = None) -> str:
     parent = parent or tempfile.gettempdir()
     for old in Path(parent).glob(f"{HINTS_PREFIX}*-*"):
         pid = old.name[len(HINTS_PREFIX):].partition("-")[0]
-        if pid.isdigit() and old.is_dir() and not old.is_symlink() and not _process_alive(int(pid)):
+        if pid.isdigit() and old.is_dir() and not old.is_symlink() and not process_alive(int(pid)):
             shutil.rmtree(old, ignore_errors=True)
     return tempfile.mkdtemp(prefix=f"{HINTS_PREFIX}{os.getpid()}-", dir=parent)
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def _hint_file(kind: str | None, threads: int, candidates: Sequence[Candidate],

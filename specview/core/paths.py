@@ -69,7 +69,8 @@ def temp_prefix(what: str) -> str:
     return f"specview-{os.getpid()}-{what}-"
 
 
-def _pid_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs (another user's counts as running: it cannot be asked)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -93,7 +94,7 @@ def sweep_orphans(tmp: str | os.PathLike[str] | None = None) -> list[str]:
         if m is None or int(m.group(1)) == os.getpid():
             continue
         try:
-            if e.stat(follow_symlinks=False).st_uid != os.getuid() or _pid_alive(int(m.group(1))):
+            if e.stat(follow_symlinks=False).st_uid != os.getuid() or process_alive(int(m.group(1))):
                 continue
             if e.is_dir(follow_symlinks=False):
                 if os.path.exists(os.path.join(e.path, KEEP_FILE)):
