@@ -22,7 +22,8 @@ import html
 import re
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..core.config import EngineSettings, RunConfig, declared
+from ..core.config import LLAMA_SPEC_TYPES, EngineSettings, RunConfig, declared
+from ..core.registry import backend_names
 from ..core.errors import ConfigError, SpecviewError
 from .controls import engine_problem, run_of_trace
 
@@ -51,8 +52,11 @@ def _flag_controls() -> dict[str, str]:
     return out
 
 
-_FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)(?![\w-])( (?:llama\.cpp|llama-server|mlx-server|mlx|draft-[a-z0-9-]+|"
-                   r"ngram-[a-z0-9-]+|none)\b)?")
+def _flag_pattern() -> re.Pattern[str]:
+    """A long flag, with the value after it when that is an engine's name or a spec type ("--engine llama-server")."""
+    values = sorted({*backend_names(), *LLAMA_SPEC_TYPES}, key=len, reverse=True)  # the longest name first
+    return re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)(?![\w-])( (?:" + "|".join(map(re.escape, values))
+                      + r")(?![\w.-]))?")
 
 
 def _named(m: re.Match[str], controls: dict[str, str]) -> str:
@@ -67,10 +71,10 @@ def in_app_words(message: str) -> str:
     """``message`` as HTML for the verdict bar: a command-line flag the form has a control for ("Raise --n-ctx to
     at least 461") is named by that control's label in bold ("Raise **Context** to at least 461"), except inside
     a quoted command (between backticks), which stays as it is written."""
-    controls = _flag_controls()
+    controls, flag = _flag_controls(), _flag_pattern()
     parts = html.escape(message).split("`")
     for i in range(0, len(parts), 2):  # the text outside backticks
-        parts[i] = _FLAG.sub(lambda m: _named(m, controls), parts[i])
+        parts[i] = flag.sub(lambda m: _named(m, controls), parts[i])
     return "`".join(parts)
 
 
